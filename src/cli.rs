@@ -1,0 +1,301 @@
+//! The command line (CONTRACT §1): `serve` and the operator commands. Admin commands talk to the
+//! database directly, print one JSON object on stdout and exit 0, or print an error on stderr
+//! and exit non-zero.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::{json, Value};
+
+use crate::apikey;
+use crate::config::{Config, Tier};
+use crate::proxy::route::is_known_scope;
+use crate::secrets::Secrets;
+use crate::storage::keys::LimitMode;
+use crate::storage::{Db, NewKey, StoreError};
+use crate::views::{key_json, user_json};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "gateway",
+    version,
+    about = "LLM gateway with an account service"
+)]
+pub struct Cli {
+    /// Configuration file.
+    #[arg(long, global = true, default_value = "conf/gateway.toml")]
+    pub config: PathBuf,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the gateway (the default).
+    Serve,
+    /// Manage users.
+    #[command(subcommand)]
+    User(UserCmd),
+    /// Manage API keys.
+    #[command(subcommand)]
+    Key(KeyCmd),
+    /// Configuration tools.
+    #[command(subcommand)]
+    Config(ConfigCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum UserCmd {
+    /// Create a user.
+    Create {
+        #[arg(long)]
+        email: String,
+        #[arg(long)]
+        tier: Option<String>,
+        #[arg(long)]
+        unlimited: bool,
+    },
+    /// Suspend an account: its keys fail with account_suspended.
+    Suspend {
+        #[arg(long)]
+        email: String,
+    },
+    /// Lift a suspension.
+    Unsuspend {
+        #[arg(long)]
+        email: String,
+    },
+    /// Set the manual tier.
+    SetTier {
+        #[arg(long)]
+        email: String,
+        #[arg(long)]
+        tier: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum KeyCmd {
+    /// Create an API key; the secret is printed once.
+    Create(KeyCreate),
+}
+
+#[derive(Args, Debug)]
+pub struct KeyCreate {
+    #[arg(long)]
+    email: String,
+    #[arg(long)]
+    name: Option<String>,
+    /// Comma-separated scopes (default `*`).
+    #[arg(long)]
+    scopes: Option<String>,
+    /// Comma-separated model allowlist (default: unrestricted).
+    #[arg(long)]
+    models: Option<String>,
+    #[arg(long)]
+    max_input_tokens: Option<u64>,
+    #[arg(long)]
+    max_output_tokens: Option<u64>,
+    #[arg(long)]
+    rpm: Option<u64>,
+    #[arg(long)]
+    itpm: Option<u64>,
+    #[arg(long)]
+    otpm: Option<u64>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ConfigCmd {
+    /// Validate the configuration file.
+    Check,
+}
+
+/// Normalizes an email for storage and lookup; `None` when it is not plausibly an address.
+pub fn normalize_email(raw: &str) -> Option<String> {
+    let e = raw.trim().to_ascii_lowercase();
+    let (local, domain) = e.split_once('@')?;
+    let ok = !local.is_empty()
+        && domain.contains('.')
+        && !domain.starts_with('.')
+        && !domain.ends_with('.')
+        && e.len() <= 254
+        && !e.contains(char::is_whitespace)
+        && !domain.contains('@');
+    ok.then_some(e)
+}
+
+fn list(raw: &Option<String>) -> Vec<String> {
+    raw.as_deref()
+        .unwrap_or("")
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn tier(raw: &str) -> Result<Tier, String> {
+    Tier::parse(raw).ok_or_else(|| {
+        format!("unknown tier {raw:?}; use beginner, steady, persistent or tryharder")
+    })
+}
+
+fn db_error(e: StoreError) -> String {
+    format!("database error: {e}")
+}
+
+async fn user_by_email(db: &Db, email: &str) -> Result<crate::storage::UserRecord, String> {
+    let email = normalize_email(email).ok_or_else(|| format!("invalid email {email:?}"))?;
+    db.users()
+        .find_by_email(&email)
+        .await
+        .map_err(db_error)?
+        .ok_or_else(|| format!("no user with email {email}"))
+}
+
+/// Runs an admin command and returns its JSON result.
+pub fn run_admin(cfg: &Config, command: Command) -> Result<Value, String> {
+    if let Command::Config(ConfigCmd::Check) = command {
+        return Ok(json!({
+            "ok": true,
+            "file": cfg.path.display().to_string(),
+            "providers": cfg.providers.len(),
+            "models": cfg.models.len(),
+        }));
+    }
+    let rt = crate::edge::storage_runtime()?;
+    rt.block_on(async {
+        let db = Db::connect(&cfg.storage.database_url).await.map_err(|e| {
+            format!(
+                "database {}: {e}",
+                crate::edge::redact_url(&cfg.storage.database_url)
+            )
+        })?;
+        match command {
+            Command::User(cmd) => user_command(cfg, &db, cmd).await,
+            Command::Key(KeyCmd::Create(k)) => key_create(cfg, &db, k).await,
+            Command::Serve | Command::Config(_) => Err("not an admin command".into()),
+        }
+    })
+}
+
+async fn user_command(cfg: &Config, db: &Db, cmd: UserCmd) -> Result<Value, String> {
+    match cmd {
+        UserCmd::Create {
+            email,
+            tier: t,
+            unlimited,
+        } => {
+            let email =
+                normalize_email(&email).ok_or_else(|| format!("invalid email {email:?}"))?;
+            let t = match t {
+                Some(t) => tier(&t)?,
+                None => cfg.quota.default_tier,
+            };
+            match db.users().create(&email, t, unlimited).await {
+                Ok(u) => Ok(user_json(&u)),
+                Err(StoreError::Conflict(_)) => {
+                    Err(format!("a user with email {email} already exists"))
+                }
+                Err(e) => Err(db_error(e)),
+            }
+        }
+        UserCmd::Suspend { email } => set_suspended(db, &email, true).await,
+        UserCmd::Unsuspend { email } => set_suspended(db, &email, false).await,
+        UserCmd::SetTier { email, tier: t } => {
+            let t = tier(&t)?;
+            let u = user_by_email(db, &email).await?;
+            db.users()
+                .set_manual_tier(&u.id, t)
+                .await
+                .map_err(db_error)?;
+            let u = user_by_email(db, &email).await?;
+            Ok(user_json(&u))
+        }
+    }
+}
+
+async fn set_suspended(db: &Db, email: &str, suspended: bool) -> Result<Value, String> {
+    let u = user_by_email(db, email).await?;
+    db.users()
+        .set_suspended(&u.id, suspended)
+        .await
+        .map_err(db_error)?;
+    let u = user_by_email(db, email).await?;
+    Ok(user_json(&u))
+}
+
+async fn key_create(cfg: &Config, db: &Db, k: KeyCreate) -> Result<Value, String> {
+    let secrets = Secrets::load(&cfg.secrets)?;
+    let pepper = secrets
+        .key_pepper
+        .ok_or("GATEWAY_KEY_PEPPER is not set (or enable [secrets] dev_generate)")?;
+    let user = user_by_email(db, &k.email).await?;
+    let mut scopes = list(&k.scopes);
+    if scopes.is_empty() {
+        scopes.push("*".into());
+    }
+    if let Some(bad) = scopes.iter().find(|s| !is_known_scope(s)) {
+        return Err(format!(
+            "unknown scope {bad:?}; known: {}",
+            crate::proxy::route::SCOPES.join(", ")
+        ));
+    }
+    let models = list(&k.models);
+    for (flag, v) in [
+        ("--max-input-tokens", k.max_input_tokens),
+        ("--max-output-tokens", k.max_output_tokens),
+        ("--rpm", k.rpm),
+        ("--itpm", k.itpm),
+        ("--otpm", k.otpm),
+    ] {
+        if v == Some(0) || v.is_some_and(|n| n > i64::MAX as u64) {
+            return Err(format!("{flag} must be a positive integer"));
+        }
+    }
+    let custom = k.rpm.is_some() || k.itpm.is_some() || k.otpm.is_some();
+    let generated = apikey::generate();
+    let new = NewKey {
+        user_id: user.id.clone(),
+        name: k.name.unwrap_or_else(|| "API key".into()),
+        key_hash: apikey::hash(pepper.expose(), &generated.secret),
+        key_prefix: generated.prefix,
+        key_suffix: generated.suffix,
+        scopes,
+        limit_mode: if custom {
+            LimitMode::PerKey
+        } else {
+            LimitMode::AccountPool
+        },
+        custom_input_tpm: k.itpm,
+        custom_output_tpm: k.otpm,
+        custom_rpm: k.rpm,
+        model_allowlist: models,
+        max_input_tokens: k.max_input_tokens,
+        max_output_tokens: k.max_output_tokens,
+        is_global: false,
+    };
+    let rec = db.keys().create(&new).await.map_err(db_error)?;
+    let mut v = key_json(&rec);
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("secret".into(), Value::String(generated.secret));
+        obj.insert("userId".into(), Value::String(user.id));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emails() {
+        assert_eq!(
+            normalize_email(" A@Example.COM "),
+            Some("a@example.com".into())
+        );
+        assert_eq!(normalize_email("nope"), None);
+        assert_eq!(normalize_email("a@b"), None);
+        assert_eq!(normalize_email("a b@c.d"), None);
+        assert_eq!(normalize_email("@c.d"), None);
+    }
+}

@@ -1,0 +1,201 @@
+//! The configuration file exactly as it is written on disk (CONTRACT §2).
+//!
+//! Every struct denies unknown fields so a typo is an error naming the key instead of a silently
+//! ignored setting. Nothing here is validated beyond TOML types: `super::Config::from_file`
+//! turns these structs into the validated internal config.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub server: ServerFile,
+    #[serde(default)]
+    pub storage: StorageFile,
+    #[serde(default)]
+    pub secrets: SecretsFile,
+    #[serde(default)]
+    pub mail: MailFile,
+    #[serde(default)]
+    pub auth: AuthFile,
+    #[serde(default)]
+    pub keys: KeysFile,
+    #[serde(default)]
+    pub quota: QuotaFile,
+    #[serde(default)]
+    pub providers: Vec<ProviderFile>,
+    #[serde(default)]
+    pub models: Vec<ModelFile>,
+    #[serde(default)]
+    pub tools: ToolsFile,
+    #[serde(default)]
+    pub payment: PaymentFile,
+    #[serde(default)]
+    pub limits: LimitsFile,
+    #[serde(default)]
+    pub content: ContentFile,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ServerFile {
+    pub api_listen: Option<String>,
+    pub site_listen: Option<String>,
+    pub site_origin: Option<String>,
+    /// Prometheus metrics; empty or absent: no admin listener.
+    pub admin_listen: Option<String>,
+    /// Largest request body the developer API accepts, in bytes (413 beyond).
+    pub max_body_bytes: Option<u64>,
+    /// Worker threads per Pingora service.
+    pub threads: Option<usize>,
+    /// Seconds in-flight requests get to finish after SIGTERM.
+    pub shutdown_drain_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StorageFile {
+    pub database_url: Option<String>,
+    pub redis_url: Option<String>,
+    /// Usage events are written in batches of at most this many rows.
+    pub usage_batch_size: Option<usize>,
+    /// ... or at least this often, in milliseconds.
+    pub usage_flush_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SecretsFile {
+    pub dev_generate: Option<bool>,
+    /// Where generated development secrets are kept (default `data`).
+    pub dir: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct MailFile {
+    pub transport: Option<String>,
+    pub smtp_url: Option<String>,
+    pub from: Option<String>,
+    pub outbox_dir: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AuthFile {
+    pub private_beta: Option<bool>,
+    pub beta_allowlist: Option<Vec<String>>,
+    pub blocked_domains: Option<Vec<String>>,
+    pub captcha_required: Option<bool>,
+    pub captcha_verify_url: Option<String>,
+    pub captcha_site_key: Option<String>,
+    pub code_ttl_seconds: Option<u64>,
+    pub link_ttl_seconds: Option<u64>,
+    pub session_ttl_hours: Option<u64>,
+    pub session_idle_hours: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct KeysFile {
+    pub max_active_per_account: Option<u32>,
+    pub rotations_per_hour: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaFile {
+    pub default_tier: Option<String>,
+    #[serde(default)]
+    pub tiers: BTreeMap<String, TierFile>,
+    /// Rolling-week token usage from which each tier is reached (usage tier).
+    #[serde(default)]
+    pub usage_thresholds: BTreeMap<String, u64>,
+    /// Seconds after which an unsettled reservation is released by the reaper.
+    pub reservation_timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct TierFile {
+    pub weekly_tokens: Option<u64>,
+    pub weekly_requests: Option<u64>,
+    pub requests_per_minute: Option<u64>,
+    pub input_tokens_per_minute: Option<u64>,
+    pub output_tokens_per_minute: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderFile {
+    pub name: String,
+    pub style: String,
+    pub base_url: String,
+    pub api_key_env: Option<String>,
+    pub connect_timeout_ms: Option<u64>,
+    pub first_byte_timeout_ms: Option<u64>,
+    pub idle_timeout_ms: Option<u64>,
+    /// Seconds a deployment is skipped after a failure.
+    pub cooldown_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelFile {
+    pub id: String,
+    pub provider: Option<String>,
+    pub upstream_model: Option<String>,
+    pub context_window: Option<u64>,
+    pub max_output_tokens: Option<u64>,
+    /// Output tokens reserved when a request names none (default: max_output_tokens or 4096).
+    pub default_output_tokens: Option<u64>,
+    /// Several deployments balanced by weight; alternative to `provider`.
+    #[serde(default)]
+    pub deployments: Vec<DeploymentFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeploymentFile {
+    pub provider: String,
+    pub upstream_model: Option<String>,
+    pub weight: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsFile {
+    pub search_provider: Option<String>,
+    pub web_fetch_provider: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PaymentFile {
+    pub webhook_provider: Option<String>,
+    pub code_prefix: Option<String>,
+    pub max_pending_orders: Option<u32>,
+    pub order_ttl_minutes: Option<u64>,
+    pub lot_days: Option<u64>,
+    pub token_price_vnd_per_million: Option<u64>,
+    pub request_price_vnd_per_thousand: Option<u64>,
+    pub bank_bin: Option<String>,
+    pub account_number: Option<String>,
+    pub account_name: Option<String>,
+    pub orders_per_hour: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsFile {
+    pub request_code_per_hour: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ContentFile {
+    /// Markdown file served by `GET /api/content/tos`.
+    pub tos_path: Option<String>,
+}

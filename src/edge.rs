@@ -1,0 +1,311 @@
+//! Builds and runs the process: the storage runtime, the shared state, the Pingora server with
+//! both listeners, and an orderly shutdown.
+//!
+//! Shutdown: SIGTERM or SIGINT stops the listeners (Pingora's graceful terminate); in-flight
+//! requests then get up to `server.shutdown_drain_seconds` to finish. A drain monitor ends the
+//! process as soon as nothing is in flight, after flushing the usage writer, so an idle gateway
+//! stops at once and a busy one loses no usage record. SIGQUIT is Pingora's graceful upgrade.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use pingora_core::server::configuration::{Opt, ServerConf};
+use pingora_core::server::{ExecutionPhase, RunArgs, Server, ShutdownSignal, ShutdownSignalWatch};
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_proxy::{ProxyHttp, Session};
+
+use crate::config::Config;
+use crate::identity::IdentityCache;
+use crate::proxy::routing::Routing;
+use crate::proxy::tokens::TokenCounter;
+use crate::proxy::upstream::UpstreamPool;
+use crate::proxy::DevApi;
+use crate::secrets::Secrets;
+use crate::state::{AppState, SharedState};
+use crate::storage::Db;
+use crate::usage::UsageSink;
+
+/// Requests currently being served by the developer API (for the drain monitor).
+pub static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a request as in flight for as long as it lives.
+pub struct InFlightGuard;
+
+impl InFlightGuard {
+    pub fn enter() -> InFlightGuard {
+        IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
+        InFlightGuard
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Creates the runtime that owns the pools for the whole process.
+pub fn storage_runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("gw-storage")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the storage runtime: {e}"))
+}
+
+/// A listen address with port 0 gets a concrete free port now, so it can be reported.
+fn concrete_addr(addr: &str) -> Result<String, String> {
+    let parsed: SocketAddr = addr
+        .parse()
+        .map_err(|_| format!("bad listen address {addr:?}"))?;
+    if parsed.port() != 0 {
+        return Ok(addr.to_string());
+    }
+    let l = TcpListener::bind(parsed).map_err(|e| format!("cannot bind {addr}: {e}"))?;
+    let real = l.local_addr().map_err(|e| e.to_string())?;
+    Ok(real.to_string())
+}
+
+/// Builds the shared state on `rt`.
+pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedState, String> {
+    let secrets = Secrets::load(&cfg.secrets)?;
+    if secrets.key_pepper.is_none() {
+        log::warn!(
+            "GATEWAY_KEY_PEPPER is not set: the developer API answers key_secret_not_configured"
+        );
+    }
+    let db = rt
+        .block_on(Db::connect(&cfg.storage.database_url))
+        .map_err(|e| format!("database {}: {e}", redact_url(&cfg.storage.database_url)))?;
+    let tokens = Arc::new(TokenCounter::new().map_err(|e| format!("tokenizer: {e}"))?);
+    let usage = UsageSink::start(
+        db.clone(),
+        rt.handle(),
+        cfg.storage.usage_batch_size,
+        cfg.storage.usage_flush,
+    );
+    let identity = Arc::new(IdentityCache::new());
+    rt.spawn(identity.clone().run_feed(db.clone()));
+    for p in cfg.providers.values() {
+        if let (Some(var), None) = (&p.api_key_env, &p.api_key) {
+            log::warn!(
+                "provider {}: {var} is not set; requests go without a credential",
+                p.name
+            );
+        }
+    }
+    Ok(Arc::new(AppState {
+        config: ArcSwap::from_pointee(cfg),
+        db,
+        rt: rt.handle().clone(),
+        secrets,
+        identity,
+        tokens,
+        usage,
+        quota: crate::quota::Engine::new(),
+        upstreams: UpstreamPool::new(),
+        routing: Routing::new(),
+    }))
+}
+
+/// Hides credentials in a database URL for messages.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***{}", &url[..s], &url[at..]),
+        _ => url.to_string(),
+    }
+}
+
+/// `gateway serve`: runs until a shutdown signal.
+pub fn serve(mut cfg: Config) -> Result<(), String> {
+    let rt = storage_runtime()?;
+    cfg.server.api_listen = concrete_addr(&cfg.server.api_listen)?;
+    cfg.server.site_listen = concrete_addr(&cfg.server.site_listen)?;
+    let api_listen = cfg.server.api_listen.clone();
+    let site_listen = cfg.server.site_listen.clone();
+    let drain = cfg.server.shutdown_drain;
+    let threads = cfg.server.threads;
+    let state = build_state(cfg, &rt)?;
+
+    // The account service, on a private socket served by the storage runtime.
+    let uds = std::env::temp_dir().join(format!(
+        "gateway-site-{}-{}.sock",
+        std::process::id(),
+        crate::util::random_base62(8)
+    ));
+    {
+        let state = state.clone();
+        let path = uds.clone();
+        rt.spawn(async move {
+            if let Err(e) = crate::site::serve_uds(state, &path).await {
+                log::error!("account service stopped: {e}");
+            }
+        });
+    }
+
+    let conf = ServerConf {
+        threads,
+        grace_period_seconds: Some(drain.as_secs().max(1)),
+        graceful_shutdown_timeout_seconds: Some(1),
+        upgrade_sock: std::env::temp_dir()
+            .join("gateway_upgrade.sock")
+            .display()
+            .to_string(),
+        pid_file: std::env::temp_dir()
+            .join("gateway.pid")
+            .display()
+            .to_string(),
+        ..ServerConf::default()
+    };
+    let opt = Opt {
+        upgrade: std::env::var("GATEWAY_UPGRADE").is_ok_and(|v| v == "1"),
+        ..Opt::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
+    server.bootstrap();
+
+    let mut api = pingora_proxy::http_proxy_service_with_name(
+        &server.configuration,
+        DevApi {
+            state: state.clone(),
+        },
+        "developer-api",
+    );
+    api.add_tcp(&api_listen);
+    let mut site = pingora_proxy::http_proxy_service_with_name(
+        &server.configuration,
+        SiteEdge {
+            socket: uds.clone(),
+        },
+        "site",
+    );
+    site.add_tcp(&site_listen);
+    server.add_service(api);
+    server.add_service(site);
+
+    let phases = server.watch_execution_phase();
+    spawn_drain_monitor(
+        phases,
+        state.clone(),
+        rt.handle().clone(),
+        drain,
+        uds.clone(),
+    );
+
+    println!("gateway listening api={api_listen} site={site_listen}");
+    log::info!("gateway listening api={api_listen} site={site_listen}");
+    server.run(RunArgs {
+        shutdown_signal: Box::new(Signals),
+    });
+    // Reached when the drain deadline passed with requests still in flight: they were dropped
+    // and settled by their guards; write what they recorded.
+    rt.block_on(state.usage.flush());
+    let _ = std::fs::remove_file(&uds);
+    Ok(())
+}
+
+/// Ends the process once shutdown has begun and nothing is in flight (or the drain deadline
+/// passed), after flushing queued usage events.
+fn spawn_drain_monitor(
+    mut phases: tokio::sync::broadcast::Receiver<ExecutionPhase>,
+    state: SharedState,
+    rt: tokio::runtime::Handle,
+    drain: Duration,
+    uds: PathBuf,
+) {
+    let handle = rt.clone();
+    handle.spawn(async move {
+        loop {
+            match phases.recv().await {
+                Ok(ExecutionPhase::GracefulTerminate) | Ok(ExecutionPhase::ShutdownGracePeriod) => {
+                    break
+                }
+                Ok(_) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(_) => return,
+            }
+        }
+        log::info!("shutdown: draining up to {drain:?}");
+        let deadline = Instant::now() + drain;
+        // Give accepted connections a moment to reach request_filter.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        while IN_FLIGHT.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if IN_FLIGHT.load(Ordering::Acquire) > 0 {
+            // Let Pingora's grace period end and drop the rest; main flushes after that.
+            return;
+        }
+        state.usage.flush().await;
+        let _ = std::fs::remove_file(&uds);
+        log::info!("shutdown complete");
+        std::process::exit(0);
+    });
+}
+
+/// SIGTERM and SIGINT drain gracefully; SIGQUIT hands the listeners to a new process.
+struct Signals;
+
+#[async_trait]
+impl ShutdownSignalWatch for Signals {
+    async fn recv(&self) -> ShutdownSignal {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int), Ok(mut quit)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::quit()),
+        ) else {
+            log::error!("cannot install signal handlers");
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => { log::info!("SIGTERM: graceful shutdown"); ShutdownSignal::GracefulTerminate }
+            _ = int.recv() => { log::info!("SIGINT: graceful shutdown"); ShutdownSignal::GracefulTerminate }
+            _ = quit.recv() => { log::info!("SIGQUIT: graceful upgrade"); ShutdownSignal::GracefulUpgrade }
+        }
+    }
+}
+
+/// The site listener: forwards everything to the account service's private socket, telling it
+/// the real client address (any client-sent forwarding header is replaced, never trusted).
+struct SiteEdge {
+    socket: PathBuf,
+}
+
+#[async_trait]
+impl ProxyHttp for SiteEdge {
+    type CTX = ();
+
+    fn new_ctx(&self) {}
+
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        _ctx: &mut (),
+    ) -> pingora_error::Result<Box<HttpPeer>> {
+        let path = self.socket.display().to_string();
+        Ok(Box::new(HttpPeer::new_uds(&path, false, String::new())?))
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream_request: &mut pingora_http::RequestHeader,
+        _ctx: &mut (),
+    ) -> pingora_error::Result<()> {
+        let client = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip().to_string())
+            .unwrap_or_default();
+        upstream_request.insert_header("x-gateway-client-ip", client)?;
+        upstream_request.remove_header("x-forwarded-for");
+        Ok(())
+    }
+}

@@ -1,0 +1,192 @@
+//! The developer-API error surface: one enum, one status/code mapping, one renderer of the
+//! spec's `{error:{message,type,code}}` shape. Internal causes are logged where they happen and
+//! never put in a message.
+
+use bytes::Bytes;
+
+/// Every error the developer API answers with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiError {
+    NotFound,
+    EndpointNotEnabled,
+    SensitiveQueryParam,
+    KeySecretNotConfigured,
+    MissingApiKey,
+    InvalidApiKey,
+    AccountSuspended,
+    InsufficientScope,
+    ModelNotAllowed(String),
+    MaxInputTokensExceeded {
+        estimated: u64,
+        limit: u64,
+    },
+    MaxOutputTokensExceeded {
+        requested: u64,
+        limit: u64,
+    },
+    ContextWindowExceeded {
+        total: u64,
+        limit: u64,
+    },
+    InsufficientQuota,
+    RateLimited {
+        retry_after_secs: u64,
+        what: &'static str,
+    },
+    RoutingUnavailable,
+    ServerError,
+    /// 400 for malformed requests: missing `model`, non-JSON body, bad field.
+    InvalidRequest {
+        code: &'static str,
+        message: String,
+    },
+    PayloadTooLarge,
+    MethodNotAllowed,
+    UnknownModel(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> u16 {
+        match self {
+            ApiError::NotFound | ApiError::EndpointNotEnabled | ApiError::UnknownModel(_) => 404,
+            ApiError::SensitiveQueryParam
+            | ApiError::MaxInputTokensExceeded { .. }
+            | ApiError::MaxOutputTokensExceeded { .. }
+            | ApiError::ContextWindowExceeded { .. }
+            | ApiError::InvalidRequest { .. } => 400,
+            ApiError::KeySecretNotConfigured => 503,
+            ApiError::MissingApiKey | ApiError::InvalidApiKey => 401,
+            ApiError::AccountSuspended
+            | ApiError::InsufficientScope
+            | ApiError::ModelNotAllowed(_) => 403,
+            ApiError::InsufficientQuota | ApiError::RateLimited { .. } => 429,
+            ApiError::RoutingUnavailable => 502,
+            ApiError::ServerError => 500,
+            ApiError::PayloadTooLarge => 413,
+            ApiError::MethodNotAllowed => 405,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::NotFound => "not_found",
+            ApiError::EndpointNotEnabled => "endpoint_not_enabled",
+            ApiError::SensitiveQueryParam => "sensitive_query_param",
+            ApiError::KeySecretNotConfigured => "key_secret_not_configured",
+            ApiError::MissingApiKey => "missing_api_key",
+            ApiError::InvalidApiKey => "invalid_api_key",
+            ApiError::AccountSuspended => "account_suspended",
+            ApiError::InsufficientScope => "insufficient_scope",
+            ApiError::ModelNotAllowed(_) => "model_not_allowed",
+            ApiError::MaxInputTokensExceeded { .. } => "max_input_tokens_exceeded",
+            ApiError::MaxOutputTokensExceeded { .. } => "max_output_tokens_exceeded",
+            ApiError::ContextWindowExceeded { .. } => "context_window_exceeded",
+            ApiError::InsufficientQuota => "insufficient_quota",
+            ApiError::RateLimited { .. } => "rate_limit_exceeded",
+            ApiError::RoutingUnavailable => "routing_unavailable",
+            ApiError::ServerError => "server_error",
+            ApiError::InvalidRequest { code, .. } => code,
+            ApiError::PayloadTooLarge => "request_too_large",
+            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::UnknownModel(_) => "model_not_found",
+        }
+    }
+
+    /// The OpenAI-style error `type`.
+    pub fn kind(&self) -> &'static str {
+        match self.status() {
+            401 | 503 if matches!(self, ApiError::KeySecretNotConfigured) => "server_error",
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            429 if matches!(self, ApiError::InsufficientQuota) => "insufficient_quota",
+            429 => "rate_limit_error",
+            500 | 502 | 503 => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    pub fn message(&self) -> String {
+        match self {
+            ApiError::NotFound => "Not found.".into(),
+            ApiError::EndpointNotEnabled => "This endpoint is not enabled.".into(),
+            ApiError::SensitiveQueryParam => {
+                "Credentials must not be sent in the query string; use the Authorization header."
+                    .into()
+            }
+            ApiError::KeySecretNotConfigured => "API key verification is not configured.".into(),
+            ApiError::MissingApiKey => "No API key supplied. Send `Authorization: Bearer sk-...` or `x-api-key: sk-...`.".into(),
+            ApiError::InvalidApiKey => "Invalid or revoked API key.".into(),
+            ApiError::AccountSuspended => "This account is suspended.".into(),
+            ApiError::InsufficientScope => "This API key's scopes do not cover this endpoint.".into(),
+            ApiError::ModelNotAllowed(m) => format!("This API key may not use model {m:?}."),
+            ApiError::MaxInputTokensExceeded { estimated, limit } => format!(
+                "Estimated input of {estimated} tokens exceeds the limit of {limit} tokens."
+            ),
+            ApiError::MaxOutputTokensExceeded { requested, limit } => format!(
+                "Requested output of {requested} tokens exceeds the limit of {limit} tokens."
+            ),
+            ApiError::ContextWindowExceeded { total, limit } => format!(
+                "Input plus requested output ({total} tokens) exceeds the model's context window of {limit} tokens."
+            ),
+            ApiError::InsufficientQuota => "Your token or request quota is exhausted.".into(),
+            ApiError::RateLimited {
+                retry_after_secs,
+                what,
+            } => format!("Rate limit exceeded for {what}; retry after {retry_after_secs} s."),
+            ApiError::RoutingUnavailable => "The model route is temporarily unavailable.".into(),
+            ApiError::ServerError => "The request could not be completed.".into(),
+            ApiError::InvalidRequest { message, .. } => message.clone(),
+            ApiError::PayloadTooLarge => "Request body too large.".into(),
+            ApiError::MethodNotAllowed => "Method not allowed for this endpoint.".into(),
+            ApiError::UnknownModel(m) => format!("The model {m:?} does not exist."),
+        }
+    }
+
+    /// The JSON body; `anthropic_shape` adds the top-level `"type":"error"` of style B.
+    pub fn body(&self, anthropic_shape: bool) -> Bytes {
+        let inner = serde_json::json!({
+            "message": self.message(),
+            "type": self.kind(),
+            "code": self.code(),
+        });
+        let v = if anthropic_shape {
+            serde_json::json!({"type": "error", "error": inner})
+        } else {
+            serde_json::json!({ "error": inner })
+        };
+        Bytes::from(v.to_string())
+    }
+
+    pub fn invalid(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError::InvalidRequest {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes() {
+        let b = ApiError::MissingApiKey.body(false);
+        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v["error"]["code"], "missing_api_key");
+        assert_eq!(v["error"]["type"], "authentication_error");
+        let b = ApiError::MissingApiKey.body(true);
+        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["code"], "missing_api_key");
+    }
+
+    #[test]
+    fn statuses() {
+        assert_eq!(ApiError::KeySecretNotConfigured.status(), 503);
+        assert_eq!(ApiError::RoutingUnavailable.status(), 502);
+        assert_eq!(ApiError::EndpointNotEnabled.status(), 404);
+        assert_eq!(ApiError::SensitiveQueryParam.status(), 400);
+    }
+}

@@ -1,0 +1,44 @@
+//! `gateway`: CLI dispatch. `serve` (the default) runs the edge; the other commands are the
+//! operator tools of CONTRACT §1.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Parser;
+use gateway::cli::{Cli, Command};
+use gateway::config::Config;
+
+fn main() -> ExitCode {
+    pingora::tls::install_default_crypto_provider();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .target(env_logger::Target::Stderr)
+        .init();
+    let cli = Cli::parse();
+    let cfg = match Config::load(&cli.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => match gateway::edge::serve(cfg) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        command => match gateway::cli::run_admin(&cfg, command) {
+            Ok(v) => {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{v}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}

@@ -1,0 +1,78 @@
+//! Check 1: finding the API key in a request. Style A sends `Authorization: Bearer`, style B
+//! `x-api-key`; both are accepted everywhere (CONTRACT §3).
+
+use pingora_http::RequestHeader;
+
+/// What the request offered as a credential.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Presented<'a> {
+    /// Nothing that looks like an `sk-` key: `missing_api_key`.
+    Missing,
+    /// An `sk-…` candidate, to be verified against the key cache.
+    Key(&'a str),
+}
+
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+}
+
+pub fn presented_key(req: &RequestHeader) -> Presented<'_> {
+    let from_bearer = req
+        .headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer)
+        .filter(|k| k.starts_with("sk-"));
+    let from_x_api_key = req
+        .headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|k| k.starts_with("sk-"));
+    match from_bearer.or(from_x_api_key) {
+        Some(k) => Presented::Key(k),
+        None => Presented::Missing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(headers: &[(&str, &str)]) -> RequestHeader {
+        let mut r = RequestHeader::build("POST", b"/v1/chat/completions", None).unwrap();
+        for (k, v) in headers {
+            r.insert_header(k.to_string(), *v).unwrap();
+        }
+        r
+    }
+
+    #[test]
+    fn finds_keys() {
+        assert_eq!(presented_key(&req(&[])), Presented::Missing);
+        assert_eq!(
+            presented_key(&req(&[("authorization", "Bearer sk-abc")])),
+            Presented::Key("sk-abc")
+        );
+        assert_eq!(
+            presented_key(&req(&[("authorization", "bearer  sk-abc ")])),
+            Presented::Key("sk-abc")
+        );
+        assert_eq!(
+            presented_key(&req(&[("x-api-key", "sk-xyz")])),
+            Presented::Key("sk-xyz")
+        );
+        assert_eq!(
+            presented_key(&req(&[("authorization", "Basic abc")])),
+            Presented::Missing
+        );
+        assert_eq!(
+            presented_key(&req(&[
+                ("authorization", "Bearer nope"),
+                ("x-api-key", "sk-1")
+            ])),
+            Presented::Key("sk-1")
+        );
+    }
+}

@@ -1,0 +1,331 @@
+//! The developer API: a Pingora `ProxyHttp` service. This file is the table of contents of one
+//! request's walk; each step lives in its own module:
+//!
+//! `route` (surface, aliases) → `pipeline` (checks 1–8) → quota reserve (check 9) →
+//! `routing` (deployment) → `forward` (exchange, streaming) → `settle` (exactly once).
+//!
+//! Everything happens in `request_filter`, which answers the request itself and returns
+//! `Ok(true)`: the body has to be read before routing (the model is in it), and Pingora 0.9
+//! cannot re-send a read body larger than its 64 KiB retry buffer through the stock path.
+
+pub mod auth;
+pub mod forward;
+pub mod local;
+pub mod pipeline;
+pub mod query;
+pub mod respond;
+pub mod route;
+pub mod routing;
+pub mod settle;
+pub mod sse;
+pub mod tokens;
+pub mod upstream;
+
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_error::{Error, ErrorType};
+use pingora_proxy::{ProxyHttp, Session};
+
+use crate::error::ApiError;
+use crate::identity::Identity;
+use crate::proxy::pipeline::{Admitted, Stop};
+use crate::proxy::route::{Endpoint, Route};
+use crate::proxy::settle::{new_event, InFlight, Reason};
+use crate::quota::Denied;
+use crate::state::SharedState;
+use crate::util::random_base62;
+
+/// The developer-API service.
+pub struct DevApi {
+    pub state: SharedState,
+}
+
+/// Per-request state, filled in as the request walks the phases; `logging` reads it.
+pub struct RequestCtx {
+    pub request_id: String,
+    pub started: Instant,
+    pub endpoint: Option<Endpoint>,
+    pub model: Option<String>,
+    pub key_id: Option<String>,
+    pub user_id: Option<String>,
+    pub status: u16,
+    pub error_code: Option<&'static str>,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub deployment: Option<String>,
+}
+
+#[async_trait]
+impl ProxyHttp for DevApi {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx {
+            request_id: format!("req_{}", random_base62(20)),
+            started: Instant::now(),
+            endpoint: None,
+            model: None,
+            key_id: None,
+            user_id: None,
+            status: 0,
+            error_code: None,
+            input_tokens: 0,
+            output_tokens: 0,
+            deployment: None,
+        }
+    }
+
+    /// Never reached: `request_filter` always answers the request itself.
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        _ctx: &mut RequestCtx,
+    ) -> pingora_error::Result<Box<HttpPeer>> {
+        Err(Error::explain(
+            ErrorType::InternalError,
+            "developer API requests are answered in request_filter",
+        ))
+    }
+
+    async fn request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora_error::Result<bool> {
+        let _in_flight = crate::edge::InFlightGuard::enter();
+        match self.handle(session, ctx).await {
+            Ok(()) => {}
+            Err((Stop::ClientGone, _)) => ctx.status = 499,
+            Err((Stop::Api(err), style_b)) => {
+                ctx.status = err.status();
+                ctx.error_code = Some(err.code());
+                respond::error(session, &err, style_b, &ctx.request_id, &[]).await;
+            }
+        }
+        Ok(true)
+    }
+
+    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+        crate::accesslog::developer_request(ctx);
+    }
+}
+
+impl DevApi {
+    /// Runs one request. An `Err` carries what to answer and whether in style B.
+    async fn handle(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<(), (Stop, bool)> {
+        let cfg = self.state.config();
+        let method = session.req_header().method.as_str().to_string();
+        let uri = &session.req_header().uri;
+        let path = uri.path().to_string();
+        let query = uri.query().map(str::to_string);
+        let (endpoint, method_ok, style_b) = match route::classify(&method, &path) {
+            Route::Health => {
+                ctx.status = 200;
+                respond::json(
+                    session,
+                    200,
+                    Bytes::from_static(b"{\"ok\":true}"),
+                    &ctx.request_id,
+                    &[],
+                )
+                .await;
+                return Ok(());
+            }
+            Route::NotFound => return Err((ApiError::NotFound.into(), false)),
+            Route::Api {
+                endpoint,
+                method_ok,
+                style_b,
+            } => (endpoint, method_ok, style_b),
+        };
+        let fail = |e: ApiError| (Stop::Api(e), style_b);
+
+        // Checks 1–5.
+        let identity = pipeline::authenticate(&self.state, session)
+            .await
+            .map_err(fail)?;
+        ctx.key_id = Some(identity.key.id.clone());
+        ctx.user_id = Some(identity.user.id.clone());
+        let endpoint =
+            pipeline::gate(&identity, query.as_deref(), endpoint, method_ok).map_err(fail)?;
+        ctx.endpoint = Some(endpoint);
+
+        // Checks 6–8 need the body.
+        let body = if endpoint.is_get() {
+            Bytes::new()
+        } else {
+            pipeline::read_body(session, cfg.server.max_body_bytes)
+                .await
+                .map_err(|s| (s, style_b))?
+        };
+        let adm = pipeline::admit(&self.state, &cfg, endpoint, identity.clone(), body)
+            .await
+            .map_err(fail)?;
+        if !adm.model_name.is_empty() {
+            ctx.model = Some(adm.model_name.clone());
+        }
+
+        // Where it would go, before reserving anything for it.
+        let targets = self.targets(&cfg, &adm).map_err(fail)?;
+
+        // Check 9: reservation.
+        let reservation = match self
+            .state
+            .quota
+            .reserve(&identity, adm.input_estimate, adm.output_reserve)
+            .await
+        {
+            Ok(r) => r,
+            Err(Denied::InsufficientQuota) => return Err(fail(ApiError::InsufficientQuota)),
+            Err(Denied::RateLimited {
+                retry_after_secs,
+                what,
+            }) => {
+                return Err(fail(ApiError::RateLimited {
+                    retry_after_secs,
+                    what,
+                }))
+            }
+        };
+        let mut event = new_event(
+            &identity.user.id,
+            &identity.key.id,
+            &adm.model_name,
+            endpoint.name(),
+        );
+        event.reasoning_effort = adm.reasoning_effort.clone();
+        let mut flight = InFlight::new(
+            self.state.clone(),
+            reservation,
+            ctx.started,
+            event,
+            adm.input_estimate,
+        );
+
+        let result = match targets {
+            Plan::Local => {
+                self.answer_locally(session, ctx, &cfg, &adm, &identity, &mut flight)
+                    .await
+            }
+            Plan::Forward(targets) => {
+                let reply = forward::Reply {
+                    request_id: &ctx.request_id,
+                    style_b,
+                    extra_headers: &[],
+                };
+                forward::forward(&self.state, session, &adm, &targets, &mut flight, &reply).await
+            }
+        };
+        match result {
+            Ok(outcome) => {
+                ctx.status = outcome.status;
+                ctx.error_code = outcome.error_code;
+                ctx.deployment = flight.event.deployment.clone();
+                let used = flight.finish(outcome.status, outcome.reason, outcome.error_code);
+                ctx.input_tokens = used.input_tokens;
+                ctx.output_tokens = used.output_tokens;
+                Ok(())
+            }
+            Err(e) => {
+                // Nothing reached the provider or the client: release the reservation.
+                flight.charge_input_estimate = false;
+                flight.finish(e.status(), Reason::Unrouted, Some(e.code()));
+                Err(fail(e))
+            }
+        }
+    }
+
+    /// Decides whether the gateway answers itself or which deployments to try.
+    fn targets(&self, cfg: &crate::config::Config, adm: &Admitted) -> Result<Plan, ApiError> {
+        use crate::config::ProviderStyle;
+        match adm.endpoint {
+            Endpoint::Models | Endpoint::ModelInfo => Ok(Plan::Local),
+            Endpoint::Search | Endpoint::WebFetch => {
+                let provider = if adm.endpoint == Endpoint::Search {
+                    cfg.tools.search.as_ref()
+                } else {
+                    cfg.tools.web_fetch.as_ref()
+                };
+                let provider = provider.ok_or(ApiError::EndpointNotEnabled)?;
+                let t = self.state.routing.plan_tool(provider);
+                if t.is_empty() {
+                    return Err(ApiError::RoutingUnavailable);
+                }
+                Ok(Plan::Forward(t))
+            }
+            endpoint => {
+                let model = adm.model.as_ref().ok_or(ApiError::ServerError)?;
+                let style = model.style();
+                if endpoint == Endpoint::CountTokens && style != ProviderStyle::Anthropic {
+                    return Ok(Plan::Local);
+                }
+                if !local::endpoints_for(style).contains(&endpoint) || crossing(endpoint, style) {
+                    return Err(ApiError::invalid(
+                        "unsupported_endpoint",
+                        format!("Model {:?} does not support {}.", model.id, endpoint.path()),
+                    ));
+                }
+                let t = self.state.routing.plan(model);
+                if t.is_empty() {
+                    return Err(ApiError::RoutingUnavailable);
+                }
+                Ok(Plan::Forward(t))
+            }
+        }
+    }
+
+    async fn answer_locally(
+        &self,
+        session: &mut Session,
+        ctx: &RequestCtx,
+        cfg: &crate::config::Config,
+        adm: &Admitted,
+        who: &Identity,
+        flight: &mut InFlight,
+    ) -> Result<forward::Outcome, ApiError> {
+        let body = match adm.endpoint {
+            Endpoint::Models => local::models(cfg, who),
+            Endpoint::ModelInfo => local::model_info(cfg, who),
+            _ => serde_json::json!({ "input_tokens": adm.input_estimate }),
+        };
+        // Listings and local counts cost one request and no tokens.
+        flight.charge_input_estimate = false;
+        flight.provider_usage = Some(Default::default());
+        flight.mark_first_byte();
+        respond::json(
+            session,
+            200,
+            Bytes::from(body.to_string()),
+            &ctx.request_id,
+            &[],
+        )
+        .await;
+        Ok(forward::Outcome {
+            status: 200,
+            reason: Reason::Complete,
+            error_code: None,
+        })
+    }
+}
+
+/// True when the endpoint's style differs from the provider's: served by translation.
+fn crossing(endpoint: Endpoint, style: crate::config::ProviderStyle) -> bool {
+    use crate::config::ProviderStyle;
+    matches!(
+        (endpoint, style),
+        (Endpoint::Messages, ProviderStyle::OpenAi)
+            | (Endpoint::ChatCompletions, ProviderStyle::Anthropic)
+    )
+}
+
+enum Plan {
+    Local,
+    Forward(Vec<routing::Target>),
+}

@@ -1,0 +1,60 @@
+//! Writing gateway-made responses (errors, local JSON) to the client.
+
+use bytes::Bytes;
+use pingora_http::ResponseHeader;
+use pingora_proxy::Session;
+
+use crate::error::ApiError;
+
+pub const JSON: &str = "application/json; charset=utf-8";
+
+/// Builds a response header with the gateway's standard headers.
+pub fn header(status: u16, content_type: &str, request_id: &str) -> Option<ResponseHeader> {
+    let mut h = ResponseHeader::build(status, Some(4)).ok()?;
+    h.insert_header("content-type", content_type).ok()?;
+    h.insert_header("x-request-id", request_id).ok()?;
+    h.insert_header("cache-control", "no-store").ok()?;
+    Some(h)
+}
+
+/// Writes a complete JSON response. Failures mean the client is gone; nothing else to do.
+pub async fn json(
+    session: &mut Session,
+    status: u16,
+    body: Bytes,
+    request_id: &str,
+    extra: &[(String, String)],
+) {
+    let Some(mut h) = header(status, JSON, request_id) else {
+        return;
+    };
+    for (k, v) in extra {
+        let _ = h.insert_header(k.clone(), v.as_str());
+    }
+    let _ = h.insert_header("content-length", body.len().to_string());
+    if session
+        .write_response_header(Box::new(h), false)
+        .await
+        .is_ok()
+    {
+        let _ = session.write_response_body(Some(body), true).await;
+    }
+}
+
+/// Writes an API error in the style of the route (A or B).
+pub async fn error(
+    session: &mut Session,
+    err: &ApiError,
+    style_b: bool,
+    request_id: &str,
+    extra: &[(String, String)],
+) {
+    let mut extra = extra.to_vec();
+    if let ApiError::RateLimited {
+        retry_after_secs, ..
+    } = err
+    {
+        extra.push(("retry-after".into(), retry_after_secs.to_string()));
+    }
+    json(session, err.status(), err.body(style_b), request_id, &extra).await;
+}

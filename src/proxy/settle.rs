@@ -1,0 +1,185 @@
+//! Settlement: every admitted request ends here exactly once, whatever the exit path.
+//!
+//! `InFlight` owns the reservation and what is known about usage so far. The normal paths call
+//! `finish` with the reason; if the request future is dropped instead (gateway shutdown, a
+//! panic unwinding), `Drop` settles with what was counted up to that point. Either way one usage
+//! event is recorded and the reservation is settled once.
+
+use std::time::Instant;
+
+use crate::proxy::sse::{StreamUsageTracker, Usage};
+use crate::quota::{Reservation, Used};
+use crate::state::SharedState;
+use crate::storage::UsageEvent;
+use crate::util::{new_id, now_ms};
+
+/// How the final numbers were obtained, recorded with the event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// Completed; the provider reported usage (or no usage applies).
+    Complete,
+    /// The client went away mid-response.
+    ClientDisconnect,
+    /// The provider failed or cut the stream mid-response.
+    UpstreamError,
+    /// The provider answered with an error status before any output.
+    ProviderError,
+    /// No deployment could serve the request.
+    Unrouted,
+    /// The request future was dropped (shutdown).
+    Aborted,
+}
+
+impl Reason {
+    fn as_str(self) -> &'static str {
+        match self {
+            Reason::Complete => "complete",
+            Reason::ClientDisconnect => "client_disconnect",
+            Reason::UpstreamError => "upstream_error",
+            Reason::ProviderError => "provider_error",
+            Reason::Unrouted => "unrouted",
+            Reason::Aborted => "aborted",
+        }
+    }
+}
+
+pub struct InFlight {
+    state: SharedState,
+    reservation: Option<Reservation>,
+    started: Instant,
+    pub event: UsageEvent,
+    /// Estimated input, used when the provider reported nothing.
+    pub input_estimate: u64,
+    /// Usage the provider reported (stream or body).
+    pub provider_usage: Option<Usage>,
+    /// Stream observer, for counting delivered text when no usage came.
+    pub tracker: Option<StreamUsageTracker>,
+    /// True once any output byte reached the client.
+    pub output_started: bool,
+    /// Output tokens counted by other means (e.g. a non-stream body without usage).
+    pub counted_output: Option<u64>,
+    /// Whether input should be charged when the provider reported nothing (false for local
+    /// answers and failures before the provider saw the request).
+    pub charge_input_estimate: bool,
+    done: bool,
+}
+
+impl InFlight {
+    pub fn new(
+        state: SharedState,
+        reservation: Reservation,
+        started: Instant,
+        event: UsageEvent,
+        input_estimate: u64,
+    ) -> Self {
+        InFlight {
+            state,
+            reservation: Some(reservation),
+            started,
+            event,
+            input_estimate,
+            provider_usage: None,
+            tracker: None,
+            output_started: false,
+            counted_output: None,
+            charge_input_estimate: true,
+            done: false,
+        }
+    }
+
+    pub fn mark_first_byte(&mut self) {
+        if self.event.ttfb_ms.is_none() {
+            self.event.ttfb_ms = Some(self.started.elapsed().as_millis() as u64);
+        }
+    }
+
+    /// Settles and records. Consumes the guard so it cannot run twice.
+    pub fn finish(mut self, status: u16, reason: Reason, error_code: Option<&str>) -> Usage {
+        self.event.status = status;
+        if let Some(code) = error_code {
+            self.event.error_code = Some(code.to_string());
+        }
+        self.complete(reason)
+    }
+
+    fn complete(&mut self, reason: Reason) -> Usage {
+        self.done = true;
+        let usage = self.final_usage();
+        let source = if self.provider_usage.is_some() {
+            "provider"
+        } else {
+            "counted"
+        };
+        self.event.settlement = format!("{source}:{}", reason.as_str());
+        self.event.input_tokens = usage.input_tokens;
+        self.event.output_tokens = usage.output_tokens;
+        self.event.cached_tokens = usage.cached_tokens;
+        self.event.latency_ms = self.started.elapsed().as_millis() as u64;
+        if let Some(r) = self.reservation.take() {
+            r.settle(Used {
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+            });
+        }
+        self.state.usage.record(self.event.clone());
+        usage
+    }
+
+    /// Provider-reported usage when present; otherwise the estimate for input (when the provider
+    /// saw the request) and the tokenizer's count of what was delivered for output.
+    fn final_usage(&self) -> Usage {
+        if let Some(u) = self.provider_usage {
+            return u;
+        }
+        if let Some(u) = self.tracker.as_ref().and_then(|t| t.usage()) {
+            return u;
+        }
+        let output = match (&self.tracker, self.counted_output) {
+            (_, Some(n)) => n,
+            (Some(t), None) => self.state.tokens.count(t.delivered_text()),
+            (None, None) => 0,
+        };
+        Usage {
+            input_tokens: if self.charge_input_estimate {
+                self.input_estimate
+            } else {
+                0
+            },
+            output_tokens: output,
+            ..Usage::default()
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if !self.done {
+            if self.event.status == 0 {
+                self.event.status = 499;
+            }
+            self.complete(Reason::Aborted);
+        }
+    }
+}
+
+/// A fresh usage event for an admitted request.
+pub fn new_event(user_id: &str, key_id: &str, model: &str, endpoint: &str) -> UsageEvent {
+    UsageEvent {
+        id: new_id("evt"),
+        user_id: user_id.to_string(),
+        key_id: key_id.to_string(),
+        model: model.to_string(),
+        endpoint: endpoint.to_string(),
+        reasoning_effort: None,
+        input_tokens: 0,
+        output_tokens: 0,
+        cached_tokens: 0,
+        status: 0,
+        latency_ms: 0,
+        ttfb_ms: None,
+        settlement: String::new(),
+        deployment: None,
+        error_code: None,
+        created_at: now_ms(),
+    }
+}

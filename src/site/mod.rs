@@ -1,0 +1,37 @@
+//! The co-hosted account service (axum): `/api/auth`, `/api/account`, `/api/payment`,
+//! `/api/content`. Pingora's site listener proxies to it over a private Unix socket, so it
+//! shares the edge (and its graceful restarts) without a second public port.
+
+pub mod error;
+
+use std::path::Path;
+
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+
+use crate::state::SharedState;
+use error::SiteError;
+
+/// Every site route, merged in one place.
+pub fn router(state: SharedState) -> Router {
+    Router::new()
+        .route(
+            "/health",
+            get(|| async { Json(serde_json::json!({"ok": true})) }),
+        )
+        .fallback(|| async { SiteError::NotFound.into_response() })
+        .with_state(state)
+}
+
+/// Serves the router on a Unix socket until the process exits.
+pub async fn serve_uds(state: SharedState, path: &Path) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(path);
+    let listener = tokio::net::UnixListener::bind(path)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    axum::serve(listener, router(state)).await
+}

@@ -1,0 +1,273 @@
+//! API keys: metadata and the peppered hash. The raw key never reaches this module.
+
+use sqlx::Row;
+
+use super::{flag, Db, StoreError, StoreResult};
+use crate::util::{new_id, now_ms};
+
+/// How a key counts against per-minute limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitMode {
+    /// The key has its own per-minute windows.
+    PerKey,
+    /// The key shares the account's windows (the global key).
+    AccountPool,
+}
+
+impl LimitMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitMode::PerKey => "per_key",
+            LimitMode::AccountPool => "account_pool",
+        }
+    }
+    fn parse(s: &str) -> LimitMode {
+        if s == "account_pool" {
+            LimitMode::AccountPool
+        } else {
+            LimitMode::PerKey
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub id: String,
+    pub user_id: String,
+    pub name: String,
+    pub key_hash: String,
+    pub key_prefix: String,
+    pub key_suffix: String,
+    pub scopes: Vec<String>,
+    pub limit_mode: LimitMode,
+    pub custom_input_tpm: Option<u64>,
+    pub custom_output_tpm: Option<u64>,
+    pub custom_rpm: Option<u64>,
+    pub model_allowlist: Vec<String>,
+    pub max_input_tokens: Option<u64>,
+    pub max_output_tokens: Option<u64>,
+    pub revoked: bool,
+    pub is_global: bool,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub last_used_at: Option<i64>,
+    pub revoked_at: Option<i64>,
+}
+
+/// What a caller supplies to create a key; the store adds ids and timestamps.
+#[derive(Debug, Clone)]
+pub struct NewKey {
+    pub user_id: String,
+    pub name: String,
+    pub key_hash: String,
+    pub key_prefix: String,
+    pub key_suffix: String,
+    pub scopes: Vec<String>,
+    pub limit_mode: LimitMode,
+    pub custom_input_tpm: Option<u64>,
+    pub custom_output_tpm: Option<u64>,
+    pub custom_rpm: Option<u64>,
+    pub model_allowlist: Vec<String>,
+    pub max_input_tokens: Option<u64>,
+    pub max_output_tokens: Option<u64>,
+    pub is_global: bool,
+}
+
+const COLUMNS: &str = "id, user_id, name, key_hash, key_prefix, key_suffix, scopes, limit_mode, \
+     custom_input_tpm, custom_output_tpm, custom_rpm, model_allowlist, max_input_tokens, \
+     max_output_tokens, status, is_global, created_at, updated_at, last_used_at, revoked_at";
+
+fn opt_u64(v: Option<i64>) -> Option<u64> {
+    v.and_then(|x| u64::try_from(x).ok())
+}
+
+fn from_row(row: &sqlx::any::AnyRow) -> StoreResult<KeyRecord> {
+    let scopes: String = row.try_get("scopes")?;
+    let models: String = row.try_get("model_allowlist")?;
+    let status: String = row.try_get("status")?;
+    let mode: String = row.try_get("limit_mode")?;
+    Ok(KeyRecord {
+        id: row.try_get("id")?,
+        user_id: row.try_get("user_id")?,
+        name: row.try_get("name")?,
+        key_hash: row.try_get("key_hash")?,
+        key_prefix: row.try_get("key_prefix")?,
+        key_suffix: row.try_get("key_suffix")?,
+        scopes: serde_json::from_str(&scopes).unwrap_or_default(),
+        limit_mode: LimitMode::parse(&mode),
+        custom_input_tpm: opt_u64(row.try_get("custom_input_tpm")?),
+        custom_output_tpm: opt_u64(row.try_get("custom_output_tpm")?),
+        custom_rpm: opt_u64(row.try_get("custom_rpm")?),
+        model_allowlist: serde_json::from_str(&models).unwrap_or_default(),
+        max_input_tokens: opt_u64(row.try_get("max_input_tokens")?),
+        max_output_tokens: opt_u64(row.try_get("max_output_tokens")?),
+        revoked: status == "revoked",
+        is_global: flag(row.try_get("is_global")?),
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        last_used_at: row.try_get("last_used_at")?,
+        revoked_at: row.try_get("revoked_at")?,
+    })
+}
+
+fn to_i64(v: Option<u64>) -> Option<i64> {
+    v.map(|x| i64::try_from(x).unwrap_or(i64::MAX))
+}
+
+pub struct KeyStore<'a> {
+    pub(super) db: &'a Db,
+}
+
+impl KeyStore<'_> {
+    pub async fn create(&self, k: &NewKey) -> StoreResult<KeyRecord> {
+        let mut tx = self.db.pool.begin().await?;
+        let id = insert(&mut tx, k).await?;
+        tx.commit().await?;
+        self.get(&id).await?.ok_or(StoreError::NotFound)
+    }
+
+    /// Creates a new global key and revokes the account's previous global keys in the same
+    /// transaction, so a rotation never leaves two global keys or none.
+    pub async fn rotate_global(&self, k: &NewKey) -> StoreResult<KeyRecord> {
+        let now = now_ms();
+        let mut tx = self.db.pool.begin().await?;
+        sqlx::query(
+            "UPDATE api_keys SET status = 'revoked', revoked_at = $1, updated_at = $2 \
+             WHERE user_id = $3 AND is_global = 1 AND status = 'active'",
+        )
+        .bind(now)
+        .bind(now)
+        .bind(&k.user_id)
+        .execute(&mut *tx)
+        .await?;
+        let id = insert(&mut tx, k).await?;
+        tx.commit().await?;
+        self.get(&id).await?.ok_or(StoreError::NotFound)
+    }
+
+    pub async fn get(&self, id: &str) -> StoreResult<Option<KeyRecord>> {
+        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM api_keys WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.db.pool)
+            .await?;
+        row.as_ref().map(from_row).transpose()
+    }
+
+    pub async fn find_by_hash(&self, hash: &str) -> StoreResult<Option<KeyRecord>> {
+        let row = sqlx::query(&format!(
+            "SELECT {COLUMNS} FROM api_keys WHERE key_hash = $1"
+        ))
+        .bind(hash)
+        .fetch_optional(&self.db.pool)
+        .await?;
+        row.as_ref().map(from_row).transpose()
+    }
+
+    pub async fn list_for_user(&self, user_id: &str) -> StoreResult<Vec<KeyRecord>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {COLUMNS} FROM api_keys WHERE user_id = $1 ORDER BY created_at DESC"
+        ))
+        .bind(user_id)
+        .fetch_all(&self.db.pool)
+        .await?;
+        rows.iter().map(from_row).collect()
+    }
+
+    pub async fn count_active(&self, user_id: &str) -> StoreResult<i64> {
+        let row = sqlx::query(
+            "SELECT CAST(COUNT(*) AS BIGINT) AS n FROM api_keys \
+             WHERE user_id = $1 AND status = 'active'",
+        )
+        .bind(user_id)
+        .fetch_one(&self.db.pool)
+        .await?;
+        Ok(row.try_get("n")?)
+    }
+
+    /// Revokes the key if it belongs to `user_id`. `NotFound` when it does not exist or belongs
+    /// to someone else, so the caller cannot learn about other accounts' keys.
+    pub async fn revoke(&self, id: &str, user_id: &str) -> StoreResult<KeyRecord> {
+        let now = now_ms();
+        sqlx::query(
+            "UPDATE api_keys SET status = 'revoked', revoked_at = $1, updated_at = $2 \
+             WHERE id = $3 AND user_id = $4 AND status = 'active'",
+        )
+        .bind(now)
+        .bind(now)
+        .bind(id)
+        .bind(user_id)
+        .execute(&self.db.pool)
+        .await?;
+        match self.get(id).await? {
+            Some(k) if k.user_id == user_id => Ok(k),
+            _ => Err(StoreError::NotFound),
+        }
+    }
+
+    /// Keys changed at or after `since_ms` (created, revoked, edited): the cache change feed.
+    pub async fn changed_since(&self, since_ms: i64) -> StoreResult<Vec<KeyRecord>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {COLUMNS} FROM api_keys WHERE updated_at >= $1 LIMIT 10000"
+        ))
+        .bind(since_ms)
+        .fetch_all(&self.db.pool)
+        .await?;
+        rows.iter().map(from_row).collect()
+    }
+
+    /// Records last use for a batch of keys in one transaction. Deliberately does not bump
+    /// `updated_at`: last use is not a change the caches need to hear about.
+    pub async fn touch_last_used(&self, uses: &[(String, i64)]) -> StoreResult<()> {
+        if uses.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.db.pool.begin().await?;
+        for (id, at) in uses {
+            sqlx::query(
+                "UPDATE api_keys SET last_used_at = $1 WHERE id = $2 \
+                 AND (last_used_at IS NULL OR last_used_at < $3)",
+            )
+            .bind(*at)
+            .bind(id)
+            .bind(*at)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+async fn insert(tx: &mut sqlx::Transaction<'_, sqlx::Any>, k: &NewKey) -> StoreResult<String> {
+    let now = now_ms();
+    let id = new_id("key");
+    let scopes = serde_json::to_string(&k.scopes).unwrap_or_else(|_| "[]".into());
+    let models = serde_json::to_string(&k.model_allowlist).unwrap_or_else(|_| "[]".into());
+    sqlx::query(
+        "INSERT INTO api_keys (id, user_id, name, key_hash, key_prefix, key_suffix, scopes, \
+         limit_mode, custom_input_tpm, custom_output_tpm, custom_rpm, model_allowlist, \
+         max_input_tokens, max_output_tokens, status, is_global, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, 'active', $15, $16, $17)",
+    )
+    .bind(&id)
+    .bind(&k.user_id)
+    .bind(&k.name)
+    .bind(&k.key_hash)
+    .bind(&k.key_prefix)
+    .bind(&k.key_suffix)
+    .bind(scopes)
+    .bind(k.limit_mode.as_str())
+    .bind(to_i64(k.custom_input_tpm))
+    .bind(to_i64(k.custom_output_tpm))
+    .bind(to_i64(k.custom_rpm))
+    .bind(models)
+    .bind(to_i64(k.max_input_tokens))
+    .bind(to_i64(k.max_output_tokens))
+    .bind(k.is_global as i64)
+    .bind(now)
+    .bind(now)
+    .execute(&mut **tx)
+    .await
+    .map_err(StoreError::from_sqlx)?;
+    Ok(id)
+}

@@ -1,0 +1,159 @@
+//! Storage: one small store per area (users, keys, …) over one sqlx `AnyPool`, so the same
+//! queries serve the embedded SQLite default and Postgres in production.
+//!
+//! Portability rules the stores follow: timestamps are `BIGINT` Unix milliseconds, flags are
+//! 0/1 integers, placeholders are `$1, $2, …` in first-use order (SQLite binds them by order of
+//! appearance), aggregates are cast to `BIGINT` (Postgres sums to `NUMERIC`).
+
+pub mod keys;
+pub mod usage;
+pub mod users;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::{AnyPool, ConnectOptions, Executor};
+
+pub use keys::{KeyRecord, KeyStore, NewKey};
+pub use usage::{UsageEvent, UsageStore};
+pub use users::{UserRecord, UserStore};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// Storage failures. `Conflict` is a unique-constraint violation, which callers turn into a
+/// domain answer; everything else is an internal error whose cause is logged, never sent.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("not found")]
+    NotFound,
+    #[error("conflict: {0}")]
+    Conflict(String),
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("migration error: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl StoreError {
+    /// Maps a unique violation to `Conflict` so callers can answer it as a domain error.
+    pub fn from_sqlx(e: sqlx::Error) -> StoreError {
+        if let sqlx::Error::Database(d) = &e {
+            if d.is_unique_violation() {
+                return StoreError::Conflict(d.message().to_string());
+            }
+        }
+        StoreError::Db(e)
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// The database handle: a pool plus which dialect it speaks.
+#[derive(Clone, Debug)]
+pub struct Db {
+    pub pool: AnyPool,
+    pub backend: Backend,
+}
+
+impl Db {
+    /// Connects (creating the SQLite file and its directory if needed) and applies migrations.
+    pub async fn connect(url: &str) -> StoreResult<Db> {
+        sqlx::any::install_default_drivers();
+        let backend = if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else {
+            Backend::Postgres
+        };
+        let mut url = url.to_string();
+        if backend == Backend::Sqlite {
+            if let Some(path) = sqlite_path(&url) {
+                if let Some(dir) = std::path::Path::new(&path).parent() {
+                    if !dir.as_os_str().is_empty() {
+                        std::fs::create_dir_all(dir).map_err(|e| {
+                            StoreError::Invalid(format!("cannot create {}: {e}", dir.display()))
+                        })?;
+                    }
+                }
+            }
+            if !url.contains('?') {
+                url.push_str("?mode=rwc");
+            }
+        }
+        let opts = AnyConnectOptions::from_str(&url)?
+            .log_statements(log::LevelFilter::Trace)
+            .log_slow_statements(log::LevelFilter::Warn, Duration::from_millis(500));
+        let pool = AnyPoolOptions::new()
+            .max_connections(match backend {
+                Backend::Sqlite => 8,
+                Backend::Postgres => 16,
+            })
+            .acquire_timeout(Duration::from_secs(10))
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    if backend == Backend::Sqlite {
+                        // WAL lets readers run beside the single writer; busy_timeout makes a
+                        // second process (admin commands) wait instead of failing.
+                        conn.execute(
+                            "PRAGMA journal_mode=WAL; PRAGMA busy_timeout=10000; \
+                             PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;",
+                        )
+                        .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(opts)
+            .await?;
+        let db = Db { pool, backend };
+        db.migrate().await?;
+        Ok(db)
+    }
+
+    async fn migrate(&self) -> StoreResult<()> {
+        match self.backend {
+            Backend::Sqlite => sqlx::migrate!("migrations/sqlite").run(&self.pool).await?,
+            Backend::Postgres => {
+                sqlx::migrate!("migrations/postgres")
+                    .run(&self.pool)
+                    .await?
+            }
+        }
+        Ok(())
+    }
+
+    pub fn users(&self) -> UserStore<'_> {
+        UserStore { db: self }
+    }
+
+    pub fn keys(&self) -> KeyStore<'_> {
+        KeyStore { db: self }
+    }
+
+    pub fn usage(&self) -> UsageStore<'_> {
+        UsageStore { db: self }
+    }
+}
+
+fn sqlite_path(url: &str) -> Option<String> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = rest.split('?').next().unwrap_or("");
+    if path.is_empty() || path == ":memory:" {
+        None
+    } else {
+        Some(path.to_string())
+    }
+}
+
+/// 0/1 integer columns as booleans.
+pub(crate) fn flag(v: i64) -> bool {
+    v != 0
+}

@@ -1,0 +1,409 @@
+//! Test harness: starts the real `gateway` binary on free ports with a temporary config, the
+//! bundled mock provider, and (when `GATEWAY_TEST_DATABASE=postgres`) a fresh Postgres database
+//! per test. Everything is torn down when the `Gateway` is dropped.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub const PEPPER: &str = "test-pepper-0123456789abcdef";
+pub const SESSION_SECRET: &str = "test-session-secret-0123456789";
+pub const WEBHOOK_SECRET: &str = "test-webhook-secret";
+
+/// Reads the first stdout line starting with `prefix` within `timeout`.
+fn wait_line(child: &mut Child, prefix: &str, timeout: Duration) -> String {
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel();
+    let prefix = prefix.to_string();
+    std::thread::spawn(move || {
+        let reader = BufReader::new(stdout);
+        let mut sent = false;
+        for line in reader.lines() {
+            let Ok(line) = line else { break };
+            if !sent && line.starts_with(&prefix) {
+                let _ = tx.send(line);
+                sent = true;
+            }
+        }
+    });
+    rx.recv_timeout(timeout)
+        .unwrap_or_else(|_| panic!("process did not print {:?} in time", "ready line"))
+}
+
+/// The bundled mock provider, running as a child process.
+pub struct Mock {
+    child: Child,
+    pub addr: String,
+}
+
+impl Mock {
+    pub fn start(extra: &[&str]) -> Mock {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mock-provider"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start mock-provider");
+        let line = wait_line(&mut child, "LISTENING ", Duration::from_secs(20));
+        let addr = line.trim_start_matches("LISTENING ").trim().to_string();
+        Mock { child, addr }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub async fn requests(&self) -> Vec<Value> {
+        reqwest::get(format!("{}/__mock/requests", self.url()))
+            .await
+            .expect("mock requests")
+            .json()
+            .await
+            .expect("mock json")
+    }
+
+    pub async fn clear(&self) {
+        reqwest::Client::new()
+            .delete(format!("{}/__mock/requests", self.url()))
+            .send()
+            .await
+            .expect("mock clear");
+    }
+
+    pub async fn served(&self) -> u64 {
+        let v: Value = reqwest::get(format!("{}/__mock/stats", self.url()))
+            .await
+            .expect("mock stats")
+            .json()
+            .await
+            .expect("mock stats json");
+        v["served"].as_u64().unwrap_or(0)
+    }
+}
+
+impl Drop for Mock {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Which database the suite runs on: SQLite unless `GATEWAY_TEST_DATABASE=postgres`.
+pub fn database_url(dir: &Path) -> String {
+    if std::env::var("GATEWAY_TEST_DATABASE").as_deref() == Ok("postgres") {
+        postgres_database()
+    } else {
+        format!("sqlite://{}/gateway.db", dir.display())
+    }
+}
+
+/// Creates a fresh database on the local server and returns its URL.
+fn postgres_database() -> String {
+    let admin = std::env::var("GATEWAY_TEST_PG_ADMIN")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let name = format!(
+        "gw_test_{}_{}",
+        std::process::id(),
+        gateway::util::random_base62(10).to_ascii_lowercase()
+    );
+    let output = Command::new("psql")
+        .args([&admin, "-q", "-c", &format!("CREATE DATABASE {name}")])
+        .output()
+        .expect("psql");
+    assert!(
+        output.status.success(),
+        "create database: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
+    format!("{base}/{name}")
+}
+
+/// Options for a test gateway.
+pub struct Options {
+    /// Appended to the generated config (extra providers, models, sections).
+    pub extra_toml: String,
+    pub pepper: bool,
+    pub redis_url: Option<String>,
+    /// Use this database instead of a fresh one (multi-instance tests).
+    pub database_url: Option<String>,
+    pub env: Vec<(String, String)>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            extra_toml: String::new(),
+            pepper: true,
+            redis_url: None,
+            database_url: None,
+            env: vec![],
+        }
+    }
+}
+
+/// A running gateway with its temporary directory and config.
+pub struct Gateway {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub config_path: PathBuf,
+    pub api: String,
+    pub site: String,
+    pub database_url: String,
+    pub env: Vec<(String, String)>,
+}
+
+/// The standard test config: the mock as an OpenAI-style and an Anthropic-style provider.
+pub fn base_config(mock: &Mock, database_url: &str, redis: Option<&str>, dir: &Path) -> String {
+    format!(
+        r#"
+[server]
+api_listen = "127.0.0.1:0"
+site_listen = "127.0.0.1:0"
+site_origin = "http://127.0.0.1:8081"
+shutdown_drain_seconds = 5
+
+[storage]
+database_url = "{database_url}"
+redis_url = "{redis}"
+usage_flush_ms = 20
+
+[secrets]
+dev_generate = false
+dir = "{dir}/data"
+
+[mail]
+transport = "file"
+outbox_dir = "{dir}/outbox"
+
+[[providers]]
+name = "mock"
+style = "openai"
+base_url = "{mock}"
+api_key_env = "MOCK_OPENAI_KEY"
+cooldown_seconds = 2
+first_byte_timeout_ms = 1500
+
+[[providers]]
+name = "mock-anthropic"
+style = "anthropic"
+base_url = "{mock}"
+api_key_env = "MOCK_ANTHROPIC_KEY"
+cooldown_seconds = 2
+first_byte_timeout_ms = 1500
+
+[[models]]
+id = "mock-gpt"
+provider = "mock"
+context_window = 128000
+max_output_tokens = 16384
+default_output_tokens = 256
+
+[[models]]
+id = "claude-mock"
+provider = "mock-anthropic"
+context_window = 200000
+max_output_tokens = 8192
+default_output_tokens = 256
+"#,
+        mock = mock.url(),
+        redis = redis.unwrap_or(""),
+        dir = dir.display(),
+    )
+}
+
+impl Gateway {
+    pub fn start(mock: &Mock, opts: Options) -> Gateway {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let database_url = opts
+            .database_url
+            .clone()
+            .unwrap_or_else(|| database_url(dir.path()));
+        let mut text = base_config(mock, &database_url, opts.redis_url.as_deref(), dir.path());
+        text.push_str(&opts.extra_toml);
+        let config_path = dir.path().join("gateway.toml");
+        std::fs::write(&config_path, text).expect("write config");
+        let mut env = vec![
+            (
+                "GATEWAY_SESSION_SECRET".to_string(),
+                SESSION_SECRET.to_string(),
+            ),
+            (
+                "GATEWAY_WEBHOOK_SECRET".to_string(),
+                WEBHOOK_SECRET.to_string(),
+            ),
+            (
+                "MOCK_OPENAI_KEY".to_string(),
+                "provider-openai-secret".to_string(),
+            ),
+            (
+                "MOCK_ANTHROPIC_KEY".to_string(),
+                "provider-anthropic-secret".to_string(),
+            ),
+        ];
+        if opts.pepper {
+            env.push(("GATEWAY_KEY_PEPPER".to_string(), PEPPER.to_string()));
+        }
+        env.extend(opts.env.iter().cloned());
+        let mut gw = Gateway {
+            child: None,
+            dir,
+            config_path,
+            api: String::new(),
+            site: String::new(),
+            database_url,
+            env,
+        };
+        gw.spawn();
+        gw
+    }
+
+    /// Starts (or restarts) the gateway process on this config.
+    pub fn spawn(&mut self) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
+        cmd.arg("--config")
+            .arg(&self.config_path)
+            .arg("serve")
+            .env_remove("GATEWAY_KEY_PEPPER")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start gateway");
+        let line = wait_line(&mut child, "gateway listening", Duration::from_secs(60));
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .expect("listen address")
+                .to_string()
+        };
+        self.api = format!("http://{}", field("api="));
+        self.site = format!("http://{}", field("site="));
+        self.child = Some(child);
+        wait_ready(&self.api);
+    }
+
+    /// Sends SIGTERM and waits for the process to exit; returns whether it exited cleanly.
+    pub fn terminate(&mut self) -> bool {
+        self.signal_and_wait("-TERM")
+    }
+
+    /// SIGKILL: no chance to flush or settle.
+    pub fn kill(&mut self) {
+        self.signal_and_wait("-KILL");
+    }
+
+    fn signal_and_wait(&mut self, sig: &str) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        let _ = Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status();
+        for _ in 0..300 {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+
+    /// Runs an admin command against this gateway's config; returns (exit ok, stdout JSON or
+    /// stderr text).
+    pub fn admin(&self, args: &[&str]) -> (bool, String) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
+        cmd.arg("--config").arg(&self.config_path).args(args);
+        cmd.env_remove("GATEWAY_KEY_PEPPER");
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("run admin command");
+        if out.status.success() {
+            (true, String::from_utf8_lossy(&out.stdout).to_string())
+        } else {
+            (false, String::from_utf8_lossy(&out.stderr).to_string())
+        }
+    }
+
+    /// `admin` that must succeed and print JSON.
+    pub fn admin_json(&self, args: &[&str]) -> Value {
+        let (ok, out) = self.admin(args);
+        assert!(ok, "admin {args:?} failed: {out}");
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+    }
+
+    /// Creates a user and a key; returns the key's secret.
+    pub fn user_with_key(&self, email: &str, key_args: &[&str]) -> String {
+        self.admin_json(&["user", "create", "--email", email]);
+        let mut args = vec!["key", "create", "--email", email];
+        args.extend_from_slice(key_args);
+        let key = self.admin_json(&args);
+        key["secret"].as_str().expect("secret").to_string()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.api, path)
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn wait_ready(base: &str) {
+    let url = format!("{base}/health");
+    for _ in 0..200 {
+        if probe_ok(&url) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("gateway at {base} did not become ready");
+}
+
+/// A blocking `GET` that reports whether the answer was 200 (no async runtime needed).
+fn probe_ok(url: &str) -> bool {
+    use std::io::{Read, Write};
+    let rest = url.trim_start_matches("http://");
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let Ok(mut s) = std::net::TcpStream::connect(host) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if write!(
+        s,
+        "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .is_err()
+    {
+        return false;
+    }
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf.starts_with("HTTP/1.1 200")
+}
+
+/// An HTTP client for tests.
+pub fn client() -> ::reqwest::Client {
+    ::reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
