@@ -92,6 +92,17 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
     );
     let identity = Arc::new(IdentityCache::new());
     rt.spawn(identity.clone().run_feed(db.clone()));
+    let backend = match &cfg.storage.redis_url {
+        Some(url) => {
+            let prefix = std::env::var("GATEWAY_REDIS_PREFIX").unwrap_or_else(|_| "gw:".into());
+            let shared = rt.block_on(crate::quota::shared::Shared::connect(url, &prefix))?;
+            log::info!("quota and limits shared through Redis");
+            crate::quota::Backend::Shared(shared)
+        }
+        None => crate::quota::Backend::Local(crate::quota::local::Local::new()),
+    };
+    let quota = crate::quota::Engine::new(backend, db.clone());
+    rt.spawn(quota.clone().run_maintenance(cfg.quota.reservation_timeout));
     for p in cfg.providers.values() {
         if let (Some(var), None) = (&p.api_key_env, &p.api_key) {
             log::warn!(
@@ -108,7 +119,7 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
         identity,
         tokens,
         usage,
-        quota: crate::quota::Engine::new(),
+        quota,
         upstreams: UpstreamPool::new(),
         routing: Routing::new(),
     }))

@@ -22,6 +22,16 @@ pub struct UsageSink {
     tx: mpsc::UnboundedSender<Msg>,
     written: Arc<AtomicU64>,
     queued: Arc<AtomicU64>,
+    pending: Arc<AtomicU64>,
+}
+
+/// An event still being prepared (its settlement in flight); `flush` waits for it.
+pub struct Pending(Arc<AtomicU64>);
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl UsageSink {
@@ -34,6 +44,7 @@ impl UsageSink {
             tx,
             written,
             queued: Arc::new(AtomicU64::new(0)),
+            pending: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -45,8 +56,18 @@ impl UsageSink {
         }
     }
 
-    /// Waits until everything queued before this call is in the database.
+    /// Marks an event as coming; drop the guard once it is recorded.
+    pub fn begin_pending(&self) -> Pending {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        Pending(self.pending.clone())
+    }
+
+    /// Waits until pending events are recorded (bounded) and everything queued is written.
     pub async fn flush(&self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        while self.pending.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let (tx, rx) = oneshot::channel();
         if self.tx.send(Msg::Flush(tx)).is_ok() {
             let _ = rx.await;

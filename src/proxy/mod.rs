@@ -56,6 +56,8 @@ pub struct RequestCtx {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub deployment: Option<String>,
+    /// `x-ratelimit-*` headers for this request's key, once known.
+    pub rate_headers: Vec<(String, String)>,
 }
 
 #[async_trait]
@@ -75,6 +77,7 @@ impl ProxyHttp for DevApi {
             input_tokens: 0,
             output_tokens: 0,
             deployment: None,
+            rate_headers: Vec::new(),
         }
     }
 
@@ -102,7 +105,7 @@ impl ProxyHttp for DevApi {
             Err((Stop::Api(err), style_b)) => {
                 ctx.status = err.status();
                 ctx.error_code = Some(err.code());
-                respond::error(session, &err, style_b, &ctx.request_id, &[]).await;
+                respond::error(session, &err, style_b, &ctx.request_id, &ctx.rate_headers).await;
             }
         }
         Ok(true)
@@ -175,25 +178,35 @@ impl DevApi {
         // Where it would go, before reserving anything for it.
         let targets = self.targets(&cfg, &adm).map_err(fail)?;
 
-        // Check 9: reservation.
+        // Check 9: reservation (after the per-minute limits).
         let reservation = match self
             .state
             .quota
-            .reserve(&identity, adm.input_estimate, adm.output_reserve)
+            .reserve(
+                &cfg.quota,
+                &identity,
+                adm.input_estimate,
+                adm.output_reserve,
+            )
             .await
         {
             Ok(r) => r,
-            Err(Denied::InsufficientQuota) => return Err(fail(ApiError::InsufficientQuota)),
-            Err(Denied::RateLimited {
-                retry_after_secs,
-                what,
-            }) => {
-                return Err(fail(ApiError::RateLimited {
-                    retry_after_secs,
-                    what,
-                }))
+            Err((denied, rate)) => {
+                ctx.rate_headers = rate.headers();
+                return Err(fail(match denied {
+                    Denied::InsufficientQuota => ApiError::InsufficientQuota,
+                    Denied::RateLimited {
+                        retry_after_secs,
+                        what,
+                    } => ApiError::RateLimited {
+                        retry_after_secs,
+                        what,
+                    },
+                    Denied::Unavailable => ApiError::ServerError,
+                }));
             }
         };
+        ctx.rate_headers = reservation.rate.headers();
         let mut event = new_event(
             &identity.user.id,
             &identity.key.id,
@@ -218,7 +231,7 @@ impl DevApi {
                 let reply = forward::Reply {
                     request_id: &ctx.request_id,
                     style_b,
-                    extra_headers: &[],
+                    extra_headers: &ctx.rate_headers,
                 };
                 forward::forward(&self.state, session, &adm, &targets, &mut flight, &reply).await
             }

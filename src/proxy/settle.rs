@@ -11,6 +11,7 @@ use crate::proxy::sse::{StreamUsageTracker, Usage};
 use crate::quota::{Reservation, Used};
 use crate::state::SharedState;
 use crate::storage::UsageEvent;
+use crate::usage::UsageSink;
 use crate::util::{new_id, now_ms};
 
 /// How the final numbers were obtained, recorded with the event.
@@ -115,13 +116,15 @@ impl InFlight {
         self.event.output_tokens = usage.output_tokens;
         self.event.cached_tokens = usage.cached_tokens;
         self.event.latency_ms = self.started.elapsed().as_millis() as u64;
-        if let Some(r) = self.reservation.take() {
-            r.settle(Used {
-                input_tokens: usage.input_tokens,
-                output_tokens: usage.output_tokens,
-            });
+        let used = Used {
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+        };
+        let event = self.event.clone();
+        match self.reservation.take() {
+            Some(r) => settle_and_record(&self.state, r, used, event),
+            None => self.state.usage.record(event),
         }
-        self.state.usage.record(self.event.clone());
         usage
     }
 
@@ -181,5 +184,29 @@ pub fn new_event(user_id: &str, key_id: &str, model: &str, endpoint: &str) -> Us
         deployment: None,
         error_code: None,
         created_at: now_ms(),
+        breakdown: None,
+    }
+}
+
+/// Settles the reservation and records the event with its breakdown. In-process settlement is
+/// immediate; a Redis settlement runs on the storage runtime (it may be called from `Drop`),
+/// counted as pending so a flush waits for it.
+fn settle_and_record(state: &SharedState, r: Reservation, used: Used, mut event: UsageEvent) {
+    let engine = state.quota.clone();
+    match engine.settle_now(r.ticket, used) {
+        Ok(b) => {
+            event.breakdown = Some(b);
+            state.usage.record(event);
+        }
+        Err(ticket) => {
+            let sink: UsageSink = state.usage.clone();
+            let pending = sink.begin_pending();
+            state.rt.spawn(async move {
+                let b = engine.settle(&ticket, used).await;
+                event.breakdown = Some(b);
+                sink.record(event);
+                drop(pending);
+            });
+        }
     }
 }

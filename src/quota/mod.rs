@@ -1,12 +1,29 @@
-//! Quota: reservation before a request is forwarded, settlement after it ends.
+//! Quota: reservation before a request is forwarded (check 9), settlement after it ends.
 //!
-//! The request path only sees `reserve` and `Reservation::settle`; how balances are kept
-//! (in-process, Redis, database) lives behind them.
+//! Two engines keep the hot balances with the same semantics:
+//! - `local`: in-process state, exact for one instance (the embedded default);
+//! - `shared`: Redis with atomic Lua scripts, exact across every instance sharing it — one
+//!   round trip to reserve, one to settle.
+//!
+//! Both start from the database (`storage::quota`), which stays the record of truth: every
+//! settlement's breakdown is written there in the same transaction as its usage event.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+pub mod account;
+pub mod limits;
+pub mod local;
+pub mod shared;
+pub mod tiers;
+
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::config::{QuotaConfig, TierLimits};
 use crate::identity::Identity;
+use crate::storage::keys::LimitMode;
+use crate::storage::quota::Breakdown;
+use crate::storage::Db;
+use crate::util::{now_ms, random_base62};
+use limits::WindowView;
 
 /// What a request consumed, as finally known.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -23,70 +40,188 @@ pub enum Denied {
         retry_after_secs: u64,
         what: &'static str,
     },
+    /// The balance store could not be reached (database or Redis down).
+    Unavailable,
 }
 
-/// Holds reserved quota until settled. Settling twice is impossible (it consumes `self`), and a
-/// reservation dropped without settling is released as a zero-usage settlement so nothing leaks.
-pub struct Reservation {
-    inner: Arc<Engine>,
+/// Per-minute windows of one scope, as seen when reserving: feeds the `x-ratelimit-*` headers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RateView {
+    pub requests: Option<WindowView>,
+    pub input_tokens: Option<WindowView>,
+    pub output_tokens: Option<WindowView>,
+}
+
+impl RateView {
+    /// OpenAI-style headers (`x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, where
+    /// tokens are input tokens) plus explicit input/output token headers.
+    pub fn headers(&self) -> Vec<(String, String)> {
+        let mut h = Vec::new();
+        let mut put = |suffix: &str, v: &Option<WindowView>| {
+            if let Some(v) = v {
+                h.push((format!("x-ratelimit-limit-{suffix}"), v.limit.to_string()));
+                h.push((
+                    format!("x-ratelimit-remaining-{suffix}"),
+                    v.remaining.to_string(),
+                ));
+                h.push((
+                    format!("x-ratelimit-reset-{suffix}"),
+                    format!("{}s", v.reset_secs),
+                ));
+            }
+        };
+        put("requests", &self.requests);
+        put("tokens", &self.input_tokens);
+        put("input-tokens", &self.input_tokens);
+        put("output-tokens", &self.output_tokens);
+        h
+    }
+}
+
+/// The per-minute limits that apply to a key, and the scope whose windows they count in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RatePlan {
+    /// `key:<id>` for keys with their own windows, `acct:<id>` for the account pool.
+    pub scope: String,
+    pub rpm: u64,
+    pub itpm: u64,
+    pub otpm: u64,
+}
+
+impl RatePlan {
+    pub fn for_key(who: &Identity, tier: &TierLimits) -> RatePlan {
+        let k = &who.key;
+        let scope = match k.limit_mode {
+            LimitMode::PerKey => format!("key:{}", k.id),
+            LimitMode::AccountPool => format!("acct:{}", who.user.id),
+        };
+        RatePlan {
+            scope,
+            rpm: k.custom_rpm.unwrap_or(tier.requests_per_minute),
+            itpm: k.custom_input_tpm.unwrap_or(tier.input_tokens_per_minute),
+            otpm: k.custom_output_tpm.unwrap_or(tier.output_tokens_per_minute),
+        }
+    }
+}
+
+/// What one reservation holds, enough to settle it on any engine.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    pub id: String,
     pub user_id: String,
-    pub key_id: String,
-    pub reserved_tokens: u64,
-    settled: AtomicBool,
+    pub tokens: u64,
+    pub requests: u64,
+    pub input_cost: u64,
+    pub output_cost: u64,
+    pub minute: i64,
+    pub plan: RatePlan,
+    pub limits: TierLimits,
+    pub unlimited: bool,
 }
 
-impl Reservation {
-    /// Replaces the estimate with what was really used. Exactly once.
-    pub fn settle(self, used: Used) {
-        self.settle_inner(used);
-    }
-
-    fn settle_inner(&self, used: Used) {
-        if self.settled.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        self.inner.settle(self, used);
-    }
+/// A granted reservation. Settle it exactly once with `Engine::settle`; `InFlight` guarantees
+/// that on every exit path.
+#[derive(Debug)]
+pub struct Reservation {
+    pub ticket: Ticket,
+    pub rate: RateView,
 }
 
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        if !self.settled.load(Ordering::Acquire) {
-            log::warn!(
-                "reservation for {} dropped unsettled; releasing it",
-                self.key_id
-            );
-            self.settle_inner(Used::default());
-        }
-    }
+pub enum Backend {
+    Local(local::Local),
+    Shared(shared::Shared),
 }
 
-/// The quota engine.
-#[derive(Default)]
-pub struct Engine {}
+pub struct Engine {
+    backend: Backend,
+    db: Db,
+    instance: String,
+    seq: AtomicU64,
+}
 
 pub type Quota = Arc<Engine>;
 
 impl Engine {
-    pub fn new() -> Quota {
-        Arc::new(Engine {})
-    }
-
-    /// Reserves 1 request plus `input + output` tokens for the identity's account.
-    pub async fn reserve(
-        self: &Arc<Self>,
-        who: &Identity,
-        input_tokens: u64,
-        output_tokens: u64,
-    ) -> Result<Reservation, Denied> {
-        Ok(Reservation {
-            inner: self.clone(),
-            user_id: who.user.id.clone(),
-            key_id: who.key.id.clone(),
-            reserved_tokens: input_tokens.saturating_add(output_tokens),
-            settled: AtomicBool::new(false),
+    pub fn new(backend: Backend, db: Db) -> Quota {
+        Arc::new(Engine {
+            backend,
+            db,
+            instance: random_base62(8),
+            seq: AtomicU64::new(0),
         })
     }
 
-    fn settle(&self, _r: &Reservation, _used: Used) {}
+    pub fn is_shared(&self) -> bool {
+        matches!(self.backend, Backend::Shared(_))
+    }
+
+    /// Check 9: reserves 1 request plus `input + output` tokens, after the per-minute limits.
+    /// The refusal carries the rate-limit view for the 429's headers.
+    pub async fn reserve(
+        &self,
+        cfg: &QuotaConfig,
+        who: &Identity,
+        input: u64,
+        output: u64,
+    ) -> Result<Reservation, (Denied, RateView)> {
+        let id = format!(
+            "{}-{}",
+            self.instance,
+            self.seq.fetch_add(1, Ordering::Relaxed)
+        );
+        let now = now_ms();
+        match &self.backend {
+            Backend::Local(l) => l.reserve(&self.db, cfg, who, id, input, output, now).await,
+            Backend::Shared(s) => s.reserve(&self.db, cfg, who, id, input, output, now).await,
+        }
+    }
+
+    /// Settles synchronously when the engine can (in-process); otherwise gives the ticket back
+    /// for `settle`.
+    pub fn settle_now(&self, ticket: Ticket, used: Used) -> Result<Breakdown, Box<Ticket>> {
+        match &self.backend {
+            Backend::Local(l) => Ok(l.settle(&ticket, used, now_ms())),
+            Backend::Shared(_) => Err(Box::new(ticket)),
+        }
+    }
+
+    /// Settles: releases the reservation and pays the real usage. Exactly once per ticket.
+    pub async fn settle(&self, ticket: &Ticket, used: Used) -> Breakdown {
+        match &self.backend {
+            Backend::Local(l) => l.settle(ticket, used, now_ms()),
+            Backend::Shared(s) => s.settle(&self.db, ticket, used, now_ms()).await,
+        }
+    }
+
+    /// Keeps hot balances in step with lots granted elsewhere and reaps reservations whose
+    /// request never settled. Runs until the process ends.
+    pub async fn run_maintenance(self: Arc<Self>, timeout: std::time::Duration) {
+        let mut cursor = now_ms();
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut n: u64 = 0;
+        loop {
+            tick.tick().await;
+            n += 1;
+            let started = now_ms();
+            match self.db.quota().lots_created_since(cursor - 5_000).await {
+                Ok(lots) => {
+                    for lot in lots {
+                        match &self.backend {
+                            Backend::Local(l) => l.add_lot(lot),
+                            Backend::Shared(s) => s.add_lot(lot).await,
+                        }
+                    }
+                    cursor = started;
+                }
+                Err(e) => log::warn!("quota lot feed: {e}"),
+            }
+            if n.is_multiple_of(4) {
+                match &self.backend {
+                    Backend::Local(l) => l.reap(now_ms(), timeout.as_millis() as i64),
+                    Backend::Shared(_) => {} // reaped inside the reserve script
+                }
+            }
+        }
+    }
 }

@@ -6,6 +6,7 @@
 //! appearance), aggregates are cast to `BIGINT` (Postgres sums to `NUMERIC`).
 
 pub mod keys;
+pub mod quota;
 pub mod usage;
 pub mod users;
 
@@ -134,6 +135,10 @@ impl Db {
 
     pub fn keys(&self) -> KeyStore<'_> {
         KeyStore { db: self }
+    }
+
+    pub fn quota(&self) -> quota::QuotaStore<'_> {
+        quota::QuotaStore { db: self }
     }
 
     pub fn usage(&self) -> UsageStore<'_> {

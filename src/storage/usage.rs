@@ -1,5 +1,6 @@
 //! Usage events: the exact record of every developer request.
 
+use super::quota::{Breakdown, QuotaStore};
 use super::{Db, StoreResult};
 
 /// One settled request, as stored.
@@ -22,6 +23,9 @@ pub struct UsageEvent {
     pub deployment: Option<String>,
     pub error_code: Option<String>,
     pub created_at: i64,
+    /// How the settlement was paid; written with the event in one transaction so balances
+    /// always add up to the recorded usage.
+    pub breakdown: Option<Breakdown>,
 }
 
 fn i(v: u64) -> i64 {
@@ -66,6 +70,9 @@ impl UsageStore<'_> {
             .bind(e.created_at)
             .execute(&mut *tx)
             .await?;
+            if let Some(b) = &e.breakdown {
+                QuotaStore::apply_tx(&mut tx, b).await?;
+            }
         }
         tx.commit().await?;
         Ok(())

@@ -1,0 +1,326 @@
+//! One account's hot balance: rolling-week spend, lots, and what is reserved right now. The
+//! in-process engine keeps one per account behind a mutex; the Redis engine keeps the same
+//! fields in Redis and runs the same arithmetic in Lua (`shared.rs`).
+
+use std::collections::HashMap;
+
+use crate::config::TierLimits;
+use crate::config::{QuotaConfig, Tier};
+use crate::quota::tiers::{entitlement_tier, lot_remaining, usage_tier, window_sums};
+use crate::quota::Denied;
+use crate::storage::quota::{Breakdown, Lot, LotKind, SpendBucket, HOUR_MS, WINDOW_HOURS};
+
+/// A reservation held by an account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub tokens: u64,
+    pub requests: u64,
+    pub at_ms: i64,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct AccountState {
+    pub user_id: String,
+    pub spend: Vec<SpendBucket>,
+    pub lots: Vec<Lot>,
+    pub reserved_tokens: u64,
+    pub reserved_requests: u64,
+    pub held: HashMap<String, Held>,
+}
+
+impl AccountState {
+    pub fn new(user_id: &str, spend: Vec<SpendBucket>, mut lots: Vec<Lot>) -> Self {
+        lots.sort_by_key(|l| l.expires_at);
+        AccountState {
+            user_id: user_id.to_string(),
+            spend,
+            lots,
+            ..Default::default()
+        }
+    }
+
+    /// Drops spend older than the window and releases reservations older than `timeout_ms`
+    /// (their requests never settled: the process serving them died).
+    pub fn prune(&mut self, now: i64, timeout_ms: i64) -> usize {
+        let from = now / HOUR_MS - (WINDOW_HOURS - 1);
+        self.spend.retain(|b| b.hour >= from);
+        let stale: Vec<String> = self
+            .held
+            .iter()
+            .filter(|(_, h)| now - h.at_ms > timeout_ms)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &stale {
+            self.release(id);
+        }
+        stale.len()
+    }
+
+    fn release(&mut self, id: &str) -> Option<Held> {
+        let h = self.held.remove(id)?;
+        self.reserved_tokens = self.reserved_tokens.saturating_sub(h.tokens);
+        self.reserved_requests = self.reserved_requests.saturating_sub(h.requests);
+        Some(h)
+    }
+
+    /// Adds a lot granted elsewhere (idempotent).
+    pub fn add_lot(&mut self, lot: Lot) {
+        if !self.lots.iter().any(|l| l.id == lot.id) {
+            self.lots.push(lot);
+            self.lots.sort_by_key(|l| l.expires_at);
+        }
+    }
+
+    /// The account's effective tier given its manual tier and cap.
+    pub fn effective_tier(
+        &self,
+        cfg: &QuotaConfig,
+        manual: Tier,
+        max: Option<Tier>,
+        now: i64,
+    ) -> Tier {
+        let s = window_sums(&self.spend, now);
+        let usage = usage_tier(cfg, s.allowance_tokens + s.lot_tokens);
+        crate::quota::tiers::effective_tier(manual, usage, entitlement_tier(&self.lots, now), max)
+    }
+
+    /// What is still spendable now, after reservations: (tokens, requests or None = no cap).
+    pub fn available(&self, limits: &TierLimits, now: i64) -> (u64, Option<u64>) {
+        let s = window_sums(&self.spend, now);
+        let tokens = limits.weekly_tokens.saturating_sub(s.allowance_tokens)
+            + lot_remaining(&self.lots, LotKind::Token, now);
+        let requests = (limits.weekly_requests > 0).then(|| {
+            (limits.weekly_requests.saturating_sub(s.allowance_requests)
+                + lot_remaining(&self.lots, LotKind::Request, now))
+            .saturating_sub(self.reserved_requests)
+        });
+        (tokens.saturating_sub(self.reserved_tokens), requests)
+    }
+
+    /// Reserves atomically (the caller holds the account's lock).
+    pub fn reserve(
+        &mut self,
+        id: &str,
+        tokens: u64,
+        requests: u64,
+        limits: &TierLimits,
+        unlimited: bool,
+        now: i64,
+    ) -> Result<(), Denied> {
+        if !unlimited {
+            let (avail_t, avail_r) = self.available(limits, now);
+            if tokens > avail_t || avail_r.is_some_and(|r| requests > r) {
+                return Err(Denied::InsufficientQuota);
+            }
+        }
+        self.reserved_tokens += tokens;
+        self.reserved_requests += requests;
+        self.held.insert(
+            id.to_string(),
+            Held {
+                tokens,
+                requests,
+                at_ms: now,
+            },
+        );
+        Ok(())
+    }
+
+    /// Releases reservation `id` and pays `tokens`/`requests`: weekly allowance first, then lots
+    /// soonest-expiring first; what nothing covers is booked on the allowance (an overdraft the
+    /// next reservations see). Returns the breakdown for the database.
+    pub fn settle(
+        &mut self,
+        id: &str,
+        tokens: u64,
+        requests: u64,
+        limits: &TierLimits,
+        now: i64,
+    ) -> Breakdown {
+        self.release(id);
+        let s = window_sums(&self.spend, now);
+        let mut b = Breakdown {
+            user_id: self.user_id.clone(),
+            at_ms: now,
+            ..Default::default()
+        };
+        let (allow_t, lots_t) = self.take(
+            LotKind::Token,
+            tokens,
+            limits.weekly_tokens.saturating_sub(s.allowance_tokens),
+            now,
+        );
+        let request_room = if limits.weekly_requests > 0 {
+            limits.weekly_requests.saturating_sub(s.allowance_requests)
+        } else {
+            u64::MAX
+        };
+        let (allow_r, lots_r) = self.take(LotKind::Request, requests, request_room, now);
+        b.allowance_tokens = allow_t;
+        b.allowance_requests = allow_r;
+        b.lots = lots_t.into_iter().chain(lots_r).collect();
+        self.book(&b);
+        b
+    }
+
+    /// Splits `amount` between the allowance room and lots of `kind`.
+    fn take(
+        &self,
+        kind: LotKind,
+        amount: u64,
+        room: u64,
+        now: i64,
+    ) -> (u64, Vec<(String, LotKind, u64)>) {
+        let from_allowance = amount.min(room);
+        let mut rest = amount - from_allowance;
+        let mut from_lots = Vec::new();
+        for lot in self
+            .lots
+            .iter()
+            .filter(|l| l.kind == kind && l.expires_at > now && l.remaining > 0)
+        {
+            if rest == 0 {
+                break;
+            }
+            let n = rest.min(lot.remaining);
+            from_lots.push((lot.id.clone(), kind, n));
+            rest -= n;
+        }
+        (from_allowance + rest, from_lots)
+    }
+
+    /// Applies a breakdown to the hot state.
+    fn book(&mut self, b: &Breakdown) {
+        let hour = b.at_ms / HOUR_MS;
+        let idx = match self.spend.iter().position(|x| x.hour == hour) {
+            Some(i) => i,
+            None => {
+                self.spend.push(SpendBucket {
+                    hour,
+                    ..Default::default()
+                });
+                self.spend.len() - 1
+            }
+        };
+        let bucket = &mut self.spend[idx];
+        bucket.allowance_tokens += b.allowance_tokens;
+        bucket.allowance_requests += b.allowance_requests;
+        for (_, kind, n) in &b.lots {
+            match kind {
+                LotKind::Token => bucket.lot_tokens += n,
+                LotKind::Request => bucket.lot_requests += n,
+            }
+        }
+        for (id, _, n) in &b.lots {
+            if let Some(l) = self.lots.iter_mut().find(|l| &l.id == id) {
+                l.remaining = l.remaining.saturating_sub(*n);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(weekly_tokens: u64, weekly_requests: u64) -> TierLimits {
+        TierLimits {
+            weekly_tokens,
+            weekly_requests,
+            ..Default::default()
+        }
+    }
+
+    fn lot(id: &str, kind: LotKind, remaining: u64, expires_at: i64) -> Lot {
+        Lot {
+            id: id.into(),
+            user_id: "u".into(),
+            kind,
+            amount: remaining,
+            remaining,
+            tier: None,
+            source: "t".into(),
+            created_at: 0,
+            expires_at,
+        }
+    }
+
+    #[test]
+    fn reservations_never_exceed_what_is_left() {
+        let mut a = AccountState::new("u", vec![], vec![]);
+        let l = limits(100, 0);
+        for i in 0..4 {
+            assert!(a.reserve(&format!("r{i}"), 25, 1, &l, false, 0).is_ok());
+        }
+        assert_eq!(
+            a.reserve("r5", 1, 1, &l, false, 0),
+            Err(Denied::InsufficientQuota)
+        );
+        a.settle("r0", 10, 1, &l, 0);
+        assert!(a.reserve("r6", 15, 1, &l, false, 0).is_ok());
+        assert_eq!(
+            a.reserve("r7", 1, 1, &l, false, 0),
+            Err(Denied::InsufficientQuota)
+        );
+    }
+
+    #[test]
+    fn allowance_first_then_soonest_lot() {
+        let mut a = AccountState::new(
+            "u",
+            vec![],
+            vec![
+                lot("late", LotKind::Token, 100, 10_000_000),
+                lot("soon", LotKind::Token, 30, 5_000_000),
+            ],
+        );
+        let l = limits(50, 0);
+        a.reserve("r", 120, 1, &l, false, 0).unwrap();
+        let b = a.settle("r", 120, 1, &l, 0);
+        assert_eq!(b.allowance_tokens, 50);
+        assert_eq!(
+            b.lots,
+            vec![
+                ("soon".into(), LotKind::Token, 30),
+                ("late".into(), LotKind::Token, 40)
+            ]
+        );
+        assert_eq!(a.available(&l, 0).0, 60);
+        // Expired lots are not spendable.
+        assert_eq!(a.available(&l, 10_000_001).0, 0);
+    }
+
+    #[test]
+    fn request_meter_and_overdraft() {
+        let mut a = AccountState::new("u", vec![], vec![lot("rq", LotKind::Request, 1, 1_000)]);
+        let l = limits(10, 2);
+        assert!(a.reserve("a", 0, 1, &l, false, 0).is_ok());
+        assert!(a.reserve("b", 0, 1, &l, false, 0).is_ok());
+        assert!(a.reserve("c", 0, 1, &l, false, 0).is_ok());
+        assert_eq!(
+            a.reserve("d", 0, 1, &l, false, 0),
+            Err(Denied::InsufficientQuota)
+        );
+        // Settling more tokens than exist books the overdraft on the allowance.
+        let b = a.settle("a", 15, 1, &l, 0);
+        assert_eq!(b.allowance_tokens, 15);
+        assert_eq!(a.available(&l, 0).0, 0);
+        assert!(
+            a.reserve("e", 0, 1, &l, true, 0).is_ok(),
+            "unlimited skips the meters"
+        );
+    }
+
+    #[test]
+    fn stale_reservations_are_reaped() {
+        let mut a = AccountState::new("u", vec![], vec![]);
+        let l = limits(10, 0);
+        a.reserve("old", 10, 1, &l, false, 0).unwrap();
+        assert_eq!(
+            a.reserve("x", 1, 1, &l, false, 500),
+            Err(Denied::InsufficientQuota)
+        );
+        assert_eq!(a.prune(2_000, 1_000), 1);
+        assert!(a.reserve("x", 10, 1, &l, false, 2_000).is_ok());
+    }
+}

@@ -1,0 +1,211 @@
+//! The in-process engine: exact for a single instance. Each account's balance sits behind its
+//! own mutex (loaded from the database on first use); per-minute windows sit in one map entry
+//! per scope, locked together with the account so check-and-charge is one atomic step.
+
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use parking_lot::Mutex;
+use tokio::sync::OnceCell;
+
+use super::account::AccountState;
+use super::limits::{check, view, WINDOW_MS};
+use super::{Denied, RatePlan, RateView, Reservation, Ticket, Used};
+use crate::config::QuotaConfig;
+use crate::identity::Identity;
+use crate::storage::quota::{Breakdown, Lot};
+use crate::storage::Db;
+
+/// Requests, input tokens, output tokens.
+const DIMS: usize = 3;
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Windows {
+    minute: i64,
+    prev: [u64; DIMS],
+    curr: [u64; DIMS],
+}
+
+impl Windows {
+    /// Moves the windows forward to `minute`.
+    fn roll(&mut self, minute: i64) {
+        if minute == self.minute {
+            return;
+        }
+        self.prev = if minute == self.minute + 1 {
+            self.curr
+        } else {
+            [0; DIMS]
+        };
+        self.curr = [0; DIMS];
+        self.minute = minute;
+    }
+}
+
+type Cell = Arc<OnceCell<Mutex<AccountState>>>;
+
+#[derive(Default)]
+pub struct Local {
+    accounts: DashMap<String, Cell>,
+    windows: DashMap<String, Windows>,
+}
+
+impl Local {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    async fn account(&self, db: &Db, user_id: &str, now: i64) -> Result<Cell, Denied> {
+        let cell = self
+            .accounts
+            .entry(user_id.to_string())
+            .or_insert_with(|| Arc::new(OnceCell::new()))
+            .clone();
+        cell.get_or_try_init(|| async {
+            let spend = db.quota().spend(user_id, now).await?;
+            let lots = db.quota().lots(user_id, now).await?;
+            Ok::<_, crate::storage::StoreError>(Mutex::new(AccountState::new(user_id, spend, lots)))
+        })
+        .await
+        .map_err(|e| {
+            log::error!("loading quota for {user_id}: {e}");
+            Denied::Unavailable
+        })?;
+        Ok(cell)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub async fn reserve(
+        &self,
+        db: &Db,
+        cfg: &QuotaConfig,
+        who: &Identity,
+        id: String,
+        input: u64,
+        output: u64,
+        now: i64,
+    ) -> Result<Reservation, (Denied, RateView)> {
+        let cell = self
+            .account(db, &who.user.id, now)
+            .await
+            .map_err(|d| (d, RateView::default()))?;
+        let Some(account) = cell.get() else {
+            return Err((Denied::Unavailable, RateView::default()));
+        };
+        let mut acct = account.lock();
+        acct.prune(now, cfg.reservation_timeout.as_millis() as i64);
+        let tier = acct.effective_tier(cfg, who.user.manual_tier, who.user.max_tier, now);
+        let limits = *cfg.limits(tier);
+        let plan = RatePlan::for_key(who, &limits);
+        let minute = now.div_euclid(WINDOW_MS);
+        let mut w = self.windows.entry(plan.scope.clone()).or_default();
+        w.roll(minute);
+        let caps = [plan.rpm, plan.itpm, plan.otpm];
+        let costs = [1, input, output];
+        let names = ["requests", "input tokens", "output tokens"];
+        let view_now = |w: &Windows| rate_view(&caps, w, now);
+        for d in 0..DIMS {
+            if let Err(wait) = check(caps[d], w.prev[d], w.curr[d], costs[d], now) {
+                return Err((
+                    Denied::RateLimited {
+                        retry_after_secs: wait,
+                        what: names[d],
+                    },
+                    view_now(&w),
+                ));
+            }
+        }
+        if let Err(d) = acct.reserve(&id, input + output, 1, &limits, who.user.unlimited, now) {
+            return Err((d, view_now(&w)));
+        }
+        for (slot, cost) in w.curr.iter_mut().zip(costs) {
+            *slot += cost;
+        }
+        let rate = view_now(&w);
+        Ok(Reservation {
+            ticket: Ticket {
+                id,
+                user_id: who.user.id.clone(),
+                tokens: input + output,
+                requests: 1,
+                input_cost: input,
+                output_cost: output,
+                minute,
+                plan,
+                limits,
+                unlimited: who.user.unlimited,
+            },
+            rate,
+        })
+    }
+
+    pub fn settle(&self, t: &Ticket, used: Used, now: i64) -> Breakdown {
+        let breakdown = match self
+            .accounts
+            .get(&t.user_id)
+            .and_then(|c| c.get().map(|_| c.clone()))
+        {
+            Some(cell) => match cell.get() {
+                Some(m) => m.lock().settle(
+                    &t.id,
+                    used.input_tokens + used.output_tokens,
+                    t.requests,
+                    &t.limits,
+                    now,
+                ),
+                None => Breakdown::default(),
+            },
+            None => Breakdown::default(),
+        };
+        if let Some(mut w) = self.windows.get_mut(&t.plan.scope) {
+            correct(&mut w, t, used);
+        }
+        breakdown
+    }
+
+    pub fn add_lot(&self, lot: Lot) {
+        if let Some(cell) = self.accounts.get(&lot.user_id) {
+            if let Some(m) = cell.get() {
+                m.lock().add_lot(lot);
+            }
+        }
+    }
+
+    /// Releases reservations whose requests never settled.
+    pub fn reap(&self, now: i64, timeout_ms: i64) {
+        for entry in self.accounts.iter() {
+            if let Some(m) = entry.value().get() {
+                let n = m.lock().prune(now, timeout_ms);
+                if n > 0 {
+                    log::warn!("released {n} stale reservation(s) of {}", entry.key());
+                }
+            }
+        }
+    }
+}
+
+fn rate_view(caps: &[u64; DIMS], w: &Windows, now: i64) -> RateView {
+    let v = |d: usize| (caps[d] > 0).then(|| view(caps[d], w.prev[d], w.curr[d], now));
+    RateView {
+        requests: v(0),
+        input_tokens: v(1),
+        output_tokens: v(2),
+    }
+}
+
+/// Replaces the admission-time token costs with the real ones in whichever window was charged.
+fn correct(w: &mut Windows, t: &Ticket, used: Used) {
+    let slot = if w.minute == t.minute {
+        &mut w.curr
+    } else if w.minute == t.minute + 1 {
+        &mut w.prev
+    } else {
+        return;
+    };
+    for (d, (charged, actual)) in [
+        (1, (t.input_cost, used.input_tokens)),
+        (2, (t.output_cost, used.output_tokens)),
+    ] {
+        slot[d] = slot[d].saturating_sub(charged).saturating_add(actual);
+    }
+}

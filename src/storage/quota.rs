@@ -1,0 +1,267 @@
+//! Quota lots and hourly spend: the database record of every balance. Hot counters (in-process
+//! or Redis) are rebuilt from here; settlements are written back here in the same transaction as
+//! their usage event.
+
+use sqlx::Row;
+
+use super::{Db, StoreError, StoreResult};
+use crate::config::Tier;
+use crate::util::{new_id, now_ms};
+
+pub const HOUR_MS: i64 = 3_600_000;
+/// A rolling week of hourly buckets.
+pub const WINDOW_HOURS: i64 = 168;
+
+/// Which meter a lot tops up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LotKind {
+    Token,
+    Request,
+}
+
+impl LotKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LotKind::Token => "token",
+            LotKind::Request => "request",
+        }
+    }
+    pub fn parse(s: &str) -> Option<LotKind> {
+        match s {
+            "token" => Some(LotKind::Token),
+            "request" => Some(LotKind::Request),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lot {
+    pub id: String,
+    pub user_id: String,
+    pub kind: LotKind,
+    pub amount: u64,
+    pub remaining: u64,
+    pub tier: Option<Tier>,
+    pub source: String,
+    pub created_at: i64,
+    pub expires_at: i64,
+}
+
+/// One hour of spend for one account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SpendBucket {
+    pub hour: i64,
+    pub allowance_tokens: u64,
+    pub allowance_requests: u64,
+    pub lot_tokens: u64,
+    pub lot_requests: u64,
+}
+
+/// How one settlement was paid: what came out of the weekly allowance and which lots.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Breakdown {
+    pub user_id: String,
+    pub at_ms: i64,
+    pub allowance_tokens: u64,
+    pub allowance_requests: u64,
+    /// (lot id, kind, amount taken)
+    pub lots: Vec<(String, LotKind, u64)>,
+}
+
+impl Breakdown {
+    pub fn is_empty(&self) -> bool {
+        self.allowance_tokens == 0 && self.allowance_requests == 0 && self.lots.is_empty()
+    }
+}
+
+fn i(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn u(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+fn lot_from_row(row: &sqlx::any::AnyRow) -> StoreResult<Lot> {
+    let kind: String = row.try_get("kind")?;
+    let tier: Option<String> = row.try_get("tier")?;
+    Ok(Lot {
+        id: row.try_get("id")?,
+        user_id: row.try_get("user_id")?,
+        kind: LotKind::parse(&kind).unwrap_or(LotKind::Token),
+        amount: u(row.try_get("amount")?),
+        remaining: u(row.try_get("remaining")?),
+        tier: tier.as_deref().and_then(Tier::parse),
+        source: row.try_get("source")?,
+        created_at: row.try_get("created_at")?,
+        expires_at: row.try_get("expires_at")?,
+    })
+}
+
+const LOT_COLUMNS: &str =
+    "id, user_id, kind, amount, remaining, tier, source, created_at, expires_at";
+
+pub struct QuotaStore<'a> {
+    pub(super) db: &'a Db,
+}
+
+impl QuotaStore<'_> {
+    /// Grants a lot. Runs inside the caller's transaction when given one (payments grant a lot
+    /// in the same transaction that marks the order paid).
+    pub async fn grant_lot_tx(
+        tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+        user_id: &str,
+        kind: LotKind,
+        amount: u64,
+        days: u64,
+        tier: Option<Tier>,
+        source: &str,
+    ) -> StoreResult<Lot> {
+        if amount == 0 {
+            return Err(StoreError::Invalid("lot amount must be positive".into()));
+        }
+        let now = now_ms();
+        let lot = Lot {
+            id: new_id("lot"),
+            user_id: user_id.to_string(),
+            kind,
+            amount,
+            remaining: amount,
+            tier,
+            source: source.to_string(),
+            created_at: now,
+            expires_at: now + i(days.min(36_500)) * 24 * HOUR_MS,
+        };
+        sqlx::query(
+            "INSERT INTO quota_lots (id, user_id, kind, amount, remaining, tier, source, created_at, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind(&lot.id)
+        .bind(&lot.user_id)
+        .bind(kind.as_str())
+        .bind(i(amount))
+        .bind(i(amount))
+        .bind(tier.map(|t| t.as_str()))
+        .bind(&lot.source)
+        .bind(lot.created_at)
+        .bind(lot.expires_at)
+        .execute(&mut **tx)
+        .await
+        .map_err(StoreError::from_sqlx)?;
+        // Touch the account so every instance's change feed picks the lot up.
+        sqlx::query("UPDATE users SET updated_at = $1 WHERE id = $2")
+            .bind(now)
+            .bind(user_id)
+            .execute(&mut **tx)
+            .await?;
+        Ok(lot)
+    }
+
+    pub async fn grant_lot(
+        &self,
+        user_id: &str,
+        kind: LotKind,
+        amount: u64,
+        days: u64,
+        tier: Option<Tier>,
+        source: &str,
+    ) -> StoreResult<Lot> {
+        let mut tx = self.db.pool.begin().await?;
+        let lot = Self::grant_lot_tx(&mut tx, user_id, kind, amount, days, tier, source).await?;
+        tx.commit().await?;
+        Ok(lot)
+    }
+
+    /// Lots not yet expired (used up ones included, for display).
+    pub async fn lots(&self, user_id: &str, now: i64) -> StoreResult<Vec<Lot>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {LOT_COLUMNS} FROM quota_lots WHERE user_id = $1 AND expires_at > $2 \
+             ORDER BY expires_at"
+        ))
+        .bind(user_id)
+        .bind(now)
+        .fetch_all(&self.db.pool)
+        .await?;
+        rows.iter().map(lot_from_row).collect()
+    }
+
+    /// Spend buckets of the rolling week ending at `now`.
+    pub async fn spend(&self, user_id: &str, now: i64) -> StoreResult<Vec<SpendBucket>> {
+        let from = now / HOUR_MS - (WINDOW_HOURS - 1);
+        let rows = sqlx::query(
+            "SELECT hour, allowance_tokens, allowance_requests, lot_tokens, lot_requests \
+             FROM quota_spend WHERE user_id = $1 AND hour >= $2",
+        )
+        .bind(user_id)
+        .bind(from)
+        .fetch_all(&self.db.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(SpendBucket {
+                    hour: r.try_get("hour")?,
+                    allowance_tokens: u(r.try_get("allowance_tokens")?),
+                    allowance_requests: u(r.try_get("allowance_requests")?),
+                    lot_tokens: u(r.try_get("lot_tokens")?),
+                    lot_requests: u(r.try_get("lot_requests")?),
+                })
+            })
+            .collect()
+    }
+
+    /// Lots created at or after `since` (the change feed for hot balances).
+    pub async fn lots_created_since(&self, since: i64) -> StoreResult<Vec<Lot>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {LOT_COLUMNS} FROM quota_lots WHERE created_at >= $1 LIMIT 10000"
+        ))
+        .bind(since)
+        .fetch_all(&self.db.pool)
+        .await?;
+        rows.iter().map(lot_from_row).collect()
+    }
+
+    /// Applies a settlement's breakdown inside the caller's transaction.
+    pub async fn apply_tx(
+        tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+        b: &Breakdown,
+    ) -> StoreResult<()> {
+        if b.is_empty() {
+            return Ok(());
+        }
+        let (mut lot_t, mut lot_r) = (0u64, 0u64);
+        for (id, kind, amount) in &b.lots {
+            match kind {
+                LotKind::Token => lot_t += amount,
+                LotKind::Request => lot_r += amount,
+            }
+            sqlx::query(
+                "UPDATE quota_lots SET remaining = CASE WHEN remaining > $1 THEN remaining - $2 ELSE 0 END \
+                 WHERE id = $3",
+            )
+            .bind(i(*amount))
+            .bind(i(*amount))
+            .bind(id)
+            .execute(&mut **tx)
+            .await?;
+        }
+        sqlx::query(
+            "INSERT INTO quota_spend (user_id, hour, allowance_tokens, allowance_requests, lot_tokens, lot_requests) \
+             VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (user_id, hour) DO UPDATE SET \
+             allowance_tokens = quota_spend.allowance_tokens + excluded.allowance_tokens, \
+             allowance_requests = quota_spend.allowance_requests + excluded.allowance_requests, \
+             lot_tokens = quota_spend.lot_tokens + excluded.lot_tokens, \
+             lot_requests = quota_spend.lot_requests + excluded.lot_requests",
+        )
+        .bind(&b.user_id)
+        .bind(b.at_ms / HOUR_MS)
+        .bind(i(b.allowance_tokens))
+        .bind(i(b.allowance_requests))
+        .bind(i(lot_t))
+        .bind(i(lot_r))
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+}
