@@ -306,10 +306,20 @@ async fn streams_chunk_by_chunk() {
 async fn five_megabyte_body_arrives_intact() {
     let mock = Mock::start(&[]);
     let gw = Gateway::start(&mock, Options::default());
-    let key = gw.user_with_key("big@example.com", &[]);
+    gw.admin_json(&[
+        "user",
+        "create",
+        "--email",
+        "big@example.com",
+        "--unlimited",
+    ]);
+    let key = gw.admin_json(&["key", "create", "--email", "big@example.com"])["secret"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let filler = "lorem ipsum ".repeat(5 * 1024 * 1024 / 12);
     let body = serde_json::to_vec(&json!({
-        "model": "mock-gpt",
+        "model": "mock-big",
         "messages": [{"role": "user", "content": filler}],
     }))
     .unwrap();

@@ -419,15 +419,25 @@ impl Config {
         let c = Checker {
             file: path.display().to_string(),
         };
-        let parsed: FileConfig = toml::from_str(text).map_err(|e| {
-            let span = e
-                .span()
+        let line_of = |e: &toml::de::Error| {
+            e.span()
                 .map(|s| {
                     let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
                     format!(" (line {line})")
                 })
-                .unwrap_or_default();
-            c.err("", format!("{}{span}", e.message().trim()))
+                .unwrap_or_default()
+        };
+        let de = toml::Deserializer::parse(text)
+            .map_err(|e| c.err("", format!("{}{}", e.message().trim(), line_of(&e))))?;
+        // serde_path_to_error names the key that failed, e.g. `server.api_listen`.
+        let parsed: FileConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            let inner = e.into_inner();
+            let key = if key == "." { String::new() } else { key };
+            c.err(
+                key,
+                format!("{}{}", inner.message().trim(), line_of(&inner)),
+            )
         })?;
         Config::validate(&c, path, parsed)
     }

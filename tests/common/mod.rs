@@ -207,6 +207,10 @@ max_output_tokens = 16384
 default_output_tokens = 256
 
 [[models]]
+id = "mock-big"
+provider = "mock"
+
+[[models]]
 id = "claude-mock"
 provider = "mock-anthropic"
 context_window = 200000
