@@ -12,6 +12,7 @@ use crate::config::{Config, Tier};
 use crate::proxy::route::is_known_scope;
 use crate::secrets::Secrets;
 use crate::storage::keys::LimitMode;
+use crate::storage::quota::LotKind;
 use crate::storage::{Db, NewKey, StoreError};
 use crate::views::{key_json, user_json};
 
@@ -39,9 +40,31 @@ pub enum Command {
     /// Manage API keys.
     #[command(subcommand)]
     Key(KeyCmd),
+    /// Quota lots.
+    #[command(subcommand)]
+    Lot(LotCmd),
     /// Configuration tools.
     #[command(subcommand)]
     Config(ConfigCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum LotCmd {
+    /// Grant a quota lot (a top-up that lasts `--days`, default `[payment] lot_days`).
+    Grant {
+        #[arg(long)]
+        email: String,
+        /// `token` or `request`.
+        #[arg(long = "type")]
+        kind: String,
+        #[arg(long)]
+        amount: u64,
+        #[arg(long)]
+        days: Option<u64>,
+        /// Entitlement tier the lot carries while active.
+        #[arg(long)]
+        tier: Option<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -173,6 +196,31 @@ pub fn run_admin(cfg: &Config, command: Command) -> Result<Value, String> {
         match command {
             Command::User(cmd) => user_command(cfg, &db, cmd).await,
             Command::Key(KeyCmd::Create(k)) => key_create(cfg, &db, k).await,
+            Command::Lot(LotCmd::Grant {
+                email,
+                kind,
+                amount,
+                days,
+                tier: t,
+            }) => {
+                let kind = LotKind::parse(&kind)
+                    .ok_or_else(|| format!("--type must be token or request, got {kind:?}"))?;
+                if amount == 0 || amount > i64::MAX as u64 {
+                    return Err("--amount must be a positive integer".into());
+                }
+                let t = t.as_deref().map(tier).transpose()?;
+                let days = days.unwrap_or(cfg.payment.lot_days);
+                if days == 0 {
+                    return Err("--days must be a positive integer".into());
+                }
+                let user = user_by_email(&db, &email).await?;
+                let lot = db
+                    .quota()
+                    .grant_lot(&user.id, kind, amount, days, t, "admin")
+                    .await
+                    .map_err(db_error)?;
+                Ok(crate::views::lot_json(&lot))
+            }
             Command::Serve | Command::Config(_) => Err("not an admin command".into()),
         }
     })

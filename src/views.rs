@@ -3,6 +3,7 @@
 
 use serde_json::{json, Value};
 
+use crate::storage::quota::Lot;
 use crate::storage::{KeyRecord, UserRecord};
 use crate::util::{iso, iso_opt};
 
@@ -40,5 +41,20 @@ pub fn user_json(u: &UserRecord) -> Value {
         "quotaTier": u.manual_tier.as_str(),
         "quotaUnlimited": u.unlimited,
         "suspended": u.suspended,
+    })
+}
+
+/// A quota lot as shown to its owner and operators.
+pub fn lot_json(l: &Lot) -> Value {
+    json!({
+        "id": l.id,
+        "userId": l.user_id,
+        "type": l.kind.as_str(),
+        "amount": l.amount,
+        "remaining": l.remaining,
+        "tier": l.tier.map(|t| t.as_str()),
+        "source": l.source,
+        "createdAt": iso(l.created_at),
+        "expiresAt": iso(l.expires_at),
     })
 }

@@ -39,8 +39,10 @@ impl Routing {
     }
 
     fn is_cooling(&self, label: &str) -> bool {
-        match self.cooling_until.get(label) {
-            Some(until) if *until > Instant::now() => true,
+        // Copy out first: removing while a `get` guard is alive would deadlock the shard.
+        let until = self.cooling_until.get(label).map(|u| *u);
+        match until {
+            Some(until) if until > Instant::now() => true,
             Some(_) => {
                 self.cooling_until.remove(label);
                 false

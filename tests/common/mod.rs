@@ -211,6 +211,16 @@ id = "mock-big"
 provider = "mock"
 
 [[models]]
+id = "mock-tools"
+provider = "mock"
+upstream_model = "tools"
+
+[[models]]
+id = "claude-tools"
+provider = "mock-anthropic"
+upstream_model = "tools"
+
+[[models]]
 id = "claude-mock"
 provider = "mock-anthropic"
 context_window = 200000
@@ -276,7 +286,10 @@ impl Gateway {
             .arg(&self.config_path)
             .arg("serve")
             .env_remove("GATEWAY_KEY_PEPPER")
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("GATEWAY_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         for (k, v) in &self.env {
@@ -359,6 +372,58 @@ impl Gateway {
 
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.api, path)
+    }
+
+    /// Opens the gateway's database (for assertions on what it recorded).
+    pub async fn db(&self) -> gateway::storage::Db {
+        gateway::storage::Db::connect(&self.database_url)
+            .await
+            .expect("open test database")
+    }
+
+    /// All usage events as JSON objects, oldest first.
+    pub async fn usage_events(&self) -> Vec<Value> {
+        use sqlx::Row;
+        let db = self.db().await;
+        let rows = sqlx::query(
+            "SELECT id, user_id, key_id, model, endpoint, input_tokens, output_tokens, \
+             cached_tokens, status, settlement, deployment, error_code, ttfb_ms \
+             FROM usage_events ORDER BY created_at, id",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .expect("usage events");
+        rows.iter()
+            .map(|r| {
+                serde_json::json!({
+                    "id": r.get::<String, _>("id"),
+                    "user_id": r.get::<String, _>("user_id"),
+                    "key_id": r.get::<String, _>("key_id"),
+                    "model": r.get::<String, _>("model"),
+                    "endpoint": r.get::<String, _>("endpoint"),
+                    "input_tokens": r.get::<i64, _>("input_tokens"),
+                    "output_tokens": r.get::<i64, _>("output_tokens"),
+                    "cached_tokens": r.get::<i64, _>("cached_tokens"),
+                    "status": r.get::<i64, _>("status"),
+                    "settlement": r.get::<String, _>("settlement"),
+                    "deployment": r.get::<Option<String>, _>("deployment"),
+                    "error_code": r.get::<Option<String>, _>("error_code"),
+                    "ttfb_ms": r.get::<Option<i64>, _>("ttfb_ms"),
+                })
+            })
+            .collect()
+    }
+
+    /// Waits until at least `n` usage events are recorded (they are written in batches).
+    pub async fn wait_usage(&self, n: usize) -> Vec<Value> {
+        for _ in 0..200 {
+            let ev = self.usage_events().await;
+            if ev.len() >= n {
+                return ev;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        self.usage_events().await
     }
 }
 
