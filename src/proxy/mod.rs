@@ -185,7 +185,7 @@ impl DevApi {
             .reserve(
                 &cfg.quota,
                 &identity,
-                adm.input_estimate,
+                adm.reserved_input(),
                 adm.output_reserve,
             )
             .await
@@ -221,6 +221,8 @@ impl DevApi {
             event,
             adm.input_estimate,
         );
+        // Counting tokens is not generation: it costs one request and no tokens.
+        flight.charge_input_estimate = endpoint != Endpoint::CountTokens;
 
         let result = match targets {
             Plan::Local => {

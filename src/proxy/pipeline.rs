@@ -50,6 +50,17 @@ pub struct Admitted {
     pub reasoning_effort: Option<String>,
 }
 
+impl Admitted {
+    /// Input tokens to reserve: the estimate, except for token counting, which is free.
+    pub fn reserved_input(&self) -> u64 {
+        if self.endpoint == Endpoint::CountTokens {
+            0
+        } else {
+            self.input_estimate
+        }
+    }
+}
+
 /// Check 1: key validation.
 pub async fn authenticate(state: &SharedState, session: &Session) -> Result<Identity, ApiError> {
     let Some(pepper) = state.secrets.key_pepper.as_ref() else {

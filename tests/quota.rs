@@ -1,0 +1,440 @@
+//! Quota, tiers and per-minute limits under concurrency, across instances and across crashes.
+//! Runs on the in-process engine by default; with `GATEWAY_TEST_REDIS` set (CI's Postgres run)
+//! every gateway here shares balances through Redis instead.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// No weekly allowance and no per-minute caps: only lots pay, so a test controls the balance
+/// exactly with `lot grant`.
+const LOTS_ONLY: &str = r#"
+[quota]
+reservation_timeout_seconds = 5
+
+[quota.tiers.beginner]
+weekly_tokens = 0
+weekly_requests = 0
+requests_per_minute = 0
+input_tokens_per_minute = 0
+output_tokens_per_minute = 0
+"#;
+
+fn redis_options(extra: &str) -> Options {
+    let mut o = Options {
+        extra_toml: extra.to_string(),
+        ..Options::default()
+    };
+    if let Ok(url) = std::env::var("GATEWAY_TEST_REDIS") {
+        o.redis_url = Some(url);
+        o.env.push((
+            "GATEWAY_REDIS_PREFIX".into(),
+            format!("test:{}:", gateway::util::random_base62(12)),
+        ));
+    }
+    o
+}
+
+fn body(max_tokens: u64) -> Value {
+    json!({"model": "mock-gpt", "max_tokens": max_tokens,
+           "messages": [{"role": "user", "content": "count me exactly"}]})
+}
+
+/// The gateway's own input estimate for `body` (count_tokens is local for OpenAI-style models).
+async fn estimate(gw: &Gateway, key: &str) -> u64 {
+    let v: Value = client()
+        .post(gw.url("/v1/messages/count_tokens"))
+        .bearer_auth(key)
+        .json(&body(1))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["input_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("estimate: {v}"))
+}
+
+async fn fire(gw_urls: Vec<String>, key: &str, n: usize, max_tokens: u64) -> Vec<(u16, String)> {
+    let c = client();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let url = format!("{}/v1/chat/completions", gw_urls[i % gw_urls.len()]);
+        let c = c.clone();
+        let key = key.to_string();
+        tasks.push(tokio::spawn(async move {
+            let r = c
+                .post(url)
+                .bearer_auth(key)
+                .json(&body(max_tokens))
+                .send()
+                .await
+                .unwrap();
+            let s = r.status().as_u16();
+            let v: Value = r.json().await.unwrap_or(Value::Null);
+            (s, v["error"]["code"].as_str().unwrap_or("").to_string())
+        }));
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+async fn lot_remaining(gw: &Gateway, email: &str) -> u64 {
+    let db = gw.db().await;
+    let user = db.users().find_by_email(email).await.unwrap().unwrap();
+    let lots = db
+        .quota()
+        .lots(&user.id, gateway::util::now_ms())
+        .await
+        .unwrap();
+    lots.iter().map(|l| l.remaining).sum()
+}
+
+async fn exactly_ten_of_fifty(gateways: &[&Gateway], mock: &Mock, email: &str) {
+    let gw = gateways[0];
+    let key = gw.user_with_key(email, &[]);
+    let per_request = estimate(gw, &key).await + 100;
+    gw.admin_json(&[
+        "lot",
+        "grant",
+        "--email",
+        email,
+        "--type",
+        "token",
+        "--amount",
+        &(10 * per_request).to_string(),
+    ]);
+    tokio::time::sleep(Duration::from_millis(600)).await; // lot feed
+    let urls: Vec<String> = gateways.iter().map(|g| g.api.clone()).collect();
+    let results = fire(urls, &key, 50, 100).await;
+    let ok = results.iter().filter(|(s, _)| *s == 200).count();
+    let refused = results
+        .iter()
+        .filter(|(s, c)| *s == 429 && c == "insufficient_quota")
+        .count();
+    assert_eq!((ok, refused), (10, 40), "{results:?}");
+    assert_eq!(mock.served().await, 10);
+    let events = gw.wait_usage(10).await;
+    let chat: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["endpoint"] == "chat_completions")
+        .collect();
+    assert_eq!(chat.len(), 10);
+    for e in &chat {
+        assert_eq!(
+            (e["input_tokens"].as_i64(), e["output_tokens"].as_i64()),
+            (Some(25), Some(24))
+        );
+    }
+    // The balance in the database is the lot minus exactly what was recorded.
+    assert_eq!(lot_remaining(gw, email).await, 10 * per_request - 10 * 49);
+}
+
+#[tokio::test]
+async fn fifty_parallel_requests_against_an_allowance_for_ten() {
+    let mock = Mock::start(&["--latency-ms", "800"]);
+    let gw = Gateway::start(&mock, redis_options(LOTS_ONLY));
+    exactly_ten_of_fifty(&[&gw], &mock, "ten@example.com").await;
+}
+
+#[tokio::test]
+async fn two_instances_share_one_balance() {
+    if std::env::var("GATEWAY_TEST_DATABASE").as_deref() != Ok("postgres")
+        || std::env::var("GATEWAY_TEST_REDIS").is_err()
+    {
+        eprintln!("needs GATEWAY_TEST_DATABASE=postgres and GATEWAY_TEST_REDIS; skipping");
+        return;
+    }
+    let mock = Mock::start(&["--latency-ms", "800"]);
+    let a = Gateway::start(&mock, redis_options(LOTS_ONLY));
+    let mut opts = redis_options(LOTS_ONLY);
+    opts.database_url = Some(a.database_url.clone());
+    opts.env = a.env.clone();
+    let b = Gateway::start(&mock, opts);
+    exactly_ten_of_fifty(&[&a, &b], &mock, "shared@example.com").await;
+
+    // Revocation and suspension reach the other instance within a second.
+    let key = a.user_with_key("both@example.com", &[]);
+    a.admin_json(&[
+        "lot",
+        "grant",
+        "--email",
+        "both@example.com",
+        "--type",
+        "token",
+        "--amount",
+        "100000",
+    ]);
+    let ok = |g: &Gateway| {
+        let url = g.url("/v1/chat/completions");
+        let key = key.clone();
+        async move {
+            client()
+                .post(url)
+                .bearer_auth(key)
+                .json(&body(10))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(ok(&b).await, 200);
+    a.admin_json(&["user", "suspend", "--email", "both@example.com"]);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(ok(&b).await, 403);
+}
+
+#[tokio::test]
+async fn requests_per_minute_and_retry_after() {
+    let mock = Mock::start(&[]);
+    let gw = Gateway::start(&mock, redis_options(""));
+    let key = gw.user_with_key("rpm@example.com", &["--rpm", "3"]);
+    let c = client();
+    for i in 0..3 {
+        let r = c
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(&key)
+            .json(&body(10))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-ratelimit-limit-requests"], "3");
+        assert_eq!(
+            r.headers()["x-ratelimit-remaining-requests"],
+            (2 - i).to_string().as_str()
+        );
+        assert!(r.headers()["x-ratelimit-reset-requests"]
+            .to_str()
+            .unwrap()
+            .ends_with('s'));
+        assert!(r.headers().get("x-ratelimit-limit-tokens").is_some());
+    }
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&body(10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=90).contains(&retry), "{retry}");
+    assert_eq!(r.headers()["x-ratelimit-remaining-requests"], "0");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(mock.served().await, 3);
+
+    // Output tokens per minute: the reserved output counts at admission.
+    let key = gw.user_with_key("otpm@example.com", &["--otpm", "150"]);
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&body(100))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Settlement corrected the window to the real 24 output tokens, so 100 more fit.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&body(100))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&body(140))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+}
+
+#[tokio::test]
+async fn kill_during_a_stream_releases_the_reservation() {
+    let mock = Mock::start(&["--chunks", "40", "--chunk-delay-ms", "100"]);
+    let mut gw = Gateway::start(&mock, redis_options(LOTS_ONLY));
+    let email = "crash@example.com";
+    let key = gw.user_with_key(email, &[]);
+    let r_est = estimate(&gw, &key).await;
+    let lot = 2 * (r_est + 1000);
+    gw.admin_json(&[
+        "lot",
+        "grant",
+        "--email",
+        email,
+        "--type",
+        "token",
+        "--amount",
+        &lot.to_string(),
+    ]);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    let mut s = body(1000);
+    s["stream"] = json!(true);
+    let mut r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&s)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let _ = r.chunk().await.unwrap();
+    // While the stream holds its reservation, a request for everything else does not fit.
+    let big = lot - r_est; // reservation = r_est + (lot - r_est) = lot
+    let blocked = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&body(big))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(blocked.status(), 429);
+
+    gw.kill();
+    drop(r);
+    gw.spawn();
+    if std::env::var("GATEWAY_TEST_REDIS").is_ok() {
+        // The reservation lives in Redis until the reaper's timeout (5 s here).
+        tokio::time::sleep(Duration::from_millis(5500)).await;
+    }
+    // Nothing was charged for the killed stream and its reservation is gone: the whole lot fits.
+    assert_eq!(lot_remaining(&gw, email).await, lot);
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&body(big))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    gw.wait_usage(2).await;
+    assert_eq!(lot_remaining(&gw, email).await, lot - 49);
+}
+
+#[tokio::test]
+async fn allowance_first_then_the_soonest_lot_and_entitlement_tier() {
+    let mock = Mock::start(&[]);
+    let extra = r#"
+[quota.tiers.beginner]
+weekly_tokens = 10
+requests_per_minute = 60
+
+[quota.tiers.tryharder]
+weekly_tokens = 10
+requests_per_minute = 600
+"#;
+    let gw = Gateway::start(&mock, redis_options(extra));
+    let email = "lots@example.com";
+    let key = gw.user_with_key(email, &[]);
+    let late = gw.admin_json(&[
+        "lot", "grant", "--email", email, "--type", "token", "--amount", "1000", "--days", "10",
+    ]);
+    let soon = gw.admin_json(&[
+        "lot",
+        "grant",
+        "--email",
+        email,
+        "--type",
+        "token",
+        "--amount",
+        "1000",
+        "--days",
+        "2",
+        "--tier",
+        "tryharder",
+    ]);
+    assert_eq!(soon["type"], "token");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&body(30))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // The active tryharder lot lifts the effective tier: its per-minute defaults apply.
+    assert_eq!(r.headers()["x-ratelimit-limit-requests"], "600");
+    gw.wait_usage(1).await;
+    let db = gw.db().await;
+    let user = db.users().find_by_email(email).await.unwrap().unwrap();
+    let lots = db
+        .quota()
+        .lots(&user.id, gateway::util::now_ms())
+        .await
+        .unwrap();
+    let rem = |id: &Value| {
+        lots.iter()
+            .find(|l| l.id == id.as_str().unwrap())
+            .unwrap()
+            .remaining
+    };
+    // 49 tokens: 10 from the weekly allowance, 39 from the lot that expires first.
+    assert_eq!(rem(&soon["id"]), 1000 - 39);
+    assert_eq!(rem(&late["id"]), 1000);
+
+    let (ok, err) = gw.admin(&[
+        "lot", "grant", "--email", email, "--type", "gold", "--amount", "1",
+    ]);
+    assert!(!ok && err.contains("token or request"), "{err}");
+    let (ok, err) = gw.admin(&[
+        "lot", "grant", "--email", email, "--type", "token", "--amount", "0",
+    ]);
+    assert!(!ok && err.contains("positive"), "{err}");
+}
+
+#[tokio::test]
+async fn weekly_request_meter() {
+    let mock = Mock::start(&[]);
+    let extra = r#"
+[quota.tiers.beginner]
+weekly_requests = 2
+"#;
+    let gw = Gateway::start(&mock, redis_options(extra));
+    let key = gw.user_with_key("req@example.com", &[]);
+    let results = fire(vec![gw.api.clone()], &key, 5, 10).await;
+    assert_eq!(
+        results.iter().filter(|(s, _)| *s == 200).count(),
+        2,
+        "{results:?}"
+    );
+    gw.admin_json(&[
+        "lot",
+        "grant",
+        "--email",
+        "req@example.com",
+        "--type",
+        "request",
+        "--amount",
+        "1",
+    ]);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let results = fire(vec![gw.api.clone()], &key, 3, 10).await;
+    assert_eq!(
+        results.iter().filter(|(s, _)| *s == 200).count(),
+        1,
+        "{results:?}"
+    );
+}
