@@ -582,8 +582,8 @@ impl Config {
             captcha_required,
             captcha_verify_url: f.auth.captcha_verify_url.unwrap_or_default(),
             captcha_site_key: f.auth.captcha_site_key.unwrap_or_default(),
-            code_ttl: Duration::from_secs(f.auth.code_ttl_seconds.unwrap_or(600).max(30)),
-            link_ttl: Duration::from_secs(f.auth.link_ttl_seconds.unwrap_or(900).max(30)),
+            code_ttl: Duration::from_secs(f.auth.code_ttl_seconds.unwrap_or(600).max(1)),
+            link_ttl: Duration::from_secs(f.auth.link_ttl_seconds.unwrap_or(900).max(1)),
             session_ttl: Duration::from_secs(3600 * f.auth.session_ttl_hours.unwrap_or(720).max(1)),
             session_idle: Duration::from_secs(
                 3600 * f.auth.session_idle_hours.unwrap_or(168).max(1),

@@ -2,7 +2,13 @@
 //! `/api/content`. Pingora's site listener proxies to it over a private Unix socket, so it
 //! shares the edge (and its graceful restarts) without a second public port.
 
+pub mod auth;
+pub mod captcha;
+pub mod csrf;
 pub mod error;
+pub mod mail;
+pub mod session;
+pub mod twofactor;
 
 use std::path::Path;
 
@@ -20,6 +26,7 @@ pub fn router(state: SharedState) -> Router {
             "/health",
             get(|| async { Json(serde_json::json!({"ok": true})) }),
         )
+        .nest("/api/auth", auth::router())
         .fallback(|| async { SiteError::NotFound.into_response() })
         .with_state(state)
 }
@@ -33,5 +40,6 @@ pub async fn serve_uds(state: SharedState, path: &Path) -> std::io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     }
+    tokio::spawn(auth::purge_loop(state.clone()));
     axum::serve(listener, router(state)).await
 }

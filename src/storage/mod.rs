@@ -5,6 +5,7 @@
 //! 0/1 integers, placeholders are `$1, $2, …` in first-use order (SQLite binds them by order of
 //! appearance), aggregates are cast to `BIGINT` (Postgres sums to `NUMERIC`).
 
+pub mod auth;
 pub mod keys;
 pub mod quota;
 pub mod usage;
@@ -16,6 +17,7 @@ use std::time::Duration;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, ConnectOptions, Executor};
 
+pub use auth::{AuthStore, ChallengeRecord, ChallengeSecrets, SessionRecord};
 pub use keys::{KeyRecord, KeyStore, NewKey};
 pub use usage::{UsageEvent, UsageStore};
 pub use users::{UserRecord, UserStore};
@@ -131,6 +133,10 @@ impl Db {
 
     pub fn users(&self) -> UserStore<'_> {
         UserStore { db: self }
+    }
+
+    pub fn auth(&self) -> AuthStore<'_> {
+        AuthStore { db: self }
     }
 
     pub fn keys(&self) -> KeyStore<'_> {

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod smtp;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -135,6 +137,12 @@ pub struct Options {
     /// Use this database instead of a fresh one (multi-instance tests).
     pub database_url: Option<String>,
     pub env: Vec<(String, String)>,
+    /// Replaces the harness's `server.site_origin` (e.g. an `https://` origin to get `Secure`
+    /// cookies with the `__Host-` prefix).
+    pub site_origin: Option<String>,
+    /// Replaces the body of the harness's `[mail]` section (`transport = "file"` writing to
+    /// `<dir>/outbox`); an empty string leaves mail unconfigured.
+    pub mail_toml: Option<String>,
 }
 
 impl Default for Options {
@@ -145,6 +153,8 @@ impl Default for Options {
             redis_url: None,
             database_url: None,
             env: vec![],
+            site_origin: None,
+            mail_toml: None,
         }
     }
 }
@@ -241,6 +251,19 @@ impl Gateway {
             .clone()
             .unwrap_or_else(|| database_url(dir.path()));
         let mut text = base_config(mock, &database_url, opts.redis_url.as_deref(), dir.path());
+        if let Some(origin) = &opts.site_origin {
+            text = text.replace(
+                "site_origin = \"http://127.0.0.1:8081\"",
+                &format!("site_origin = \"{origin}\""),
+            );
+        }
+        if let Some(mail) = &opts.mail_toml {
+            let default_mail = format!(
+                "[mail]\ntransport = \"file\"\noutbox_dir = \"{}/outbox\"\n",
+                dir.path().display()
+            );
+            text = text.replace(&default_mail, &format!("[mail]\n{mail}\n"));
+        }
         text.push_str(&opts.extra_toml);
         let config_path = dir.path().join("gateway.toml");
         std::fs::write(&config_path, text).expect("write config");
@@ -424,6 +447,16 @@ impl Gateway {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         self.usage_events().await
+    }
+
+    /// A URL on the site listener (website and account API).
+    pub fn site_url(&self, path: &str) -> String {
+        format!("{}{}", self.site, path)
+    }
+
+    /// Where the `file` mail transport of the harness config writes `.eml` files.
+    pub fn outbox(&self) -> PathBuf {
+        self.dir.path().join("outbox")
     }
 }
 
