@@ -141,6 +141,13 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     let api_listen = cfg.server.api_listen.clone();
     let site_listen = cfg.server.site_listen.clone();
     let drain = cfg.server.shutdown_drain;
+    let admin_listen = match &cfg.server.admin_listen {
+        Some(a) => Some(concrete_addr(a)?),
+        None => None,
+    };
+    cfg.server.admin_listen = admin_listen.clone();
+    let config_path = cfg.path.clone();
+    crate::metrics::init();
     let threads = cfg.server.threads;
     let state = build_state(cfg, &rt)?;
 
@@ -200,6 +207,16 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     server.add_service(api);
     server.add_service(site);
 
+    if let Some(admin) = &admin_listen {
+        let mut svc = pingora_core::services::listening::Service::new(
+            "admin".to_string(),
+            pingora_core::apps::http_app::HttpServer::new_app(AdminApp),
+        );
+        svc.add_tcp(admin);
+        server.add_service(svc);
+    }
+    crate::config::reload::spawn(state.clone(), config_path);
+
     let phases = server.watch_execution_phase();
     spawn_drain_monitor(
         phases,
@@ -209,8 +226,12 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
         uds.clone(),
     );
 
-    println!("gateway listening api={api_listen} site={site_listen}");
-    log::info!("gateway listening api={api_listen} site={site_listen}");
+    let admin_note = admin_listen
+        .as_deref()
+        .map(|a| format!(" admin={a}"))
+        .unwrap_or_default();
+    println!("gateway listening api={api_listen} site={site_listen}{admin_note}");
+    log::info!("gateway listening api={api_listen} site={site_listen}{admin_note}");
     server.run(RunArgs {
         shutdown_signal: Box::new(Signals),
     });
@@ -318,5 +339,32 @@ impl ProxyHttp for SiteEdge {
         upstream_request.insert_header("x-gateway-client-ip", client)?;
         upstream_request.remove_header("x-forwarded-for");
         Ok(())
+    }
+}
+
+/// The admin listener: Prometheus text at `/metrics`, liveness at `/health`.
+struct AdminApp;
+
+#[async_trait]
+impl pingora_core::apps::http_app::ServeHttp for AdminApp {
+    async fn response(
+        &self,
+        session: &mut pingora_core::protocols::http::ServerSession,
+    ) -> http::Response<Vec<u8>> {
+        let (status, ctype, body) = match session.req_header().uri.path() {
+            "/metrics" => (
+                200,
+                "text/plain; version=0.0.4; charset=utf-8",
+                crate::metrics::render().into_bytes(),
+            ),
+            "/health" => (200, "application/json; charset=utf-8", b"{\"ok\":true}".to_vec()),
+            _ => (404, "text/plain; charset=utf-8", b"not found".to_vec()),
+        };
+        http::Response::builder()
+            .status(status)
+            .header("content-type", ctype)
+            .header("content-length", body.len())
+            .body(body)
+            .unwrap_or_default()
     }
 }

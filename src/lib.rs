@@ -10,6 +10,7 @@ pub mod config;
 pub mod edge;
 pub mod error;
 pub mod identity;
+pub mod metrics;
 pub mod proxy;
 pub mod quota;
 pub mod secrets;

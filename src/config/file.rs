@@ -52,6 +52,8 @@ pub struct ServerFile {
     pub threads: Option<usize>,
     /// Seconds in-flight requests get to finish after SIGTERM.
     pub shutdown_drain_seconds: Option<u64>,
+    /// One JSON line per developer request on stderr (default true).
+    pub access_log: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -5,6 +5,7 @@
 //! and the problem (`conf/gateway.toml: providers[0].style: ...`).
 
 pub mod file;
+pub mod reload;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -105,6 +106,7 @@ pub struct ServerConfig {
     pub max_body_bytes: u64,
     pub threads: usize,
     pub shutdown_drain: Duration,
+    pub access_log: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -491,6 +493,7 @@ impl Config {
             max_body_bytes,
             threads,
             shutdown_drain: Duration::from_secs(f.server.shutdown_drain_seconds.unwrap_or(10)),
+            access_log: f.server.access_log.unwrap_or(true),
         };
 
         // [storage]

@@ -58,6 +58,8 @@ pub struct RequestCtx {
     pub deployment: Option<String>,
     /// `x-ratelimit-*` headers for this request's key, once known.
     pub rate_headers: Vec<(String, String)>,
+    /// Time to the first response byte, for forwarded requests.
+    pub ttfb_ms: Option<u64>,
 }
 
 #[async_trait]
@@ -78,6 +80,7 @@ impl ProxyHttp for DevApi {
             output_tokens: 0,
             deployment: None,
             rate_headers: Vec::new(),
+            ttfb_ms: None,
         }
     }
 
@@ -112,7 +115,7 @@ impl ProxyHttp for DevApi {
     }
 
     async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
-        crate::accesslog::developer_request(ctx);
+        crate::accesslog::developer_request(ctx, self.state.config.load().server.access_log);
     }
 }
 
@@ -243,6 +246,7 @@ impl DevApi {
                 ctx.status = outcome.status;
                 ctx.error_code = outcome.error_code;
                 ctx.deployment = flight.event.deployment.clone();
+                ctx.ttfb_ms = flight.event.ttfb_ms;
                 let used = flight.finish(outcome.status, outcome.reason, outcome.error_code);
                 ctx.input_tokens = used.input_tokens;
                 ctx.output_tokens = used.output_tokens;

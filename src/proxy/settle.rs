@@ -73,6 +73,7 @@ impl InFlight {
         event: UsageEvent,
         input_estimate: u64,
     ) -> Self {
+        crate::metrics::RESERVATIONS.inc();
         InFlight {
             state,
             reservation: Some(reservation),
@@ -122,7 +123,10 @@ impl InFlight {
         };
         let event = self.event.clone();
         match self.reservation.take() {
-            Some(r) => settle_and_record(&self.state, r, used, event),
+            Some(r) => {
+                crate::metrics::RESERVATIONS.dec();
+                settle_and_record(&self.state, r, used, event)
+            }
             None => self.state.usage.record(event),
         }
         usage

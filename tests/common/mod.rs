@@ -140,6 +140,8 @@ pub struct Options {
     /// Replaces the harness's `server.site_origin` (e.g. an `https://` origin to get `Secure`
     /// cookies with the `__Host-` prefix).
     pub site_origin: Option<String>,
+    /// Open the admin (metrics) listener on a free port.
+    pub admin: bool,
     /// Replaces the body of the harness's `[mail]` section (`transport = "file"` writing to
     /// `<dir>/outbox`); an empty string leaves mail unconfigured.
     pub mail_toml: Option<String>,
@@ -154,6 +156,7 @@ impl Default for Options {
             database_url: None,
             env: vec![],
             site_origin: None,
+            admin: false,
             mail_toml: None,
         }
     }
@@ -166,7 +169,11 @@ pub struct Gateway {
     pub config_path: PathBuf,
     pub api: String,
     pub site: String,
+    /// The admin (metrics) listener, when `Options::admin` asked for one.
+    pub admin: Option<String>,
     pub database_url: String,
+    /// Drop the Postgres database with the gateway (not when another gateway shares it).
+    owns_database: bool,
     pub env: Vec<(String, String)>,
 }
 
@@ -264,6 +271,12 @@ impl Gateway {
             );
             text = text.replace(&default_mail, &format!("[mail]\n{mail}\n"));
         }
+        if opts.admin {
+            text = text.replace(
+                "shutdown_drain_seconds = 5\n",
+                "shutdown_drain_seconds = 5\nadmin_listen = \"127.0.0.1:0\"\n",
+            );
+        }
         text.push_str(&opts.extra_toml);
         let config_path = dir.path().join("gateway.toml");
         std::fs::write(&config_path, text).expect("write config");
@@ -295,8 +308,10 @@ impl Gateway {
             config_path,
             api: String::new(),
             site: String::new(),
+            admin: None,
             database_url,
             env,
+            owns_database: opts.database_url.is_none(),
         };
         gw.spawn();
         gw
@@ -314,7 +329,13 @@ impl Gateway {
                 std::env::var("GATEWAY_TEST_LOG").unwrap_or_else(|_| "warn".into()),
             )
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.log_path())
+                    .expect("gateway log file"),
+            ));
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
@@ -328,6 +349,10 @@ impl Gateway {
         };
         self.api = format!("http://{}", field("api="));
         self.site = format!("http://{}", field("site="));
+        self.admin = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("admin="))
+            .map(|a| format!("http://{a}"));
         self.child = Some(child);
         wait_ready(&self.api);
     }
@@ -460,11 +485,38 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// The gateway's stderr (logs, access log) is written here.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("gateway.log")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+}
+
 impl Drop for Gateway {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!("--- gateway log (last lines) ---");
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+        if self.owns_database && self.database_url.starts_with("postgres") {
+            if let Some((base, name)) = self.database_url.rsplit_once('/') {
+                let admin = format!("{base}/test");
+                let _ = Command::new("psql")
+                    .args([&admin, "-q", "-c", &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")])
+                    .output();
+            }
         }
     }
 }

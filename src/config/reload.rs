@@ -1,0 +1,147 @@
+//! Live reload: the config file is watched (and re-read on SIGHUP); a new file is validated
+//! whole before one atomic swap, so in-flight requests finish on the snapshot they started
+//! with and a broken file changes nothing. Settings bound at start (listen addresses, database
+//! and Redis URLs, secrets directory) need a restart; a change to them is logged and ignored.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+
+use super::Config;
+use crate::state::SharedState;
+
+/// What changed in settings that only a restart applies.
+fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if old.server.api_listen != new.server.api_listen {
+        out.push("server.api_listen");
+    }
+    if old.server.site_listen != new.server.site_listen {
+        out.push("server.site_listen");
+    }
+    if old.server.admin_listen != new.server.admin_listen {
+        out.push("server.admin_listen");
+    }
+    if old.server.threads != new.server.threads {
+        out.push("server.threads");
+    }
+    if old.storage.database_url != new.storage.database_url {
+        out.push("storage.database_url");
+    }
+    if old.storage.redis_url != new.storage.redis_url {
+        out.push("storage.redis_url");
+    }
+    if old.secrets.dir != new.secrets.dir || old.secrets.dev_generate != new.secrets.dev_generate {
+        out.push("secrets");
+    }
+    out
+}
+
+/// Re-reads the file and swaps it in. Returns whether the new config is live.
+pub fn reload(state: &SharedState, path: &Path) -> bool {
+    let mut new = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            log::error!("config reload refused, keeping the running config: {e}");
+            crate::metrics::config_reload("error");
+            return false;
+        }
+    };
+    let old = state.config();
+    for key in restart_only_changes(&old, &new) {
+        log::warn!("config reload: {key} changed; it takes effect only after a restart");
+    }
+    // Keep the values the running process is bound to.
+    new.server.api_listen = old.server.api_listen.clone();
+    new.server.site_listen = old.server.site_listen.clone();
+    new.server.admin_listen = old.server.admin_listen.clone();
+    new.server.threads = old.server.threads;
+    new.storage.database_url = old.storage.database_url.clone();
+    new.storage.redis_url = old.storage.redis_url.clone();
+    new.secrets = old.secrets.clone();
+    state.config.store(Arc::new(new));
+    log::info!("config reloaded from {}", path.display());
+    crate::metrics::config_reload("ok");
+    true
+}
+
+/// Watches `path` (through its directory, since editors replace files) and SIGHUP; reloads on
+/// either, debounced. Runs on the storage runtime until the process ends.
+pub fn spawn(state: SharedState, path: PathBuf) {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let file_name = path.file_name().map(|n| n.to_os_string());
+    let watch_tx = tx.clone();
+    let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if let Ok(ev) = event {
+            let ours = ev
+                .paths
+                .iter()
+                .any(|p| p.file_name().map(|n| n.to_os_string()) == file_name);
+            if ours && !ev.kind.is_access() {
+                let _ = watch_tx.send(());
+            }
+        }
+    });
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let watcher = match watcher {
+        Ok(mut w) => match w.watch(&dir, RecursiveMode::NonRecursive) {
+            Ok(()) => Some(w),
+            Err(e) => {
+                log::warn!("cannot watch {}: {e}; reload with SIGHUP", dir.display());
+                None
+            }
+        },
+        Err(e) => {
+            log::warn!("cannot watch the config file: {e}; reload with SIGHUP");
+            None
+        }
+    };
+    let rt = state.rt.clone();
+    rt.spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut hup) = signal(SignalKind::hangup()) {
+            while hup.recv().await.is_some() {
+                log::info!("SIGHUP: reloading the config");
+                let _ = tx.send(());
+            }
+        }
+    });
+    state.rt.clone().spawn(async move {
+        let _keep = watcher;
+        while rx.recv().await.is_some() {
+            // Let a burst of events (write, rename, chmod) settle into one reload.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            while rx.try_recv().is_ok() {}
+            let state = state.clone();
+            let path = path.clone();
+            // Validation resolves nothing over the network, but it reads files: keep it off
+            // the async workers.
+            let _ = tokio::task::spawn_blocking(move || reload(&state, &path)).await;
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restart_only_fields_are_detected() {
+        let a = Config::from_str(Path::new("a.toml"), "").unwrap();
+        let b = Config::from_str(
+            Path::new("a.toml"),
+            "[server]\napi_listen = \"127.0.0.1:9999\"\n[storage]\ndatabase_url = \"sqlite://x.db\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            restart_only_changes(&a, &b),
+            vec!["server.api_listen", "storage.database_url"]
+        );
+    }
+}
