@@ -357,7 +357,11 @@ impl pingora_core::apps::http_app::ServeHttp for AdminApp {
                 "text/plain; version=0.0.4; charset=utf-8",
                 crate::metrics::render().into_bytes(),
             ),
-            "/health" => (200, "application/json; charset=utf-8", b"{\"ok\":true}".to_vec()),
+            "/health" => (
+                200,
+                "application/json; charset=utf-8",
+                b"{\"ok\":true}".to_vec(),
+            ),
             _ => (404, "text/plain; charset=utf-8", b"not found".to_vec()),
         };
         http::Response::builder()

@@ -15,22 +15,52 @@ fn chat(model: &str) -> Value {
 #[tokio::test]
 async fn metrics_only_on_the_admin_listener_and_an_access_log_line() {
     let mock = Mock::start(&[]);
-    let gw = Gateway::start(&mock, Options { admin: true, ..Options::default() });
+    let gw = Gateway::start(
+        &mock,
+        Options {
+            admin: true,
+            ..Options::default()
+        },
+    );
     let key = gw.user_with_key("metrics@example.com", &[]);
     let c = client();
-    let r = c.post(gw.url("/v1/chat/completions")).bearer_auth(&key).json(&chat("mock-gpt")).send().await.unwrap();
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&chat("mock-gpt"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let request_id = r.headers()["x-request-id"].to_str().unwrap().to_string();
     r.text().await.unwrap();
-    let _ = c.post(gw.url("/v1/chat/completions")).json(&chat("mock-gpt")).send().await.unwrap();
+    let _ = c
+        .post(gw.url("/v1/chat/completions"))
+        .json(&chat("mock-gpt"))
+        .send()
+        .await
+        .unwrap();
 
     let admin = gw.admin.clone().expect("admin listener");
-    let text = c.get(format!("{admin}/metrics")).send().await.unwrap().text().await.unwrap();
+    let text = c
+        .get(format!("{admin}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(text.contains(r#"gateway_requests_total{code="",model="mock-gpt",route="chat_completions",status="200"} 1"#), "{text}");
     assert!(text.contains(r#"code="missing_api_key""#), "{text}");
     assert!(text.contains("gateway_request_duration_seconds_bucket"));
-    assert!(text.contains(r#"gateway_tokens_total{direction="input",model="mock-gpt"} 25"#), "{text}");
-    assert!(text.contains("gateway_upstream_first_byte_seconds_count{deployment=\"mock/mock-gpt\"} 1"), "{text}");
+    assert!(
+        text.contains(r#"gateway_tokens_total{direction="input",model="mock-gpt"} 25"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("gateway_upstream_first_byte_seconds_count{deployment=\"mock/mock-gpt\"} 1"),
+        "{text}"
+    );
     assert!(text.contains("gateway_reservations_in_flight 0"));
 
     // Never on the public listeners.
@@ -42,7 +72,10 @@ async fn metrics_only_on_the_admin_listener_and_an_access_log_line() {
     // One JSON access line for the request, with ids and no secret.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let log = gw.log();
-    let line = log.lines().find(|l| l.contains(&request_id)).unwrap_or_else(|| panic!("no access line in {log}"));
+    let line = log
+        .lines()
+        .find(|l| l.contains(&request_id))
+        .unwrap_or_else(|| panic!("no access line in {log}"));
     let json_part = &line[line.find('{').unwrap()..];
     let v: Value = serde_json::from_str(json_part).unwrap();
     assert_eq!(v["status"], 200);
@@ -63,7 +96,16 @@ async fn live_reload_swaps_whole_configs_and_refuses_broken_ones() {
         let c = c.clone();
         let url = gw.url("/v1/chat/completions");
         let key = key.clone();
-        async move { c.post(url).bearer_auth(key).json(&chat(model)).send().await.unwrap().status().as_u16() }
+        async move {
+            c.post(url)
+                .bearer_auth(key)
+                .json(&chat(model))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
     };
     assert_eq!(status("hot-model").await, 404);
 
@@ -81,17 +123,39 @@ async fn live_reload_swaps_whole_configs_and_refuses_broken_ones() {
     assert!(live, "the new model never became routable");
 
     // A broken file is refused; the running config stays.
-    std::fs::write(&gw.config_path, format!("{added}\n[[models]]\nid = \"x\"\nprovider = \"nope\"\n")).unwrap();
+    std::fs::write(
+        &gw.config_path,
+        format!("{added}\n[[models]]\nid = \"x\"\nprovider = \"nope\"\n"),
+    )
+    .unwrap();
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(status("hot-model").await, 200);
-    assert!(gw.log().contains("models["), "the refusal names the key: {}", gw.log());
+    assert!(
+        gw.log().contains("models["),
+        "the refusal names the key: {}",
+        gw.log()
+    );
 
     // Restart-only settings are reported, not applied; SIGHUP reloads too.
-    let moved = added.replace("api_listen = \"127.0.0.1:0\"", "api_listen = \"127.0.0.1:1\"").replace("hot-model", "hup-model");
+    let moved = added
+        .replace(
+            "api_listen = \"127.0.0.1:0\"",
+            "api_listen = \"127.0.0.1:1\"",
+        )
+        .replace("hot-model", "hup-model");
     std::fs::write(&gw.config_path, &moved).unwrap();
-    let pid = std::process::Command::new("pgrep").args(["-f", gw.config_path.to_str().unwrap()]).output().unwrap();
-    let pid = String::from_utf8_lossy(&pid.stdout).lines().next().unwrap_or("").to_string();
-    let _ = std::process::Command::new("kill").args(["-HUP", &pid]).status();
+    let pid = std::process::Command::new("pgrep")
+        .args(["-f", gw.config_path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let pid = String::from_utf8_lossy(&pid.stdout)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status();
     let mut live = false;
     for _ in 0..60 {
         if status("hup-model").await == 200 {
@@ -101,7 +165,11 @@ async fn live_reload_swaps_whole_configs_and_refuses_broken_ones() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(live);
-    assert!(gw.log().contains("server.api_listen changed"), "{}", gw.log());
+    assert!(
+        gw.log().contains("server.api_listen changed"),
+        "{}",
+        gw.log()
+    );
 }
 
 #[tokio::test]
@@ -115,7 +183,17 @@ async fn sigterm_drains_streams_and_flushes_usage() {
     let stream = tokio::spawn({
         let url = gw.url("/v1/chat/completions");
         let key = key.clone();
-        async move { c.post(url).bearer_auth(key).json(&s).send().await.unwrap().text().await.unwrap() }
+        async move {
+            c.post(url)
+                .bearer_auth(key)
+                .json(&s)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = std::time::Instant::now();
@@ -124,10 +202,16 @@ async fn sigterm_drains_streams_and_flushes_usage() {
         (ok, gw)
     });
     let text = stream.await.unwrap();
-    assert!(text.trim_end().ends_with("data: [DONE]"), "the stream finished: {text}");
+    assert!(
+        text.trim_end().ends_with("data: [DONE]"),
+        "the stream finished: {text}"
+    );
     let (ok, gw) = clean.await.unwrap();
     assert!(ok, "clean exit");
-    assert!(started.elapsed() < Duration::from_secs(5), "stopped once drained, not after the whole grace period");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "stopped once drained, not after the whole grace period"
+    );
     // The usage record was flushed before exit.
     let events = gw.usage_events().await;
     assert_eq!(events.len(), 1, "{events:?}");
