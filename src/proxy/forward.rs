@@ -2,8 +2,10 @@
 //!
 //! Failover happens only before the first byte reaches the client: a connect error, timeout,
 //! 429 or 5xx moves on to the next deployment and cools the failing one down. Once the response
-//! header is written, the body is relayed chunk by chunk (never buffered), usage is observed on
-//! the way, and the client is watched so an abort is seen at once.
+//! header is written, the body is relayed chunk by chunk through a [`Shaper`] (which passes it
+//! through or translates it into the client's style), usage is observed on the way, and the
+//! client is watched so an abort is seen at once. Only a translated non-stream answer is held
+//! until it is complete: it has to be parsed whole to be translated.
 
 use bytes::Bytes;
 use pingora_http::ResponseHeader;
@@ -16,14 +18,21 @@ use crate::proxy::pipeline::Admitted;
 use crate::proxy::route::Endpoint;
 use crate::proxy::routing::Target;
 use crate::proxy::settle::{InFlight, Reason};
-use crate::proxy::sse::{usage_from_body, EventVerdict, SseParser, StreamKind, StreamUsageTracker};
+use crate::proxy::shape::{ClientSide, Crossing, Shaper};
+use crate::proxy::sse::{usage_from_body, StreamKind};
 use crate::proxy::upstream::{Exchange, ProviderRequest};
 use crate::state::SharedState;
 
 /// Provider error bodies read while failing over are bounded.
 const ERROR_BODY_LIMIT: usize = 1024 * 1024;
-/// Copy of a non-streamed JSON body kept to read its usage.
-const USAGE_COPY_LIMIT: usize = 16 * 1024 * 1024;
+
+/// Where an admitted request may go: the deployments to try in order and, when some of them
+/// speak the other style, the request already translated for those (see
+/// [`crate::proxy::shape::translate_request`]).
+pub struct Attempts {
+    pub targets: Vec<Target>,
+    pub translated: Option<Value>,
+}
 
 /// How a forwarded request ended, for settlement.
 pub struct Outcome {
@@ -58,21 +67,31 @@ fn drop_response_header(name: &str) -> bool {
     )
 }
 
-fn stream_kind(endpoint: Endpoint) -> Option<StreamKind> {
-    match endpoint {
-        Endpoint::ChatCompletions => Some(StreamKind::OpenAiChat),
-        Endpoint::Responses => Some(StreamKind::OpenAiResponses),
-        Endpoint::Messages => Some(StreamKind::Anthropic),
-        _ => None,
+/// The body to send to one target. Same style: the client's bytes untouched unless the model is
+/// renamed or a streaming chat request needs `stream_options.include_usage` (the gateway always
+/// wants the provider's own count). Other style: the translated body (which asks for usage
+/// itself) with this deployment's model name.
+fn upstream_body(
+    adm: &Admitted,
+    target: &Target,
+    crossing: Crossing,
+    translated: Option<&Value>,
+) -> Result<Bytes, ApiError> {
+    if crossing != Crossing::Native {
+        let Some(mut j) = translated.cloned() else {
+            log::error!("no translated body for {}", target.label());
+            return Err(ApiError::ServerError);
+        };
+        let model = target.upstream_model.as_deref().unwrap_or(&adm.model_name);
+        if let Some(obj) = j.as_object_mut() {
+            obj.insert("model".into(), Value::String(model.to_string()));
+        }
+        return serde_json::to_vec(&j)
+            .map(Bytes::from)
+            .map_err(|_| ApiError::ServerError);
     }
-}
-
-/// The body to send to one target: the client's bytes untouched unless the model is renamed or
-/// a streaming chat request needs `stream_options.include_usage` (the gateway always wants the
-/// provider's own count).
-fn upstream_body(adm: &Admitted, target: &Target) -> Bytes {
     let Some(json) = &adm.json else {
-        return adm.body.clone();
+        return Ok(adm.body.clone());
     };
     let rename = target
         .upstream_model
@@ -83,7 +102,7 @@ fn upstream_body(adm: &Admitted, target: &Target) -> Bytes {
         && target.provider.style == ProviderStyle::OpenAi
         && !adm.client_wants_usage;
     if rename.is_none() && !want_usage {
-        return adm.body.clone();
+        return Ok(adm.body.clone());
     }
     let mut j = json.clone();
     if let (Some(m), Some(obj)) = (rename, j.as_object_mut()) {
@@ -99,7 +118,9 @@ fn upstream_body(adm: &Admitted, target: &Target) -> Bytes {
             }
         }
     }
-    Bytes::from(serde_json::to_vec(&j).unwrap_or_else(|_| adm.body.to_vec()))
+    Ok(Bytes::from(
+        serde_json::to_vec(&j).unwrap_or_else(|_| adm.body.to_vec()),
+    ))
 }
 
 fn upstream_headers(
@@ -147,23 +168,29 @@ fn upstream_headers(
     h
 }
 
-/// Tries the targets in order until one answers with something other than a retryable failure.
+/// Tries the targets in order until one answers with something other than a retryable failure;
+/// returns the exchange, its target and how the client's request crossed to it.
 async fn connect(
     state: &SharedState,
     session: &Session,
     adm: &Admitted,
-    targets: &[Target],
-) -> Result<(Exchange, Target), ApiError> {
+    attempts: &Attempts,
+) -> Result<(Exchange, Target, Crossing), ApiError> {
     let mut last_failure: Option<ApiError> = None;
+    let targets = &attempts.targets;
     for (i, target) in targets.iter().enumerate() {
         let is_last = i + 1 == targets.len();
-        let path = format!("{}{}", target.provider.base_path, adm.endpoint.path());
+        let Some(crossing) = Crossing::of(adm.endpoint, target.provider.style) else {
+            continue;
+        };
+        let endpoint = crossing.provider_endpoint(adm.endpoint);
+        let path = format!("{}{}", target.provider.base_path, endpoint.path());
         let req = ProviderRequest {
             provider: &target.provider,
-            method: if adm.endpoint.is_get() { "GET" } else { "POST" },
+            method: if endpoint.is_get() { "GET" } else { "POST" },
             path: &path,
             headers: upstream_headers(session, target, adm),
-            body: upstream_body(adm, target),
+            body: upstream_body(adm, target, crossing, attempts.translated.as_ref())?,
         };
         match state.upstreams.start(&req).await {
             Ok(mut ex) => {
@@ -181,7 +208,7 @@ async fn connect(
                 if status == 429 || status >= 500 {
                     state.routing.cool_down(target);
                 }
-                return Ok((ex, target.clone()));
+                return Ok((ex, target.clone(), crossing));
             }
             Err(e) => {
                 log::warn!("deployment {} failed: {e}", target.label());
@@ -193,51 +220,40 @@ async fn connect(
     Err(last_failure.unwrap_or(ApiError::RoutingUnavailable))
 }
 
+/// The client's response header: the provider's headers minus the ones never shown, the request
+/// id and rate-limit headers. A translated answer gets `content_type` (and, when held whole,
+/// `content_length`) in place of the provider's, whose body it no longer describes.
 fn client_header(
-    ex: &Exchange,
-    request_id: &str,
-    extra: &[(String, String)],
+    up: &ResponseHeader,
+    status: u16,
+    content_type: Option<&str>,
+    content_length: Option<usize>,
+    reply: &Reply<'_>,
 ) -> Option<Box<ResponseHeader>> {
-    let up = ex.header()?;
-    let mut h = ResponseHeader::build(up.status, Some(up.headers.len() + 4)).ok()?;
+    let mut h = ResponseHeader::build(status, Some(up.headers.len() + 4)).ok()?;
     for (name, value) in up.headers.iter() {
-        if !drop_response_header(name.as_str()) {
+        let replaced = content_type.is_some() && name == http::header::CONTENT_TYPE;
+        if !drop_response_header(name.as_str()) && !replaced {
             h.append_header(name.clone(), value.clone()).ok()?;
         }
     }
-    h.insert_header("x-request-id", request_id).ok()?;
-    for (k, v) in extra {
+    if let Some(ct) = content_type {
+        h.insert_header("content-type", ct).ok()?;
+    }
+    if let Some(n) = content_length {
+        h.insert_header("content-length", n.to_string()).ok()?;
+    }
+    h.insert_header("x-request-id", reply.request_id).ok()?;
+    for (k, v) in reply.extra_headers {
         h.insert_header(k.clone(), v.as_str()).ok()?;
     }
     Some(Box::new(h))
 }
 
-fn is_event_stream(ex: &Exchange) -> bool {
+fn content_type(ex: &Exchange) -> Option<&str> {
     ex.header()
         .and_then(|h| h.headers.get(http::header::CONTENT_TYPE))
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"))
-}
-
-fn is_json(ex: &Exchange) -> bool {
-    ex.header()
-        .and_then(|h| h.headers.get(http::header::CONTENT_TYPE))
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("json"))
-}
-
-/// An SSE error event in the client's style, sent when the provider fails mid-stream so the
-/// client sees an error rather than a silently short answer.
-fn stream_error_frame(style_b: bool) -> Bytes {
-    if style_b {
-        Bytes::from_static(
-            b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"The upstream stream was interrupted.\"}}\n\n",
-        )
-    } else {
-        Bytes::from_static(
-            b"data: {\"error\":{\"message\":\"The upstream stream was interrupted.\",\"type\":\"server_error\",\"code\":\"upstream_error\"}}\n\n",
-        )
-    }
 }
 
 /// How the answer to the client is dressed: its request id, its error style, extra headers
@@ -253,80 +269,45 @@ pub async fn forward(
     state: &SharedState,
     session: &mut Session,
     adm: &Admitted,
-    targets: &[Target],
+    attempts: &Attempts,
     flight: &mut InFlight,
     reply: &Reply<'_>,
 ) -> Result<Outcome, ApiError> {
-    if targets.is_empty() {
+    if attempts.targets.is_empty() {
         return Err(ApiError::RoutingUnavailable);
     }
-    let (mut ex, target) = connect(state, session, adm, targets).await?;
+    let (mut ex, target, crossing) = connect(state, session, adm, attempts).await?;
     flight.event.deployment = Some(target.label());
-    let status = ex.status();
-    let Some(header) = client_header(&ex, reply.request_id, reply.extra_headers) else {
-        state.upstreams.abort(ex).await;
-        return Err(ApiError::ServerError);
-    };
-    let sse = is_event_stream(&ex);
-    let kind = stream_kind(adm.endpoint);
-    let drop_usage_only = sse
-        && adm.endpoint == Endpoint::ChatCompletions
-        && target.provider.style == ProviderStyle::OpenAi
-        && !adm.client_wants_usage;
-    let mut parser = if sse { Some(SseParser::new()) } else { None };
-    if let (true, Some(k)) = (sse, kind) {
-        flight.tracker = Some(StreamUsageTracker::new(k));
-    }
-    let keep_json_copy = !sse && is_json(&ex) && status < 400;
-    let mut json_copy: Vec<u8> = Vec::new();
+    let mut status = ex.status();
+    let client = ClientSide::of(adm, reply.style_b);
+    let mut shaper = Shaper::new(crossing, client, status, content_type(&ex));
+    flight.tracker = shaper.tracker();
 
     session.as_downstream_mut().set_abort_on_close(true);
-    if session.write_response_header(header, false).await.is_err() {
-        state.upstreams.abort(ex).await;
-        return Ok(Outcome {
-            status,
-            reason: Reason::ClientDisconnect,
-            error_code: None,
-        });
+    if !shaper.holds_header() {
+        let header = ex
+            .header()
+            .and_then(|up| client_header(up, status, shaper.content_type(), None, reply));
+        let Some(header) = header else {
+            state.upstreams.abort(ex).await;
+            return Err(ApiError::ServerError);
+        };
+        if session.write_response_header(header, false).await.is_err() {
+            state.upstreams.abort(ex).await;
+            return Ok(Outcome {
+                status,
+                reason: Reason::ClientDisconnect,
+                error_code: None,
+            });
+        }
+        flight.mark_first_byte();
     }
-    flight.mark_first_byte();
 
     let reason = loop {
         tokio::select! {
             chunk = ex.next_chunk() => match chunk {
                 Ok(Some(bytes)) => {
-                    let out = match parser.as_mut() {
-                        Some(p) => {
-                            let events = p.feed(&bytes);
-                            if drop_usage_only {
-                                let mut keep = bytes::BytesMut::with_capacity(bytes.len());
-                                for ev in &events {
-                                    let verdict = flight
-                                        .tracker
-                                        .as_mut()
-                                        .map(|t| t.observe(ev))
-                                        .unwrap_or(EventVerdict::Forward);
-                                    if verdict == EventVerdict::Forward {
-                                        keep.extend_from_slice(&ev.raw);
-                                    }
-                                }
-                                keep.freeze()
-                            } else {
-                                if let Some(t) = flight.tracker.as_mut() {
-                                    for ev in &events {
-                                        t.observe(ev);
-                                    }
-                                }
-                                bytes
-                            }
-                        }
-                        None => {
-                            if keep_json_copy && json_copy.len() + bytes.len() <= USAGE_COPY_LIMIT {
-                                json_copy.extend_from_slice(&bytes);
-                            }
-                            bytes
-                        }
-                    };
+                    let out = shaper.feed(bytes, flight.tracker.as_mut());
                     if !out.is_empty() {
                         flight.output_started = true;
                         if session.write_response_body(Some(out), false).await.is_err() {
@@ -348,29 +329,36 @@ pub async fn forward(
         }
     };
 
-    // A stream that ended without a final blank line still owes the client its last bytes.
-    if let Some(ev) = parser.as_mut().and_then(|p| p.finish()) {
-        let verdict = flight
-            .tracker
-            .as_mut()
-            .map(|t| t.observe(&ev))
-            .unwrap_or(EventVerdict::Forward);
-        let forward_tail = drop_usage_only && verdict == EventVerdict::Forward;
-        if reason == Reason::Complete && forward_tail {
-            let _ = session
-                .write_response_body(Some(ev.raw.clone()), false)
-                .await;
+    // What the client is still owed: the held answer whole, or the end of the stream.
+    let client_here = reason != Reason::ClientDisconnect;
+    if shaper.holds_header() && client_here {
+        let (client_status, body) = shaper.whole(reason);
+        status = client_status;
+        let header = ex.header().and_then(|up| {
+            client_header(up, status, shaper.content_type(), Some(body.len()), reply)
+        });
+        if let Some(header) = header {
+            if session.write_response_header(header, false).await.is_ok() {
+                flight.mark_first_byte();
+                flight.output_started = true;
+                let _ = session.write_response_body(Some(body), false).await;
+            }
+        }
+    } else if !shaper.holds_header() {
+        let tail = shaper.end(reason, flight.tracker.as_mut());
+        if client_here && !tail.is_empty() {
+            let _ = session.write_response_body(Some(tail), false).await;
         }
     }
-    if let Some(t) = &flight.tracker {
-        if let Some(u) = t.usage() {
-            flight.provider_usage = Some(u);
-        }
-    } else if keep_json_copy {
-        flight.provider_usage = usage_from_body(kind.unwrap_or(StreamKind::OpenAiChat), &json_copy);
+
+    if let Some(u) = flight.tracker.as_ref().and_then(|t| t.usage()) {
+        flight.provider_usage = Some(u);
+    } else if let Some(body) = shaper.provider_body() {
+        let kind = shaper.usage_kind().unwrap_or(StreamKind::OpenAiChat);
+        flight.provider_usage = usage_from_body(kind, body);
         if flight.provider_usage.is_none() && adm.endpoint.generates() {
             // No usage in the body: count the answer's text as delivered output.
-            let text = String::from_utf8_lossy(&json_copy);
+            let text = String::from_utf8_lossy(body);
             flight.counted_output = Some(state.tokens.count(&text));
         }
     }
@@ -388,15 +376,12 @@ pub async fn forward(
         Reason::UpstreamError => {
             state.upstreams.abort(ex).await;
             state.routing.cool_down(&target);
-            if sse {
-                let _ = session
-                    .write_response_body(Some(stream_error_frame(reply.style_b)), false)
-                    .await;
-                let _ = session.write_response_body(None, true).await;
-            } else {
+            if shaper.is_plain() {
                 // A cut plain body cannot be marked as failed in-band: close the connection so
                 // the client sees the truncation.
                 session.as_downstream_mut().shutdown().await;
+            } else {
+                let _ = session.write_response_body(None, true).await;
             }
             (Reason::UpstreamError, Some("upstream_error"))
         }

@@ -1,8 +1,10 @@
 //! The developer API: a Pingora `ProxyHttp` service. This file is the table of contents of one
 //! request's walk; each step lives in its own module:
 //!
-//! `route` (surface, aliases) → `pipeline` (checks 1–8) → quota reserve (check 9) →
-//! `routing` (deployment) → `forward` (exchange, streaming) → `settle` (exactly once).
+//! `route` (surface, aliases) → `pipeline` (checks 1–8) → `routing` (deployments) and `shape`
+//! (the request translated for deployments of the other style) → quota reserve (check 9) →
+//! `forward` (exchange, streaming, answers shaped into the client's style) → `settle` (exactly
+//! once).
 //!
 //! Everything happens in `request_filter`, which answers the request itself and returns
 //! `Ok(true)`: the body has to be read before routing (the model is in it), and Pingora 0.9
@@ -17,6 +19,7 @@ pub mod respond;
 pub mod route;
 pub mod routing;
 pub mod settle;
+pub mod shape;
 pub mod sse;
 pub mod tokens;
 pub mod upstream;
@@ -232,13 +235,13 @@ impl DevApi {
                 self.answer_locally(session, ctx, &cfg, &adm, &identity, &mut flight)
                     .await
             }
-            Plan::Forward(targets) => {
+            Plan::Forward(attempts) => {
                 let reply = forward::Reply {
                     request_id: &ctx.request_id,
                     style_b,
                     extra_headers: &ctx.rate_headers,
                 };
-                forward::forward(&self.state, session, &adm, &targets, &mut flight, &reply).await
+                forward::forward(&self.state, session, &adm, &attempts, &mut flight, &reply).await
             }
         };
         match result {
@@ -261,7 +264,9 @@ impl DevApi {
         }
     }
 
-    /// Decides whether the gateway answers itself or which deployments to try.
+    /// Decides whether the gateway answers itself or which deployments to try. A chat request
+    /// for an Anthropic-style model and a messages request for an OpenAI-style model are served
+    /// by translation; the translation runs here, before anything is reserved.
     fn targets(&self, cfg: &crate::config::Config, adm: &Admitted) -> Result<Plan, ApiError> {
         use crate::config::ProviderStyle;
         match adm.endpoint {
@@ -273,11 +278,14 @@ impl DevApi {
                     cfg.tools.web_fetch.as_ref()
                 };
                 let provider = provider.ok_or(ApiError::EndpointNotEnabled)?;
-                let t = self.state.routing.plan_tool(provider);
-                if t.is_empty() {
+                let targets = self.state.routing.plan_tool(provider);
+                if targets.is_empty() {
                     return Err(ApiError::RoutingUnavailable);
                 }
-                Ok(Plan::Forward(t))
+                Ok(Plan::Forward(forward::Attempts {
+                    targets,
+                    translated: None,
+                }))
             }
             endpoint => {
                 let model = adm.model.as_ref().ok_or(ApiError::ServerError)?;
@@ -285,17 +293,29 @@ impl DevApi {
                 if endpoint == Endpoint::CountTokens && style != ProviderStyle::Anthropic {
                     return Ok(Plan::Local);
                 }
-                if !local::endpoints_for(style).contains(&endpoint) || crossing(endpoint, style) {
+                if !local::endpoints_for(style).contains(&endpoint) {
                     return Err(ApiError::invalid(
                         "unsupported_endpoint",
                         format!("Model {:?} does not support {}.", model.id, endpoint.path()),
                     ));
                 }
-                let t = self.state.routing.plan(model);
-                if t.is_empty() {
+                // A model may mix provider styles; keep the deployments that can serve this
+                // endpoint, natively or by translation.
+                let targets: Vec<routing::Target> = self
+                    .state
+                    .routing
+                    .plan(model)
+                    .into_iter()
+                    .filter(|t| shape::Crossing::of(endpoint, t.provider.style).is_some())
+                    .collect();
+                if targets.is_empty() {
                     return Err(ApiError::RoutingUnavailable);
                 }
-                Ok(Plan::Forward(t))
+                let translated = shape::translate_request(adm, &targets)?;
+                Ok(Plan::Forward(forward::Attempts {
+                    targets,
+                    translated,
+                }))
             }
         }
     }
@@ -334,17 +354,7 @@ impl DevApi {
     }
 }
 
-/// True when the endpoint's style differs from the provider's: served by translation.
-fn crossing(endpoint: Endpoint, style: crate::config::ProviderStyle) -> bool {
-    use crate::config::ProviderStyle;
-    matches!(
-        (endpoint, style),
-        (Endpoint::Messages, ProviderStyle::OpenAi)
-            | (Endpoint::ChatCompletions, ProviderStyle::Anthropic)
-    )
-}
-
 enum Plan {
     Local,
-    Forward(Vec<routing::Target>),
+    Forward(forward::Attempts),
 }
