@@ -147,8 +147,32 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     };
     cfg.server.admin_listen = admin_listen.clone();
     let config_path = cfg.path.clone();
+    let upgrade_sock = cfg.server.upgrade_sock.clone();
+    let pid_file = cfg.server.pid_file.clone();
+    for p in [&upgrade_sock, &pid_file] {
+        if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+    }
     crate::metrics::init();
     let threads = cfg.server.threads;
+    let conf = ServerConf {
+        threads,
+        grace_period_seconds: Some(drain.as_secs().max(1)),
+        graceful_shutdown_timeout_seconds: Some(1),
+        upgrade_sock: upgrade_sock.display().to_string(),
+        pid_file: pid_file.display().to_string(),
+        ..ServerConf::default()
+    };
+    let opt = Opt {
+        upgrade: std::env::var("GATEWAY_UPGRADE").is_ok_and(|v| v == "1"),
+        ..Opt::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
+    // Take the listeners over first (a graceful upgrade hands them to us within seconds);
+    // building the state (database, tokenizer) can take longer than the old process waits.
+    server.bootstrap();
     let state = build_state(cfg, &rt)?;
 
     // The account service, on a private socket served by the storage runtime.
@@ -166,27 +190,6 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
             }
         });
     }
-
-    let conf = ServerConf {
-        threads,
-        grace_period_seconds: Some(drain.as_secs().max(1)),
-        graceful_shutdown_timeout_seconds: Some(1),
-        upgrade_sock: std::env::temp_dir()
-            .join("gateway_upgrade.sock")
-            .display()
-            .to_string(),
-        pid_file: std::env::temp_dir()
-            .join("gateway.pid")
-            .display()
-            .to_string(),
-        ..ServerConf::default()
-    };
-    let opt = Opt {
-        upgrade: std::env::var("GATEWAY_UPGRADE").is_ok_and(|v| v == "1"),
-        ..Opt::default()
-    };
-    let mut server = Server::new_with_opt_and_conf(opt, conf);
-    server.bootstrap();
 
     let mut api = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,

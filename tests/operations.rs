@@ -226,3 +226,127 @@ async fn idle_gateway_stops_at_once() {
     assert!(gw.terminate());
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
 }
+
+/// Pingora's graceful upgrade: a new process takes both listeners over (SIGQUIT to the old one),
+/// the old one finishes its streams and exits; no request is refused.
+#[tokio::test]
+async fn graceful_upgrade_hands_over_both_listeners() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mock = Mock::start(&["--chunks", "10", "--chunk-delay-ms", "100"]);
+    let mut old = Gateway::start(&mock, Options::default());
+    let key = old.user_with_key("upgrade@example.com", &[]);
+    // The new process must bind the very same addresses.
+    let text = std::fs::read_to_string(&old.config_path).unwrap();
+    let text = text
+        .replace(
+            "api_listen = \"127.0.0.1:0\"",
+            &format!("api_listen = \"{}\"", old.api.trim_start_matches("http://")),
+        )
+        .replace(
+            "site_listen = \"127.0.0.1:0\"",
+            &format!(
+                "site_listen = \"{}\"",
+                old.site.trim_start_matches("http://")
+            ),
+        );
+    std::fs::write(&old.config_path, text).unwrap();
+
+    let mut s = chat("mock-gpt");
+    s["stream"] = json!(true);
+    let stream = tokio::spawn({
+        let url = old.url("/v1/chat/completions");
+        let key = key.clone();
+        async move {
+            client()
+                .post(url)
+                .bearer_auth(key)
+                .json(&s)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
+    cmd.arg("--config")
+        .arg(&old.config_path)
+        .arg("serve")
+        .env("GATEWAY_UPGRADE", "1")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(
+            std::fs::File::create(old.dir.path().join("new.log")).unwrap(),
+        ));
+    for (k, v) in &old.env {
+        cmd.env(k, v);
+    }
+    let mut new = cmd.spawn().unwrap();
+    let out = new.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if line.starts_with("gateway listening") {
+                let _ = tx.send(line);
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let old_pid = std::process::Command::new("pgrep")
+        .args(["-f", "-o", old.config_path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let old_pid = String::from_utf8_lossy(&old_pid.stdout).trim().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-QUIT", &old_pid])
+        .status()
+        .unwrap()
+        .success());
+    let line = rx
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|e| {
+            panic!(
+                "new process did not take over ({e}): {}",
+                std::fs::read_to_string(old.dir.path().join("new.log")).unwrap_or_default()
+            )
+        });
+    assert!(
+        line.contains(old.api.trim_start_matches("http://")),
+        "{line}"
+    );
+
+    // The in-flight stream on the old process completes.
+    let text = stream.await.unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    // New requests are served (by the new process) on the same addresses, both listeners.
+    for _ in 0..5 {
+        let r = client()
+            .post(old.url("/v1/chat/completions"))
+            .bearer_auth(&key)
+            .json(&chat("mock-gpt"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let r = client()
+        .get(old.site_url("/api/auth/config"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // The old process exits by itself once drained.
+    let exited = tokio::task::spawn_blocking(move || {
+        let ok = old.terminate();
+        (ok, old)
+    })
+    .await
+    .unwrap();
+    let _ = exited;
+    let _ = new.kill();
+    let _ = new.wait();
+}

@@ -54,6 +54,11 @@ pub struct ServerFile {
     pub shutdown_drain_seconds: Option<u64>,
     /// One JSON line per developer request on stderr (default true).
     pub access_log: Option<bool>,
+    /// Unix socket through which a new process takes the listeners over in a graceful upgrade
+    /// (default `<secrets.dir>/upgrade.sock`).
+    pub upgrade_sock: Option<String>,
+    /// Pid file (default `<secrets.dir>/gateway.pid`).
+    pub pid_file: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -180,6 +185,8 @@ pub struct PaymentFile {
     pub code_prefix: Option<String>,
     pub max_pending_orders: Option<u32>,
     pub order_ttl_minutes: Option<u64>,
+    /// Overrides `order_ttl_minutes` with a finer unit (tests, short-lived checkout flows).
+    pub order_ttl_seconds: Option<u64>,
     pub lot_days: Option<u64>,
     pub token_price_vnd_per_million: Option<u64>,
     pub request_price_vnd_per_thousand: Option<u64>,

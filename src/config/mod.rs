@@ -107,6 +107,8 @@ pub struct ServerConfig {
     pub threads: usize,
     pub shutdown_drain: Duration,
     pub access_log: bool,
+    pub upgrade_sock: PathBuf,
+    pub pid_file: PathBuf,
 }
 
 #[derive(Debug, Clone)]
@@ -446,6 +448,7 @@ impl Config {
 
     fn validate(c: &Checker, path: &Path, f: FileConfig) -> Result<Config, ConfigError> {
         // [server]
+        let secrets_dir = f.secrets.dir.clone().unwrap_or_else(|| "data".into());
         let api_listen = f
             .server
             .api_listen
@@ -494,6 +497,16 @@ impl Config {
             threads,
             shutdown_drain: Duration::from_secs(f.server.shutdown_drain_seconds.unwrap_or(10)),
             access_log: f.server.access_log.unwrap_or(true),
+            upgrade_sock: PathBuf::from(
+                f.server
+                    .upgrade_sock
+                    .unwrap_or_else(|| format!("{secrets_dir}/upgrade.sock")),
+            ),
+            pid_file: PathBuf::from(
+                f.server
+                    .pid_file
+                    .unwrap_or_else(|| format!("{secrets_dir}/gateway.pid")),
+            ),
         };
 
         // [storage]
@@ -820,7 +833,10 @@ impl Config {
             webhook_provider,
             code_prefix,
             max_pending_orders: f.payment.max_pending_orders.unwrap_or(3).max(1),
-            order_ttl: Duration::from_secs(60 * f.payment.order_ttl_minutes.unwrap_or(60).max(1)),
+            order_ttl: match f.payment.order_ttl_seconds {
+                Some(secs) => Duration::from_secs(secs.max(1)),
+                None => Duration::from_secs(60 * f.payment.order_ttl_minutes.unwrap_or(60).max(1)),
+            },
             lot_days: f.payment.lot_days.unwrap_or(30).max(1),
             token_price_vnd_per_million: f.payment.token_price_vnd_per_million,
             request_price_vnd_per_thousand: f.payment.request_price_vnd_per_thousand,
