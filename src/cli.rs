@@ -46,6 +46,35 @@ pub enum Command {
     /// Configuration tools.
     #[command(subcommand)]
     Config(ConfigCmd),
+    /// Payment reconciliation.
+    #[command(subcommand)]
+    Payment(PaymentCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PaymentCmd {
+    /// Webhook transactions waiting for an operator (default: unmatched and amount_mismatch).
+    List {
+        /// unmatched, amount_mismatch, matched, ignored or credited.
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Credit a transaction to an order by hand: the order becomes paid and its lot is granted,
+    /// once; who, when and why go to the audit table.
+    Credit {
+        #[arg(long)]
+        transaction: String,
+        #[arg(long)]
+        order: String,
+        /// Why (kept in the audit table).
+        #[arg(long, default_value = "manual reconciliation")]
+        reason: String,
+        /// Who (kept in the audit table); default: $USER.
+        #[arg(long)]
+        actor: Option<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -221,9 +250,74 @@ pub fn run_admin(cfg: &Config, command: Command) -> Result<Value, String> {
                     .map_err(db_error)?;
                 Ok(crate::views::lot_json(&lot))
             }
+            Command::Payment(cmd) => payment_command(cfg, &db, cmd).await,
             Command::Serve | Command::Config(_) => Err("not an admin command".into()),
         }
     })
+}
+
+/// Statuses `payment list` accepts.
+const LISTABLE: [&str; 5] = [
+    "unmatched",
+    "amount_mismatch",
+    "matched",
+    "ignored",
+    "credited",
+];
+
+async fn payment_command(cfg: &Config, db: &Db, cmd: PaymentCmd) -> Result<Value, String> {
+    use crate::site::payment::{order_json, transaction_json};
+    use crate::storage::payments::CREDITABLE;
+    let store = db.payments();
+    match cmd {
+        PaymentCmd::List { status, limit } => {
+            let statuses: Vec<&str> = match status.as_deref() {
+                None => CREDITABLE.to_vec(),
+                Some(s) => vec![LISTABLE.iter().copied().find(|l| *l == s).ok_or_else(|| {
+                    format!("--status must be one of {}, got {s:?}", LISTABLE.join(", "))
+                })?],
+            };
+            let txs = store
+                .transactions(&statuses, i64::from(limit.max(1)))
+                .await
+                .map_err(db_error)?;
+            Ok(json!({
+                "ok": true,
+                "statuses": statuses,
+                "transactions": txs.iter().map(transaction_json).collect::<Vec<_>>(),
+            }))
+        }
+        PaymentCmd::Credit {
+            transaction,
+            order,
+            reason,
+            actor,
+        } => {
+            let actor = actor
+                .or_else(|| std::env::var("USER").ok())
+                .or_else(|| std::env::var("LOGNAME").ok())
+                .filter(|a| !a.trim().is_empty())
+                .unwrap_or_else(|| "operator".into());
+            if reason.trim().is_empty() {
+                return Err("--reason must not be empty".into());
+            }
+            let credit = store
+                .credit(&transaction, &order, &actor, &reason, cfg.payment.lot_days)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(json!({
+                "ok": true,
+                "order": order_json(&credit.order, &cfg.payment, crate::util::now_ms()),
+                "transaction": transaction_json(&credit.transaction),
+                "lot": crate::views::lot_json(&credit.lot),
+                "audit": {
+                    "id": credit.audit_id,
+                    "actor": actor,
+                    "reason": reason,
+                },
+            }))
+        }
+    }
 }
 
 async fn user_command(cfg: &Config, db: &Db, cmd: UserCmd) -> Result<Value, String> {

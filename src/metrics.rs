@@ -13,7 +13,9 @@ pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
 #[allow(clippy::expect_used)]
 fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter definition");
-    let _ = REGISTRY.register(Box::new(c.clone()));
+    if let Err(e) = REGISTRY.register(Box::new(c.clone())) {
+        log::error!("metric {name}: {e}");
+    }
     c
 }
 
@@ -137,6 +139,11 @@ mod tests {
     fn every_family_renders() {
         super::init();
         super::config_reload("ok");
+        // Families with labels appear once a series exists.
+        super::REQUESTS
+            .with_label_values(&["chat_completions", "m", "200", ""])
+            .inc();
+        super::LATENCY.with_label_values(&["chat_completions"]).observe(0.01);
         let text = super::render();
         for name in [
             "gateway_requests_total",
@@ -144,7 +151,7 @@ mod tests {
             "gateway_reservations_in_flight",
             "gateway_config_reloads_total",
         ] {
-            assert!(text.contains(name), "{name} missing");
+            assert!(text.contains(name), "{name} missing in {text}");
         }
     }
 }

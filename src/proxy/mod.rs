@@ -244,6 +244,10 @@ impl DevApi {
                 forward::forward(&self.state, session, &adm, &attempts, &mut flight, &reply).await
             }
         };
+        if endpoint == Endpoint::CountTokens {
+            // Whatever the provider's count answer looks like, counting costs no tokens.
+            flight.provider_usage = Some(Default::default());
+        }
         match result {
             Ok(outcome) => {
                 ctx.status = outcome.status;

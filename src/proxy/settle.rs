@@ -136,10 +136,10 @@ impl InFlight {
     /// saw the request) and the tokenizer's count of what was delivered for output.
     fn final_usage(&self) -> Usage {
         if let Some(u) = self.provider_usage {
-            return u;
+            return self.at_least_delivered(u);
         }
         if let Some(u) = self.tracker.as_ref().and_then(|t| t.usage()) {
-            return u;
+            return self.at_least_delivered(u);
         }
         let output = match (&self.tracker, self.counted_output) {
             (_, Some(n)) => n,
@@ -155,6 +155,20 @@ impl InFlight {
             output_tokens: output,
             ..Usage::default()
         }
+    }
+}
+
+impl InFlight {
+    /// A stream that never reached its end reports only early usage (Anthropic's
+    /// `message_start` says 1 output token): charge at least what was actually delivered.
+    fn at_least_delivered(&self, mut u: Usage) -> Usage {
+        if let Some(t) = &self.tracker {
+            if !t.saw_terminal() && !t.delivered_text().is_empty() {
+                let counted = self.state.tokens.count(t.delivered_text());
+                u.output_tokens = u.output_tokens.max(counted);
+            }
+        }
+        u
     }
 }
 

@@ -136,9 +136,12 @@ impl TokenCounter {
 /// trusted, so a hostile `-1` or `1e300` cannot turn into a huge reservation.
 pub fn requested_output(body: &Value) -> Option<u64> {
     let obj = body.as_object()?;
+    // The largest of the fields: a provider may honour any of them, so checking only the first
+    // would let `max_tokens: 10, max_completion_tokens: 100000` slip past the output limits.
     ["max_tokens", "max_completion_tokens", "max_output_tokens"]
         .iter()
-        .find_map(|key| obj.get(*key).and_then(non_negative_integer))
+        .filter_map(|key| obj.get(*key).and_then(non_negative_integer))
+        .max()
 }
 
 fn non_negative_integer(v: &Value) -> Option<u64> {
@@ -803,11 +806,11 @@ mod tests {
     }
 
     #[test]
-    fn requested_output_picks_first_valid() {
+    fn requested_output_takes_the_largest_valid_field() {
         assert_eq!(requested_output(&json!({"max_tokens": 100})), Some(100));
         assert_eq!(
             requested_output(&json!({"max_completion_tokens": 7, "max_output_tokens": 9})),
-            Some(7)
+            Some(9)
         );
         assert_eq!(requested_output(&json!({"max_output_tokens": 9})), Some(9));
         assert_eq!(
@@ -817,6 +820,10 @@ mod tests {
         assert_eq!(
             requested_output(&json!({"max_tokens": null, "max_completion_tokens": 5})),
             Some(5)
+        );
+        assert_eq!(
+            requested_output(&json!({"max_tokens": 10, "max_completion_tokens": 100000})),
+            Some(100000)
         );
         assert_eq!(requested_output(&json!({"max_tokens": 12.0})), Some(12));
         assert_eq!(requested_output(&json!({"max_tokens": 12.5})), None);

@@ -4,9 +4,11 @@
 
 pub mod auth;
 pub mod captcha;
+pub mod content;
 pub mod csrf;
 pub mod error;
 pub mod mail;
+pub mod payment;
 pub mod session;
 pub mod twofactor;
 
@@ -27,6 +29,8 @@ pub fn router(state: SharedState) -> Router {
             get(|| async { Json(serde_json::json!({"ok": true})) }),
         )
         .nest("/api/auth", auth::router())
+        .nest("/api/payment", payment::router())
+        .nest("/api/content", content::router())
         .fallback(|| async { SiteError::NotFound.into_response() })
         .with_state(state)
 }
@@ -41,5 +45,6 @@ pub async fn serve_uds(state: SharedState, path: &Path) -> std::io::Result<()> {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     }
     tokio::spawn(auth::purge_loop(state.clone()));
+    tokio::spawn(payment::expire_loop(state.clone()));
     axum::serve(listener, router(state)).await
 }

@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod keys;
+pub mod payments;
 pub mod quota;
 pub mod usage;
 pub mod users;
@@ -141,6 +142,10 @@ impl Db {
 
     pub fn keys(&self) -> KeyStore<'_> {
         KeyStore { db: self }
+    }
+
+    pub fn payments(&self) -> payments::PaymentStore<'_> {
+        payments::PaymentStore { db: self }
     }
 
     pub fn quota(&self) -> quota::QuotaStore<'_> {

@@ -206,7 +206,7 @@ style = "openai"
 base_url = "{mock}"
 api_key_env = "MOCK_OPENAI_KEY"
 cooldown_seconds = 2
-first_byte_timeout_ms = 1500
+first_byte_timeout_ms = 10000
 
 [[providers]]
 name = "mock-anthropic"
@@ -214,7 +214,7 @@ style = "anthropic"
 base_url = "{mock}"
 api_key_env = "MOCK_ANTHROPIC_KEY"
 cooldown_seconds = 2
-first_byte_timeout_ms = 1500
+first_byte_timeout_ms = 10000
 
 [[models]]
 id = "mock-gpt"
@@ -514,7 +514,12 @@ impl Drop for Gateway {
             if let Some((base, name)) = self.database_url.rsplit_once('/') {
                 let admin = format!("{base}/test");
                 let _ = Command::new("psql")
-                    .args([&admin, "-q", "-c", &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")])
+                    .args([
+                        &admin,
+                        "-q",
+                        "-c",
+                        &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+                    ])
                     .output();
             }
         }
