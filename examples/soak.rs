@@ -434,8 +434,13 @@ upstream_model = "slow"
     use sqlx::Row;
     let row = sqlx::query("SELECT CAST(COUNT(*) AS BIGINT) AS n, CAST(COALESCE(SUM(input_tokens + output_tokens), 0) AS BIGINT) AS t FROM usage_events WHERE endpoint <> 'count_tokens'")
         .fetch_one(&db.pool).await.expect("count");
-    let events: i64 = row.get("n");
+    let all_events: i64 = row.get("n");
     let used: i64 = row.get("t");
+    // Requests no provider answered (connect errors, first-byte timeouts) are recorded too, as
+    // `unrouted` with zero tokens; the mock does not count them as served.
+    let row = sqlx::query("SELECT CAST(COUNT(*) AS BIGINT) AS n FROM usage_events WHERE endpoint <> 'count_tokens' AND settlement NOT LIKE '%unrouted'")
+        .fetch_one(&db.pool).await.expect("count");
+    let events: i64 = row.get("n");
     let row = sqlx::query("SELECT CAST(COALESCE(SUM(allowance_tokens + lot_tokens), 0) AS BIGINT) AS s, CAST(COALESCE(SUM(lot_tokens), 0) AS BIGINT) AS l FROM quota_spend")
         .fetch_one(&db.pool).await.expect("spend");
     let spent: i64 = row.get("s");
@@ -466,7 +471,7 @@ upstream_model = "slow"
         tally.disconnects.load(Ordering::Relaxed)
     );
     println!("| model requests the mock served | {mock_served} |");
-    println!("| usage records | {events} |");
+    println!("| usage records (all / answered by a provider) | {all_events} / {events} |");
     println!("| reservations open (metrics / Redis) | {in_flight} / {open_res} |");
     println!("| tokens recorded / tokens spent (quota_spend) | {used} / {spent} |");
     println!("| lot: amount − spent from lots = remaining | {lot_amount} − {lot_spent} = {} (db: {remaining}) |", lot_amount as i64 - lot_spent);
