@@ -8,6 +8,7 @@ pub mod content;
 pub mod csrf;
 pub mod error;
 pub mod mail;
+pub mod panel;
 pub mod payment;
 pub mod session;
 pub mod twofactor;
@@ -31,6 +32,7 @@ pub fn router(state: SharedState) -> Router {
         .nest("/api/auth", auth::router())
         .nest("/api/payment", payment::router())
         .nest("/api/content", content::router())
+        .merge(panel::router())
         .fallback(|| async { SiteError::NotFound.into_response() })
         .with_state(state)
 }

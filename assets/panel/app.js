@@ -1,0 +1,585 @@
+// The gateway web panel: one ES module, no build step, no third-party hosts. It renders the
+// page for location.pathname from the account, auth, payment and content APIs. Every mutation
+// is same-origin (the browser sends Origin) and carries the session's CSRF token.
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+const main = document.getElementById('main');
+const statusEl = document.getElementById('status');
+let csrf = null;
+let session = null;
+
+class ApiError extends Error {
+  constructor(code, status) {
+    super(code);
+    this.code = code;
+    this.status = status;
+  }
+}
+
+const MESSAGES = {
+  terms_required: 'Please accept the terms first.',
+  captcha_required: 'Please complete the captcha.',
+  captcha_failed: 'The captcha check failed; try again.',
+  invalid_email: 'That email address does not look right.',
+  invalid_code: 'That code is not valid.',
+  code_expired: 'That code has expired; ask for a new one.',
+  too_many_attempts: 'Too many attempts; ask for a new code.',
+  rate_limited: 'Too many requests; wait a moment.',
+  two_factor_code_required: 'Enter the code from your authenticator app.',
+  invalid_two_factor_code: 'That authenticator code is not valid.',
+  private_beta_only: 'The panel is in private beta for now.',
+  blocked_domain: 'This email domain cannot sign in.',
+  active_key_limit_reached: 'You already have the maximum number of active keys.',
+  too_many_pending_payment_orders: 'You have too many unpaid orders; pay or let one expire first.',
+  invalid_quantity: 'Enter a valid quantity.',
+  unauthorized: 'Your session has ended; sign in again.',
+};
+const explain = (e) => (e instanceof ApiError ? MESSAGES[e.code] || `Error: ${e.code}` : `Error: ${e.message}`);
+
+function say(msg) {
+  statusEl.textContent = msg;
+  clearTimeout(say.timer);
+  if (msg) say.timer = setTimeout(() => { statusEl.textContent = ''; }, 6000);
+}
+
+/** A fetch of the site's own API: JSON in and out, cookies and the CSRF token attached. */
+async function api(path, { method = 'GET', body } = {}) {
+  const headers = { accept: 'application/json' };
+  if (body !== undefined) headers['content-type'] = 'application/json';
+  if (method !== 'GET' && csrf) headers['x-csrf-token'] = csrf;
+  const resp = await fetch(path, {
+    method,
+    headers,
+    credentials: 'same-origin',
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  let data = null;
+  try { data = await resp.json(); } catch { data = null; }
+  if (!resp.ok || (data && data.ok === false)) {
+    const code = (data && data.code) || `http_${resp.status}`;
+    if (code === 'unauthorized' && !location.pathname.startsWith('/panel/signin')) {
+      location.replace('/panel/signin');
+    }
+    throw new ApiError(code, resp.status);
+  }
+  if (data && typeof data.csrfToken === 'string') csrf = data.csrfToken;
+  return data;
+}
+
+/** `el('p', {class: 'x'}, 'text', child)`: a DOM element, never HTML strings. */
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith('on')) node.addEventListener(k.slice(2), v);
+    else if (v === true) node.setAttribute(k, '');
+    else node.setAttribute(k, String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+function svgEl(tag, attrs = {}, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return node;
+}
+
+const fmt = (n) => (typeof n === 'number' ? n.toLocaleString('en-US') : '—');
+const short = (n) => {
+  if (typeof n !== 'number') return '—';
+  const units = [[1e12, 'T'], [1e9, 'B'], [1e6, 'M'], [1e3, 'k']];
+  for (const [v, s] of units) if (Math.abs(n) >= v) return `${+(n / v).toFixed(1)}${s}`;
+  return String(n);
+};
+const when = (iso) => (iso ? new Date(iso).toLocaleString('en-GB', { dateStyle: 'medium', timeStyle: 'short' }) : '—');
+const vnd = (n) => `${fmt(n)} ₫`;
+const badge = (s) => el('span', { class: `badge ${s}` }, s);
+
+function page(title, ...children) {
+  document.title = `${title} · Gateway panel`;
+  main.replaceChildren(el('h1', {}, title), ...children);
+}
+
+function table(caption, head, rows, numeric = []) {
+  if (!rows.length) return el('p', { class: 'muted' }, `No ${caption.toLowerCase()} yet.`);
+  return el('table', {},
+    el('caption', { class: 'muted small', hidden: true }, caption),
+    el('thead', {}, el('tr', {}, head.map((h, i) => el('th', { scope: 'col', class: numeric.includes(i) ? 'num' : null }, h)))),
+    el('tbody', {}, rows.map((r) => el('tr', {}, r.map((c, i) => el('td', { class: numeric.includes(i) ? 'num' : null }, c))))));
+}
+
+/** Asks the gateway for the QR code of `text` and puts the SVG in `box`. */
+async function drawQr(box, text, label) {
+  box.replaceChildren(el('p', { class: 'muted small' }, 'Drawing QR code…'));
+  const resp = await fetch('/panel/qr', {
+    method: 'POST',
+    credentials: 'same-origin',
+    headers: { 'content-type': 'application/json', 'x-csrf-token': csrf || '' },
+    body: JSON.stringify({ text }),
+  });
+  if (!resp.ok) {
+    box.replaceChildren(el('p', { class: 'error' }, 'The QR code could not be drawn.'));
+    return;
+  }
+  const doc = new DOMParser().parseFromString(await resp.text(), 'image/svg+xml');
+  const svg = document.importNode(doc.documentElement, true);
+  if (svg.nodeName.toLowerCase() !== 'svg') {
+    box.replaceChildren(el('p', { class: 'error' }, 'The QR code could not be drawn.'));
+    return;
+  }
+  svg.setAttribute('role', 'img');
+  svg.setAttribute('aria-label', label);
+  box.replaceChildren(svg);
+}
+
+async function copy(text) {
+  try {
+    await navigator.clipboard.writeText(text);
+    return true;
+  } catch {
+    const area = el('textarea', { readonly: true });
+    area.value = text;
+    document.body.append(area);
+    area.select();
+    const ok = document.execCommand('copy');
+    area.remove();
+    return ok;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sign-in
+
+async function signinPage() {
+  if (session) return location.replace('/panel/keys');
+  const config = await api('/api/auth/config').catch(() => ({}));
+  const captchaNeeded = Boolean(config.captchaRequired || config.captchaSiteKey);
+  const error = el('p', { class: 'error', role: 'alert' });
+  let email = '';
+
+  const emailInput = el('input', { type: 'email', id: 'email', name: 'email', required: true, autocomplete: 'email' });
+  const terms = el('input', { type: 'checkbox', id: 'terms', name: 'terms', required: true });
+  const captchaInput = el('input', { type: 'text', id: 'captcha', name: 'captcha', autocomplete: 'off' });
+  const captcha = captchaNeeded
+    ? el('div', { class: 'captcha', 'data-sitekey': config.captchaSiteKey || '' },
+      el('label', { for: 'captcha' }, 'Captcha'),
+      el('p', { class: 'muted small' }, 'Complete the captcha check (site key ', el('code', {}, config.captchaSiteKey || '—'), ').'),
+      captchaInput)
+    : null;
+  const requestForm = el('form', { id: 'request-form', novalidate: true },
+    el('label', { for: 'email' }, 'Email address'), emailInput,
+    el('label', { class: 'check' }, terms, el('span', {}, 'I accept the ', el('a', { href: '/panel/terms', target: '_blank' }, 'terms of service'), '.')),
+    captcha,
+    el('div', { class: 'row' }, el('button', { type: 'submit' }, 'Send me a sign-in code')));
+
+  const codeInput = el('input', { type: 'text', id: 'code', name: 'code', inputmode: 'numeric', autocomplete: 'one-time-code', pattern: '[0-9]{6}', maxlength: 6, required: true });
+  const tfaInput = el('input', { type: 'text', id: 'two-factor', name: 'twoFactorCode', inputmode: 'numeric', autocomplete: 'one-time-code', maxlength: 6 });
+  const tfaBox = el('div', { id: 'two-factor-box', hidden: true }, el('label', { for: 'two-factor' }, 'Authenticator code'), tfaInput);
+  const sentTo = el('strong');
+  const codeForm = el('form', { id: 'code-form', hidden: true, novalidate: true },
+    el('p', { class: 'notice', id: 'check-mail' }, 'Check your mail: we sent a 6-digit code to ', sentTo,
+      '. You can also open the sign-in link in that mail instead of typing the code.'),
+    el('label', { for: 'code' }, 'Sign-in code'), codeInput, tfaBox,
+    el('div', { class: 'row' },
+      el('button', { type: 'submit' }, 'Sign in'),
+      el('button', { type: 'button', class: 'secondary', id: 'resend' }, 'Send a new code'),
+      el('button', { type: 'button', class: 'link', id: 'change-email' }, 'Use another address')));
+
+  requestForm.addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    error.textContent = '';
+    email = emailInput.value.trim();
+    if (!email) { error.textContent = 'Enter your email address.'; return emailInput.focus(); }
+    if (!terms.checked) { error.textContent = MESSAGES.terms_required; return terms.focus(); }
+    const body = { email, acceptedTerms: true };
+    if (captchaNeeded) body.captchaToken = captchaInput.value.trim();
+    try {
+      await api('/api/auth/request-code', { method: 'POST', body });
+      sentTo.textContent = email;
+      requestForm.hidden = true;
+      codeForm.hidden = false;
+      codeInput.focus();
+      say('Code sent.');
+    } catch (e) { error.textContent = explain(e); }
+  });
+  codeForm.querySelector('#resend').addEventListener('click', async () => {
+    error.textContent = '';
+    const body = captchaNeeded ? { captchaToken: captchaInput.value.trim() } : {};
+    try { await api('/api/auth/resend-code', { method: 'POST', body }); say('A new code is on its way.'); } catch (e) { error.textContent = explain(e); }
+  });
+  codeForm.querySelector('#change-email').addEventListener('click', () => {
+    codeForm.hidden = true;
+    requestForm.hidden = false;
+    emailInput.focus();
+  });
+  codeForm.addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    error.textContent = '';
+    const body = { email, code: codeInput.value.trim() };
+    if (!tfaBox.hidden) body.twoFactorCode = tfaInput.value.trim();
+    try {
+      await api('/api/auth/verify-code', { method: 'POST', body });
+      say('Signed in.');
+      location.assign('/panel/keys');
+    } catch (e) {
+      if (e.code === 'two_factor_code_required' && tfaBox.hidden) {
+        tfaBox.hidden = false;
+        tfaInput.focus();
+      }
+      error.textContent = explain(e);
+    }
+  });
+
+  document.title = 'Sign in · Gateway panel';
+  main.replaceChildren(el('section', { class: 'card narrow', 'aria-labelledby': 'signin-h' },
+    el('h1', { id: 'signin-h' }, 'Sign in'),
+    el('p', { class: 'muted' }, 'No password: we email you a one-time code and link.'),
+    requestForm, codeForm, error));
+  emailInput.focus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Overview
+
+async function overviewPage() {
+  const p = await api('/api/account/profile');
+  const q = p.quota || {};
+  page('Account',
+    el('section', { class: 'card' },
+      el('h2', {}, 'Your plan'),
+      el('dl', { class: 'kv' },
+        el('dt', {}, 'Email'), el('dd', {}, session.user.email),
+        el('dt', {}, 'Tier'), el('dd', {}, q.effectiveTier || p.user.quotaTier || '—'),
+        el('dt', {}, 'Weekly tokens'), el('dd', {}, q.unlimited ? 'unlimited' : fmt(q.weeklyTokens)),
+        el('dt', {}, 'Two-factor'), el('dd', {}, p.user.twoFactorEnabled ? 'on' : 'off'),
+        el('dt', {}, 'Member since'), el('dd', {}, when(p.user.createdAt)))),
+    el('nav', { class: 'card', 'aria-label': 'Sections' },
+      el('div', { class: 'row' },
+        el('a', { href: '/panel/keys' }, 'API key →'), el('a', { href: '/panel/usage' }, 'Usage →'),
+        el('a', { href: '/panel/billing' }, 'Buy quota →'), el('a', { href: '/panel/security' }, 'Security →'))));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keys
+
+async function keysPage() {
+  const data = await api('/api/account/keys');
+  const keys = data.keys || [];
+  const reveal = el('div', { id: 'secret-box', 'aria-live': 'polite' });
+  const error = el('p', { class: 'error', role: 'alert' });
+  const active = keys.filter((k) => k.status === 'active');
+
+  const rotate = el('button', { type: 'button', id: 'rotate' }, active.length ? 'Rotate key' : 'Create key');
+  rotate.addEventListener('click', async () => {
+    error.textContent = '';
+    rotate.disabled = true;
+    try {
+      const r = await api('/api/account/keys', { method: 'POST', body: { rotate: true } });
+      await keysPage();
+      showSecret(r.secret);
+      say('New key created. Copy it now: it is shown only once.');
+    } catch (e) { error.textContent = explain(e); rotate.disabled = false; }
+  });
+
+  const rows = keys.map((k) => {
+    const revoke = k.status === 'active'
+      ? el('button', { type: 'button', class: 'danger', 'data-revoke': k.id, 'aria-label': `Revoke ${k.name}` }, 'Revoke')
+      : '';
+    if (revoke) {
+      revoke.addEventListener('click', async () => {
+        error.textContent = '';
+        try {
+          await api(`/api/account/keys/${encodeURIComponent(k.id)}`, { method: 'DELETE' });
+          say('Key revoked.');
+          await keysPage();
+        } catch (e) { error.textContent = explain(e); }
+      });
+    }
+    return [
+      el('span', {}, k.name, el('br'), el('span', { class: 'muted small mono' }, k.id)),
+      el('code', {}, `${k.keyPrefix}…${k.keySuffix}`),
+      badge(k.status),
+      (k.scopes || []).join(', '),
+      when(k.createdAt),
+      when(k.lastUsedAt),
+      revoke,
+    ];
+  });
+
+  page('API key',
+    el('section', { class: 'card' },
+      el('h2', {}, 'Global key'),
+      el('p', { class: 'muted' }, 'One key for every endpoint, drawing on your account quota. Rotating creates a new key and revokes the old one at once.'),
+      table('Keys', ['Name', 'Key', 'Status', 'Scopes', 'Created', 'Last used', ''], rows),
+      el('div', { class: 'row' }, rotate),
+      reveal, error));
+
+  function showSecret(secret) {
+    const box = document.getElementById('secret-box');
+    if (!box || !secret) return;
+    const copyBtn = el('button', { type: 'button', class: 'secondary', id: 'copy-secret' }, 'Copy');
+    copyBtn.addEventListener('click', async () => {
+      const ok = await copy(secret);
+      copyBtn.textContent = ok ? 'Copied' : 'Copy failed';
+      say(ok ? 'Key copied to the clipboard.' : 'Copy failed: select the key and copy it by hand.');
+    });
+    box.replaceChildren(el('div', { class: 'notice row' },
+      el('p', {}, el('strong', {}, 'Your new key. '), 'It is shown only this once: store it somewhere safe.'),
+      el('div', { class: 'secret' }, el('code', { id: 'new-secret' }, secret), copyBtn)));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Usage
+
+function usageChart(daily) {
+  const W = 760; const H = 260; const L = 56; const B = 28; const T = 12; const R = 8;
+  const max = Math.max(1, ...daily.map((d) => Math.max(d.inputTokens || 0, d.outputTokens || 0)));
+  const plotW = W - L - R; const plotH = H - T - B;
+  const slot = plotW / Math.max(1, daily.length);
+  const barW = Math.max(2, Math.min(28, (slot - 6) / 2));
+  const svg = svgEl('svg', { viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-labelledby': 'chart-title', id: 'usage-chart' });
+  svg.append(svgEl('title', { id: 'chart-title' }, 'Input and output tokens per day'));
+  for (let i = 0; i <= 4; i += 1) {
+    const y = T + plotH - (plotH * i) / 4;
+    svg.append(svgEl('line', { x1: L, x2: W - R, y1: y, y2: y, class: 'axis' }));
+    svg.append(svgEl('text', { x: L - 6, y: y + 4, 'text-anchor': 'end' }, short(Math.round((max * i) / 4))));
+  }
+  const every = Math.ceil(daily.length / 10);
+  daily.forEach((d, i) => {
+    const x0 = L + i * slot + (slot - 2 * barW) / 2;
+    for (const [j, key, cls] of [[0, 'inputTokens', 'in'], [1, 'outputTokens', 'out']]) {
+      const v = d[key] || 0;
+      const h = (plotH * v) / max;
+      const rect = svgEl('rect', { x: x0 + j * barW, y: T + plotH - h, width: Math.max(1, barW - 1), height: Math.max(v ? 1 : 0, h), class: `bar ${cls}`, 'data-day': d.day, 'data-value': v });
+      rect.append(svgEl('title', {}, `${d.day} ${cls === 'in' ? 'input' : 'output'}: ${fmt(v)} tokens`));
+      svg.append(rect);
+    }
+    if (i % every === 0 || i === daily.length - 1) {
+      svg.append(svgEl('text', { x: L + i * slot + slot / 2, y: H - 8, 'text-anchor': 'middle' }, d.day.slice(5)));
+    }
+  });
+  return el('figure', { class: 'chart' }, svg,
+    el('figcaption', { class: 'legend' }, el('span', { class: 'in' }, 'Input tokens'), el('span', { class: 'out' }, 'Output tokens')));
+}
+
+async function usagePage() {
+  const params = new URLSearchParams(location.search);
+  const period = ['1h', '24h', '7d', '30d'].includes(params.get('period')) ? params.get('period') : '7d';
+  const u = await api(`/api/account/usage?period=${encodeURIComponent(period)}`);
+  const s = u.summary || {};
+  const seg = el('div', { class: 'seg', role: 'group', 'aria-label': 'Period' },
+    ['1h', '24h', '7d', '30d'].map((p) => {
+      const b = el('button', { type: 'button', 'aria-pressed': String(p === u.period), 'data-period': p }, p);
+      b.addEventListener('click', () => {
+        history.replaceState(null, '', `/panel/usage?period=${p}`);
+        usagePage().catch(fail);
+      });
+      return b;
+    }));
+  const stat = (k, v, id) => el('div', { class: 'stat' }, el('div', { class: 'v', id }, v), el('div', { class: 'k' }, k));
+  page('Usage', seg,
+    el('section', { class: 'grid', 'aria-label': 'Summary' },
+      stat('Requests', fmt(s.requests), 'sum-requests'),
+      stat('Input tokens', fmt(s.inputTokens), 'sum-input'),
+      stat('Output tokens', fmt(s.outputTokens), 'sum-output'),
+      stat('Total tokens', fmt(s.totalTokens), 'sum-total'),
+      stat('Last API call', when(s.lastApiCall), 'sum-last')),
+    el('section', { class: 'card', 'aria-labelledby': 'daily-h' }, el('h2', { id: 'daily-h' }, 'Daily tokens'), usageChart(u.daily || [])),
+    el('section', { class: 'card', 'aria-labelledby': 'model-h' }, el('h2', { id: 'model-h' }, 'By model'),
+      table('Models', ['Model', 'Requests', 'Input', 'Output', 'Total'],
+        (u.byModel || []).map((m) => [el('code', {}, m.model), fmt(m.requests), fmt(m.inputTokens), fmt(m.outputTokens), fmt(m.totalTokens)]), [1, 2, 3, 4])),
+    el('section', { class: 'card', 'aria-labelledby': 'recent-h' }, el('h2', { id: 'recent-h' }, 'Recent requests'),
+      table('Requests', ['Time', 'Model', 'Effort', 'Input', 'Output', 'Total'],
+        (u.recentRequests || []).map((r) => [when(r.createdAt), el('code', {}, r.model), r.reasoningEffort || '—', fmt(r.inputTokens), fmt(r.outputTokens), fmt(r.totalTokens)]), [3, 4, 5])));
+  main.dataset.period = u.period;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Security
+
+async function securityPage() {
+  const data = await api('/api/account/security');
+  const on = data.security && data.security.twoFactorEnabled;
+  const error = el('p', { class: 'error', role: 'alert' });
+  const setup = el('div', { id: 'two-factor-setup' });
+  let body;
+  if (!on) {
+    const enable = el('button', { type: 'button', id: 'enable-2fa' }, 'Turn on two-factor');
+    enable.addEventListener('click', async () => {
+      error.textContent = '';
+      try {
+        const r = await api('/api/account/security', { method: 'POST', body: { twoFactorEnabled: true } });
+        await securityPage();
+        const sec = r.security || {};
+        const box = el('div', { class: 'code', id: 'totp-qr' });
+        document.getElementById('two-factor-setup').replaceChildren(el('div', { class: 'notice' },
+          el('p', {}, el('strong', {}, 'Scan this code with your authenticator app. '), 'It is shown only once.'),
+          el('div', { class: 'qr' }, box,
+            el('dl', { class: 'kv' }, el('dt', {}, 'Secret'), el('dd', {}, el('code', { id: 'totp-secret' }, sec.totpSecret || '')),
+              el('dt', {}, 'Type'), el('dd', {}, 'TOTP, 6 digits, 30 s')))));
+        if (sec.otpauthUrl) await drawQr(box, sec.otpauthUrl, 'Two-factor QR code');
+        say('Two-factor is on.');
+      } catch (e) { error.textContent = explain(e); }
+    });
+    body = [el('p', {}, 'Two-factor is ', el('strong', { id: 'tfa-state' }, 'off'), '. Turn it on to ask for an authenticator code at every sign-in.'), el('div', { class: 'row' }, enable)];
+  } else {
+    const input = el('input', { type: 'text', id: 'disable-code', inputmode: 'numeric', autocomplete: 'one-time-code', maxlength: 6, required: true });
+    const form = el('form', { id: 'disable-form', novalidate: true },
+      el('label', { for: 'disable-code' }, 'Authenticator code'), input,
+      el('div', { class: 'row' }, el('button', { type: 'submit', class: 'danger' }, 'Turn off two-factor')));
+    form.addEventListener('submit', async (ev) => {
+      ev.preventDefault();
+      error.textContent = '';
+      try {
+        await api('/api/account/security', { method: 'POST', body: { twoFactorEnabled: false, twoFactorCode: input.value.trim() } });
+        say('Two-factor is off.');
+        await securityPage();
+      } catch (e) { error.textContent = explain(e); }
+    });
+    body = [el('p', {}, 'Two-factor is ', el('strong', { id: 'tfa-state' }, 'on'), '.'), form];
+  }
+  page('Security', el('section', { class: 'card', 'aria-labelledby': 'tfa-h' }, el('h2', { id: 'tfa-h' }, 'Two-factor authentication'), ...body, setup, error));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Billing
+
+function transferBox(order) {
+  const t = order.transfer;
+  if (!t) return el('p', { class: 'muted' }, `Order ${order.id} is ${order.paymentStatus}.`);
+  const qr = el('div', { class: 'code', id: 'transfer-qr' });
+  const box = el('section', { class: 'card', id: 'transfer', 'aria-labelledby': 'transfer-h' },
+    el('h2', { id: 'transfer-h' }, `Pay order ${order.id}`),
+    el('div', { class: 'qr' }, qr,
+      el('div', {},
+        el('p', {}, 'Transfer exactly this amount with this description; the order is marked paid as soon as the bank reports it.'),
+        el('dl', { class: 'kv' },
+          el('dt', {}, 'Bank (BIN)'), el('dd', {}, t.bankBin || t.bank || '—'),
+          el('dt', {}, 'Account'), el('dd', {}, t.accountNumber || '—'),
+          el('dt', {}, 'Name'), el('dd', {}, t.accountName || '—'),
+          el('dt', {}, 'Amount'), el('dd', { id: 'transfer-amount' }, vnd(t.amount)),
+          el('dt', {}, 'Description'), el('dd', {}, el('code', { id: 'transfer-code' }, t.description || order.paymentCode)),
+          el('dt', {}, 'Expires'), el('dd', {}, when(order.expiresAt))))));
+  const payload = t.qrPayload || null;
+  if (payload) drawQr(qr, payload, 'VietQR transfer code').catch(fail);
+  else qr.replaceChildren(el('p', { class: 'muted small' }, 'No QR code: the bank account is not configured.'));
+  return box;
+}
+
+async function billingPage(created) {
+  const data = await api('/api/payment/orders');
+  const error = el('p', { class: 'error', role: 'alert' });
+  const order = async (body) => {
+    error.textContent = '';
+    try {
+      const r = await api('/api/payment/orders', { method: 'POST', body });
+      say(`Order ${r.order.id} created.`);
+      await billingPage(r.order);
+    } catch (e) { error.textContent = explain(e); }
+  };
+  const packages = (data.packages || []).map((p) => el('div', { class: 'package' },
+    el('h3', {}, p.name), el('div', { class: 'muted' }, `${short(p.tokens)} tokens · ${p.tier} tier · ${p.lotDays} days`),
+    el('div', { class: 'price' }, vnd(p.amount)),
+    el('button', { type: 'button', 'data-package': p.id, onclick: () => order({ packageId: p.id }) }, `Buy ${p.name}`)));
+
+  const pr = data.pricing || {};
+  const kind = el('select', { id: 'quota-type' },
+    pr.tokenPricePerMillion ? el('option', { value: 'token' }, `Tokens (${vnd(pr.tokenPricePerMillion)} per million)`) : null,
+    pr.requestPricePerThousand ? el('option', { value: 'request' }, `Requests (${vnd(pr.requestPricePerThousand)} per thousand)`) : null);
+  const qty = el('input', { type: 'number', id: 'quantity', min: 1, step: 1, required: true, value: 1000000 });
+  const custom = el('form', { id: 'custom-order', novalidate: true },
+    el('label', { for: 'quota-type' }, 'What to buy'), kind,
+    el('label', { for: 'quantity' }, 'Quantity'), qty,
+    el('div', { class: 'row' }, el('button', { type: 'submit' }, 'Create order')));
+  custom.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    const n = Number(qty.value);
+    if (!Number.isInteger(n) || n < 1) { error.textContent = MESSAGES.invalid_quantity; return; }
+    order({ quotaType: kind.value, quantity: n });
+  });
+
+  const orders = data.orders || [];
+  const current = created ? orders.find((o) => o.id === created.id) || created : null;
+  const orderRows = orders.map((o) => {
+    const show = o.transfer ? el('button', { type: 'button', class: 'link', onclick: () => { const t = document.getElementById('transfer-slot'); t.replaceChildren(transferBox(o)); t.scrollIntoView(); } }, 'Payment details') : '';
+    return [el('code', {}, o.id), o.packageName || `${fmt(o.quantity)} ${o.quotaType}s`, vnd(o.amount), el('code', {}, o.paymentCode || '—'), badge(o.paymentStatus), when(o.createdAt), show];
+  });
+  const lots = (data.quotaLots || []).map((l) => [l.type, l.tier || '—', fmt(l.amount), fmt(l.remaining), l.source || '—', when(l.expiresAt)]);
+
+  page('Billing',
+    el('div', { id: 'transfer-slot' }, current ? transferBox(current) : null),
+    el('section', { class: 'card', 'aria-labelledby': 'pk-h' }, el('h2', { id: 'pk-h' }, 'Token packages'), el('div', { class: 'packages' }, packages)),
+    (pr.tokenPricePerMillion || pr.requestPricePerThousand)
+      ? el('section', { class: 'card', 'aria-labelledby': 'custom-h' }, el('h2', { id: 'custom-h' }, 'Custom order'), custom)
+      : null,
+    error,
+    el('section', { class: 'card', 'aria-labelledby': 'orders-h' }, el('h2', { id: 'orders-h' }, 'Order history'),
+      table('Orders', ['Order', 'What', 'Amount', 'Code', 'Status', 'Created', ''], orderRows, [2])),
+    el('section', { class: 'card', 'aria-labelledby': 'lots-h' }, el('h2', { id: 'lots-h' }, 'Quota lots'),
+      table('Lots', ['Type', 'Tier', 'Amount', 'Remaining', 'Source', 'Expires'], lots, [2, 3])),
+    data.paymentCode ? el('p', { class: 'muted small' }, 'Top up at any time: transfer any amount with your personal code ', el('code', {}, data.paymentCode), ' in the description.') : null);
+  if (current) document.getElementById('transfer')?.focus?.();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Terms
+
+async function termsPage() {
+  const data = await api('/api/content/tos');
+  const doc = el('article', { class: 'card tos', id: 'tos' });
+  if (data.html) {
+    // Sanitized by the server (ammonia); parsed inertly and adopted, never run.
+    const parsed = new DOMParser().parseFromString(data.html, 'text/html');
+    doc.append(...[...parsed.body.childNodes].map((n) => document.importNode(n, true)));
+  } else doc.append(el('p', { class: 'muted' }, 'The terms of service have not been published yet.'));
+  page('Terms of service', doc, data.updatedAt ? el('p', { class: 'muted small' }, `Updated ${when(data.updatedAt)}`) : null);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Router
+
+const ROUTES = {
+  '/panel': overviewPage,
+  '/panel/': overviewPage,
+  '/panel/account': overviewPage,
+  '/panel/keys': keysPage,
+  '/panel/usage': usagePage,
+  '/panel/security': securityPage,
+  '/panel/billing': billingPage,
+  '/panel/terms': termsPage,
+};
+const PUBLIC = new Set(['/panel/signin', '/panel/terms']);
+
+function fail(e) {
+  if (e instanceof ApiError && e.code === 'unauthorized') return;
+  main.replaceChildren(el('div', { class: 'card' }, el('h1', {}, 'Something went wrong'), el('p', { class: 'error', role: 'alert' }, explain(e))));
+}
+
+async function start() {
+  const path = location.pathname;
+  session = await api('/api/auth/session').catch(() => null);
+  if (session && session.csrfToken) csrf = session.csrfToken;
+  if (!session && !PUBLIC.has(path)) return location.replace('/panel/signin');
+  const nav = document.getElementById('nav');
+  if (session) {
+    nav.hidden = false;
+    document.getElementById('who').textContent = session.user.email;
+    for (const a of nav.querySelectorAll('a')) if (a.getAttribute('href') === path) a.setAttribute('aria-current', 'page');
+    document.getElementById('signout').addEventListener('click', async () => {
+      try { await api('/api/auth/signout', { method: 'POST', body: {} }); } catch (e) { say(explain(e)); }
+      location.assign('/panel/signin');
+    });
+  }
+  const render = path === '/panel/signin' ? signinPage : ROUTES[path];
+  if (!render) return fail(new Error('no such page'));
+  await render();
+  document.body.dataset.ready = path;
+}
+
+start().catch(fail);
