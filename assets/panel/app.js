@@ -397,7 +397,7 @@ async function usagePage() {
     el('section', { class: 'card', 'aria-labelledby': 'recent-h' }, el('h2', { id: 'recent-h' }, 'Recent requests'),
       table('Requests', ['Time', 'Model', 'Effort', 'Input', 'Output', 'Total'],
         (u.recentRequests || []).map((r) => [when(r.createdAt), el('code', {}, r.model), r.reasoningEffort || '—', fmt(r.inputTokens), fmt(r.outputTokens), fmt(r.totalTokens)]), [3, 4, 5])));
-  main.dataset.period = u.period;
+  main.dataset.shownPeriod = u.period;
 }
 
 // ---------------------------------------------------------------------------------------------
