@@ -76,7 +76,10 @@ async fn pages_assets_headers_and_qr() {
         let html = r.text().await.expect("html");
         assert!(html.contains(r#"<script type="module" src="/panel/assets/app.js">"#));
         assert!(!html.contains("style="), "no inline styles");
-        assert!(!html.contains("http://") && !html.contains("https://"), "no other hosts");
+        assert!(
+            !html.contains("http://") && !html.contains("https://"),
+            "no other hosts"
+        );
     }
     for (asset, ctype) in [
         ("/panel/assets/app.js", "text/javascript; charset=utf-8"),
@@ -89,7 +92,10 @@ async fn pages_assets_headers_and_qr() {
         assert_eq!(header(&r, "cache-control"), "public, max-age=300");
         assert_eq!(header(&r, "content-security-policy"), CSP);
         let body = r.text().await.expect("asset body");
-        assert!(!body.contains("https://"), "{asset} loads nothing from elsewhere");
+        assert!(
+            !body.contains("https://"),
+            "{asset} loads nothing from elsewhere"
+        );
     }
 
     // QR: refused without origin, session or CSRF.
@@ -107,7 +113,9 @@ async fn pages_assets_headers_and_qr() {
         req.send()
     };
     let origin = "http://127.0.0.1:8081";
-    let r = qr(None, None, None, json!({"text": "x"})).await.expect("qr");
+    let r = qr(None, None, None, json!({"text": "x"}))
+        .await
+        .expect("qr");
     assert_eq!(r.status(), 403);
     let r = qr(Some(origin), None, None, json!({"text": "x"}))
         .await
@@ -160,7 +168,11 @@ async fn pages_assets_headers_and_qr() {
     .await
     .expect("qr");
     assert_eq!(r.status(), 403, "foreign origin");
-    for bad in [json!({}), json!({"text": ""}), json!({"text": "x".repeat(1025)})] {
+    for bad in [
+        json!({}),
+        json!({"text": ""}),
+        json!({"text": "x".repeat(1025)}),
+    ] {
         let r = qr(Some(origin), Some(&cookie), Some(&csrf), bad)
             .await
             .expect("qr");
@@ -237,8 +249,13 @@ fn browser_missing(root: &Path) -> Option<String> {
     if !Path::new("/usr/bin/chromium").exists() {
         return Some("/usr/bin/chromium is not installed".into());
     }
-    if !root.join("tests/browser/node_modules/playwright-core").exists() {
-        return Some("tests/browser/node_modules is missing (npm ci --prefix tests/browser)".into());
+    if !root
+        .join("tests/browser/node_modules/playwright-core")
+        .exists()
+    {
+        return Some(
+            "tests/browser/node_modules is missing (npm ci --prefix tests/browser)".into(),
+        );
     }
     None
 }
@@ -346,7 +363,13 @@ async fn panel_in_headless_chromium() {
         .await
         .expect("send");
     assert_eq!(r.status(), 401, "revoked in the panel");
-    for name in ["01-signin", "03-keys", "04-usage", "05-security", "07-order"] {
+    for name in [
+        "01-signin",
+        "03-keys",
+        "04-usage",
+        "05-security",
+        "07-order",
+    ] {
         assert!(
             shots.join(format!("{name}.png")).exists(),
             "screenshot {name}"

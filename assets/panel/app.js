@@ -190,6 +190,7 @@ async function signinPage() {
       el('button', { type: 'button', class: 'secondary', id: 'resend' }, 'Send a new code'),
       el('button', { type: 'button', class: 'link', id: 'change-email' }, 'Use another address')));
 
+  terms.addEventListener('change', () => { error.textContent = ''; });
   requestForm.addEventListener('submit', async (ev) => {
     ev.preventDefault();
     error.textContent = '';
@@ -339,7 +340,11 @@ async function keysPage() {
 
 function usageChart(daily) {
   const W = 760; const H = 260; const L = 56; const B = 28; const T = 12; const R = 8;
-  const max = Math.max(1, ...daily.map((d) => Math.max(d.inputTokens || 0, d.outputTokens || 0)));
+  const peak = Math.max(1, ...daily.map((d) => Math.max(d.inputTokens || 0, d.outputTokens || 0)));
+  // A round axis top that splits into four whole ticks.
+  const mag = 10 ** Math.floor(Math.log10(peak));
+  const max = [0.4, 0.8, 1, 2, 4, 8, 10].map((m) => Math.round(m * mag))
+    .find((m) => m >= Math.max(peak, 4) && Number.isInteger(m / 4)) || 10 * mag;
   const plotW = W - L - R; const plotH = H - T - B;
   const slot = plotW / Math.max(1, daily.length);
   const barW = Math.max(2, Math.min(28, (slot - 6) / 2));
@@ -382,14 +387,14 @@ async function usagePage() {
       });
       return b;
     }));
-  const stat = (k, v, id) => el('div', { class: 'stat' }, el('div', { class: 'v', id }, v), el('div', { class: 'k' }, k));
+  const stat = (k, v, id, cls = 'v') => el('div', { class: 'stat' }, el('div', { class: cls, id }, v), el('div', { class: 'k' }, k));
   page('Usage', seg,
     el('section', { class: 'grid', 'aria-label': 'Summary' },
       stat('Requests', fmt(s.requests), 'sum-requests'),
       stat('Input tokens', fmt(s.inputTokens), 'sum-input'),
       stat('Output tokens', fmt(s.outputTokens), 'sum-output'),
       stat('Total tokens', fmt(s.totalTokens), 'sum-total'),
-      stat('Last API call', when(s.lastApiCall), 'sum-last')),
+      stat('Last API call', when(s.lastApiCall), 'sum-last', 'v date')),
     el('section', { class: 'card', 'aria-labelledby': 'daily-h' }, el('h2', { id: 'daily-h' }, 'Daily tokens'), usageChart(u.daily || [])),
     el('section', { class: 'card', 'aria-labelledby': 'model-h' }, el('h2', { id: 'model-h' }, 'By model'),
       table('Models', ['Model', 'Requests', 'Input', 'Output', 'Total'],

@@ -134,7 +134,10 @@ async fn qr(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) -
         Some(svg) => {
             let mut resp = (StatusCode::OK, svg).into_response();
             let h = resp.headers_mut();
-            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("image/svg+xml"));
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("image/svg+xml"),
+            );
             h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
             resp
         }
