@@ -189,16 +189,22 @@ fn check_email_allowed(auth: &AuthConfig, email: &str) -> Result<(), SiteError> 
     if blocked {
         return Err(SiteError::Code("blocked_domain"));
     }
-    if auth.private_beta {
-        let allowed = auth
-            .beta_allowlist
-            .iter()
-            .any(|a| a == email || a.strip_prefix('@') == Some(domain));
-        if !allowed {
-            return Err(SiteError::Code("private_beta_only"));
-        }
+    if !beta_allows(auth, email) {
+        return Err(SiteError::Code("private_beta_only"));
     }
     Ok(())
+}
+
+/// False only when the private beta is closed and neither the address nor its `@domain` is on
+/// the allowlist. The account API asks again on every request, so an address taken off the
+/// list loses access without waiting for its session to end.
+pub(crate) fn beta_allows(auth: &AuthConfig, email: &str) -> bool {
+    let domain = email.rsplit_once('@').map(|(_, d)| d).unwrap_or("");
+    !auth.private_beta
+        || auth
+            .beta_allowlist
+            .iter()
+            .any(|a| a == email || a.strip_prefix('@') == Some(domain))
 }
 
 /// The captcha gate, when `auth.captcha_required`: `captcha_not_configured` (server side

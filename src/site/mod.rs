@@ -2,6 +2,7 @@
 //! `/api/content`. Pingora's site listener proxies to it over a private Unix socket, so it
 //! shares the edge (and its graceful restarts) without a second public port.
 
+pub mod account;
 pub mod auth;
 pub mod captcha;
 pub mod content;
@@ -32,6 +33,7 @@ pub fn router(state: SharedState) -> Router {
         .nest("/api/auth", auth::router())
         .nest("/api/payment", payment::router())
         .nest("/api/content", content::router())
+        .nest("/api/account", account::router())
         .merge(panel::router())
         .fallback(|| async { SiteError::NotFound.into_response() })
         .with_state(state)

@@ -272,6 +272,30 @@ impl AuthStore<'_> {
         Ok(())
     }
 
+    /// `set_two_factor` only while the flag still reads `enabled_before`: of two concurrent
+    /// changes exactly one wins, so a double-clicked "turn on" can never show a secret that a
+    /// second request has already replaced. False when the flag had changed meanwhile.
+    pub async fn set_two_factor_if(
+        &self,
+        user_id: &str,
+        enabled_before: bool,
+        totp_secret: Option<&str>,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let r = sqlx::query(
+            "UPDATE users SET two_factor_enabled = $1, totp_secret = $2, updated_at = $3 \
+             WHERE id = $4 AND two_factor_enabled = $5",
+        )
+        .bind(totp_secret.is_some() as i64)
+        .bind(totp_secret.map(str::to_string))
+        .bind(now)
+        .bind(user_id)
+        .bind(enabled_before as i64)
+        .execute(&self.db.pool)
+        .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
     /// Adds one hit to `bucket` in the window starting at `window_start` and returns the
     /// window's count including it. One statement, so concurrent hits all count.
     pub async fn hit(&self, bucket: &str, window_start: i64) -> StoreResult<i64> {

@@ -73,6 +73,14 @@ pub struct NewKey {
     pub is_global: bool,
 }
 
+/// The outcome of a rotation: the new global key and the global keys it replaced (now
+/// revoked), which callers drop from their caches.
+#[derive(Debug, Clone)]
+pub struct Rotation {
+    pub key: KeyRecord,
+    pub revoked: Vec<KeyRecord>,
+}
+
 const COLUMNS: &str = "id, user_id, name, key_hash, key_prefix, key_suffix, scopes, limit_mode, \
      custom_input_tpm, custom_output_tpm, custom_rpm, model_allowlist, max_input_tokens, \
      max_output_tokens, status, is_global, created_at, updated_at, last_used_at, revoked_at";
@@ -143,6 +151,65 @@ impl KeyStore<'_> {
         let id = insert(&mut tx, k).await?;
         tx.commit().await?;
         self.get(&id).await?.ok_or(StoreError::NotFound)
+    }
+
+    /// `rotate_global` for the account API: in one transaction that first locks the account
+    /// row (so concurrent rotations of one account run one after the other on any number of
+    /// instances), checks that the account ends with at most `max_active` active keys (the
+    /// global keys being replaced do not count), revokes them and creates the new key.
+    /// `Ok(None)` when the limit would be exceeded; nothing changes then.
+    pub async fn rotate_global_limited(
+        &self,
+        k: &NewKey,
+        max_active: i64,
+    ) -> StoreResult<Option<Rotation>> {
+        let now = now_ms();
+        let mut tx = self.db.pool.begin().await?;
+        // A no-op write: a row lock on Postgres, the write lock on SQLite.
+        let locked = sqlx::query("UPDATE users SET updated_at = updated_at WHERE id = $1")
+            .bind(&k.user_id)
+            .execute(&mut *tx)
+            .await?;
+        if locked.rows_affected() == 0 {
+            return Err(StoreError::NotFound);
+        }
+        let rows = sqlx::query(
+            "SELECT id, is_global FROM api_keys WHERE user_id = $1 AND status = 'active'",
+        )
+        .bind(&k.user_id)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut replaced = Vec::new();
+        for r in &rows {
+            if flag(r.try_get("is_global")?) {
+                replaced.push(r.try_get::<String, _>("id")?);
+            }
+        }
+        let after = i64::try_from(rows.len() - replaced.len()).unwrap_or(i64::MAX) + 1;
+        if after > max_active {
+            return Ok(None);
+        }
+        for id in &replaced {
+            sqlx::query(
+                "UPDATE api_keys SET status = 'revoked', revoked_at = $1, updated_at = $2 \
+                 WHERE id = $3",
+            )
+            .bind(now)
+            .bind(now)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        let id = insert(&mut tx, k).await?;
+        tx.commit().await?;
+        let key = self.get(&id).await?.ok_or(StoreError::NotFound)?;
+        let mut revoked = Vec::with_capacity(replaced.len());
+        for id in &replaced {
+            if let Some(r) = self.get(id).await? {
+                revoked.push(r);
+            }
+        }
+        Ok(Some(Rotation { key, revoked }))
     }
 
     pub async fn get(&self, id: &str) -> StoreResult<Option<KeyRecord>> {

@@ -1,6 +1,16 @@
-//! Usage events: the exact record of every developer request.
+//! Usage events: the exact record of every developer request, and the hourly rollup the
+//! account usage report reads.
+//!
+//! Every batch of events also adds its counts to `usage_rollup` (one row per account, Unix hour
+//! and model) in the same transaction, so the rollup always equals the events it summarises. A
+//! 30-day report then reads at most 721 hours x models rollup rows, plus the raw events of at
+//! most half an hour at the window's ragged start, whatever the account's volume.
 
-use super::quota::{Breakdown, QuotaStore};
+use std::collections::BTreeMap;
+
+use sqlx::Row;
+
+use super::quota::{Breakdown, QuotaStore, HOUR_MS};
 use super::{Db, StoreResult};
 
 /// One settled request, as stored.
@@ -32,19 +42,111 @@ fn i(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
+fn u(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// Request and token counts of a set of usage events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UsageTotals {
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub total_tokens: u64,
+}
+
+impl UsageTotals {
+    pub fn add(&mut self, o: &UsageTotals) {
+        self.requests = self.requests.saturating_add(o.requests);
+        self.input_tokens = self.input_tokens.saturating_add(o.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(o.output_tokens);
+        self.total_tokens = self.total_tokens.saturating_add(o.total_tokens);
+    }
+
+    fn sub(&mut self, o: &UsageTotals) {
+        self.requests = self.requests.saturating_sub(o.requests);
+        self.input_tokens = self.input_tokens.saturating_sub(o.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_sub(o.output_tokens);
+        self.total_tokens = self.total_tokens.saturating_sub(o.total_tokens);
+    }
+
+    fn from_row(row: &sqlx::any::AnyRow) -> StoreResult<UsageTotals> {
+        Ok(UsageTotals {
+            requests: u(row.try_get("requests")?),
+            input_tokens: u(row.try_get("input_tokens")?),
+            output_tokens: u(row.try_get("output_tokens")?),
+            total_tokens: u(row.try_get("total_tokens")?),
+        })
+    }
+}
+
+/// One of the newest events of a report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecentEvent {
+    pub id: String,
+    pub model: String,
+    pub reasoning_effort: Option<String>,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub total_tokens: u64,
+    pub created_at: i64,
+}
+
+/// An account's usage in `[from, now]`, as the usage report needs it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UsageReport {
+    /// Per UTC day (days since the Unix epoch); only days with usage, ascending.
+    pub daily: BTreeMap<i64, UsageTotals>,
+    /// Per model; only models with usage.
+    pub by_model: BTreeMap<String, UsageTotals>,
+    /// The newest events of the window, newest first.
+    pub recent: Vec<RecentEvent>,
+    /// The newest event of the account at all, in or before the window.
+    pub last_call: Option<i64>,
+}
+
+impl UsageReport {
+    /// Every request in the window.
+    pub fn summary(&self) -> UsageTotals {
+        let mut s = UsageTotals::default();
+        for t in self.daily.values() {
+            s.add(t);
+        }
+        s
+    }
+}
+
+fn apply<K: Ord>(map: &mut BTreeMap<K, UsageTotals>, key: K, t: &UsageTotals, add: bool) {
+    let slot = map.entry(key).or_default();
+    if add {
+        slot.add(t);
+    } else {
+        slot.sub(t);
+    }
+}
+
+/// The rollup key of an event: account, Unix hour, model.
+type RollupKey = (String, i64, String);
+
+const DAY_HOURS: i64 = 24;
+
 pub struct UsageStore<'a> {
     pub(super) db: &'a Db,
 }
 
 impl UsageStore<'_> {
-    /// Inserts a batch in one transaction: one fsync for many requests.
+    /// Inserts a batch in one transaction (one fsync for many requests) together with the
+    /// settlements' quota breakdowns and the rollup counts of the events that were new (an id
+    /// already stored is skipped, and so is its count, so a retried batch never counts twice).
     pub async fn insert_batch(&self, events: &[UsageEvent]) -> StoreResult<()> {
         if events.is_empty() {
             return Ok(());
         }
+        let mut rollup: BTreeMap<RollupKey, UsageTotals> = BTreeMap::new();
         let mut tx = self.db.pool.begin().await?;
         for e in events {
-            sqlx::query(
+            let total = e.input_tokens.saturating_add(e.output_tokens);
+            let inserted = sqlx::query(
                 "INSERT INTO usage_events (id, user_id, key_id, model, endpoint, reasoning_effort, \
                  input_tokens, output_tokens, total_tokens, cached_tokens, status, latency_ms, \
                  ttfb_ms, settlement, deployment, error_code, created_at) \
@@ -59,7 +161,7 @@ impl UsageStore<'_> {
             .bind(&e.reasoning_effort)
             .bind(i(e.input_tokens))
             .bind(i(e.output_tokens))
-            .bind(i(e.input_tokens.saturating_add(e.output_tokens)))
+            .bind(i(total))
             .bind(i(e.cached_tokens))
             .bind(e.status as i64)
             .bind(i(e.latency_ms))
@@ -69,17 +171,224 @@ impl UsageStore<'_> {
             .bind(&e.error_code)
             .bind(e.created_at)
             .execute(&mut *tx)
-            .await?;
+            .await?
+            .rows_affected()
+                == 1;
+            if inserted {
+                let key = (
+                    e.user_id.clone(),
+                    e.created_at.div_euclid(HOUR_MS),
+                    e.model.clone(),
+                );
+                rollup.entry(key).or_default().add(&UsageTotals {
+                    requests: 1,
+                    input_tokens: e.input_tokens,
+                    output_tokens: e.output_tokens,
+                    total_tokens: total,
+                });
+            }
             if let Some(b) = &e.breakdown {
                 QuotaStore::apply_tx(&mut tx, b).await?;
             }
+        }
+        // Sorted keys: concurrent writers (several instances on one Postgres) lock rollup rows
+        // in the same order and cannot deadlock each other.
+        for ((user_id, hour, model), t) in &rollup {
+            sqlx::query(
+                "INSERT INTO usage_rollup (user_id, hour, model, requests, input_tokens, \
+                 output_tokens, total_tokens) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 ON CONFLICT (user_id, hour, model) DO UPDATE SET \
+                 requests = usage_rollup.requests + excluded.requests, \
+                 input_tokens = usage_rollup.input_tokens + excluded.input_tokens, \
+                 output_tokens = usage_rollup.output_tokens + excluded.output_tokens, \
+                 total_tokens = usage_rollup.total_tokens + excluded.total_tokens",
+            )
+            .bind(user_id)
+            .bind(*hour)
+            .bind(model)
+            .bind(i(t.requests))
+            .bind(i(t.input_tokens))
+            .bind(i(t.output_tokens))
+            .bind(i(t.total_tokens))
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         Ok(())
     }
 
+    /// The account's usage from `from` to `now` (Unix ms) and its `recent_limit` newest events.
+    ///
+    /// Whole hours come from the rollup. The window's first hour is usually cut by `from`; its
+    /// part is taken from the raw events of whichever side of the cut is shorter (added when
+    /// the rollup starts after the cut, subtracted when it starts before), so at most half an
+    /// hour of events is ever read one by one. The newest events walk the
+    /// `(user_id, created_at)` index backwards and stop at the limit.
+    pub async fn report(
+        &self,
+        user_id: &str,
+        from: i64,
+        now: i64,
+        recent_limit: u32,
+    ) -> StoreResult<UsageReport> {
+        let first_hour = from.div_euclid(HOUR_MS);
+        let cut_start = first_hour * HOUR_MS;
+        let cut_end = cut_start + HOUR_MS;
+        // (rollup from this hour, raw range, whether the raw range is added)
+        let (rollup_from, edge) = if from == cut_start {
+            (first_hour, None)
+        } else if from - cut_start <= cut_end - from {
+            (first_hour, Some((cut_start, from, false)))
+        } else {
+            (first_hour + 1, Some((from, cut_end, true)))
+        };
+        let last_hour = now.div_euclid(HOUR_MS);
+        let (daily, by_model, edge_rows, recent, last_call) = tokio::try_join!(
+            self.rollup_by_day(user_id, rollup_from, last_hour),
+            self.rollup_by_model(user_id, rollup_from, last_hour),
+            self.edge_by_model(user_id, edge.map(|(a, b, _)| (a, b))),
+            self.recent(user_id, from, recent_limit),
+            self.last_call(user_id),
+        )?;
+        let mut report = UsageReport {
+            daily,
+            by_model,
+            recent,
+            last_call,
+        };
+        if let Some((_, _, add)) = edge {
+            // The edge lies inside one hour, so inside one UTC day.
+            let day = first_hour.div_euclid(DAY_HOURS);
+            for (model, t) in edge_rows {
+                apply(&mut report.daily, day, &t, add);
+                apply(&mut report.by_model, model, &t, add);
+            }
+        }
+        report.daily.retain(|_, t| t.requests > 0);
+        report.by_model.retain(|_, t| t.requests > 0);
+        Ok(report)
+    }
+
+    /// Rollup sums per UTC day for hours `from_hour..=to_hour`. Two single-key groupings
+    /// (this and `rollup_by_model`) cost SQLite a fraction of one grouping by day and model.
+    async fn rollup_by_day(
+        &self,
+        user_id: &str,
+        from_hour: i64,
+        to_hour: i64,
+    ) -> StoreResult<BTreeMap<i64, UsageTotals>> {
+        let rows = sqlx::query(
+            "SELECT hour / 24 AS day, CAST(SUM(requests) AS BIGINT) AS requests, \
+             CAST(SUM(input_tokens) AS BIGINT) AS input_tokens, \
+             CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, \
+             CAST(SUM(total_tokens) AS BIGINT) AS total_tokens \
+             FROM usage_rollup WHERE user_id = $1 AND hour >= $2 AND hour <= $3 \
+             GROUP BY hour / 24",
+        )
+        .bind(user_id)
+        .bind(from_hour)
+        .bind(to_hour)
+        .fetch_all(&self.db.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get::<i64, _>("day")?, UsageTotals::from_row(r)?)))
+            .collect()
+    }
+
+    /// Rollup sums per model for hours `from_hour..=to_hour`.
+    async fn rollup_by_model(
+        &self,
+        user_id: &str,
+        from_hour: i64,
+        to_hour: i64,
+    ) -> StoreResult<BTreeMap<String, UsageTotals>> {
+        let rows = sqlx::query(
+            "SELECT model, CAST(SUM(requests) AS BIGINT) AS requests, \
+             CAST(SUM(input_tokens) AS BIGINT) AS input_tokens, \
+             CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, \
+             CAST(SUM(total_tokens) AS BIGINT) AS total_tokens \
+             FROM usage_rollup WHERE user_id = $1 AND hour >= $2 AND hour <= $3 \
+             GROUP BY model",
+        )
+        .bind(user_id)
+        .bind(from_hour)
+        .bind(to_hour)
+        .fetch_all(&self.db.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get::<String, _>("model")?, UsageTotals::from_row(r)?)))
+            .collect()
+    }
+
+    /// Raw event sums per model for `[from, to)`, or nothing when there is no range.
+    async fn edge_by_model(
+        &self,
+        user_id: &str,
+        range: Option<(i64, i64)>,
+    ) -> StoreResult<Vec<(String, UsageTotals)>> {
+        let Some((from, to)) = range else {
+            return Ok(Vec::new());
+        };
+        let rows = sqlx::query(
+            "SELECT model, CAST(COUNT(*) AS BIGINT) AS requests, \
+             CAST(SUM(input_tokens) AS BIGINT) AS input_tokens, \
+             CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, \
+             CAST(SUM(total_tokens) AS BIGINT) AS total_tokens \
+             FROM usage_events WHERE user_id = $1 AND created_at >= $2 AND created_at < $3 \
+             GROUP BY model",
+        )
+        .bind(user_id)
+        .bind(from)
+        .bind(to)
+        .fetch_all(&self.db.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get::<String, _>("model")?, UsageTotals::from_row(r)?)))
+            .collect()
+    }
+
+    /// The `limit` newest events at or after `from`, newest first.
+    async fn recent(&self, user_id: &str, from: i64, limit: u32) -> StoreResult<Vec<RecentEvent>> {
+        let rows = sqlx::query(
+            "SELECT id, model, reasoning_effort, input_tokens, output_tokens, total_tokens, \
+             created_at FROM usage_events WHERE user_id = $1 AND created_at >= $2 \
+             ORDER BY created_at DESC LIMIT $3",
+        )
+        .bind(user_id)
+        .bind(from)
+        .bind(i64::from(limit))
+        .fetch_all(&self.db.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(RecentEvent {
+                    id: r.try_get("id")?,
+                    model: r.try_get("model")?,
+                    reasoning_effort: r.try_get("reasoning_effort")?,
+                    input_tokens: u(r.try_get("input_tokens")?),
+                    output_tokens: u(r.try_get("output_tokens")?),
+                    total_tokens: u(r.try_get("total_tokens")?),
+                    created_at: r.try_get("created_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// When the account last called the developer API (newest event), if ever.
+    async fn last_call(&self, user_id: &str) -> StoreResult<Option<i64>> {
+        let row = sqlx::query(
+            "SELECT created_at FROM usage_events WHERE user_id = $1 \
+             ORDER BY created_at DESC LIMIT 1",
+        )
+        .bind(user_id)
+        .fetch_optional(&self.db.pool)
+        .await?;
+        row.map(|r| r.try_get::<i64, _>("created_at"))
+            .transpose()
+            .map_err(Into::into)
+    }
+
     pub async fn count_for_user(&self, user_id: &str) -> StoreResult<i64> {
-        use sqlx::Row;
         let row = sqlx::query(
             "SELECT CAST(COUNT(*) AS BIGINT) AS n FROM usage_events WHERE user_id = $1",
         )

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod site;
 pub mod smtp;
 
 use std::io::{BufRead, BufReader};
