@@ -143,7 +143,9 @@ mod tests {
         super::REQUESTS
             .with_label_values(&["chat_completions", "m", "200", ""])
             .inc();
-        super::LATENCY.with_label_values(&["chat_completions"]).observe(0.01);
+        super::LATENCY
+            .with_label_values(&["chat_completions"])
+            .observe(0.01);
         let text = super::render();
         for name in [
             "gateway_requests_total",
