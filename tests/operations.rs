@@ -41,6 +41,14 @@ async fn metrics_only_on_the_admin_listener_and_an_access_log_line() {
         .await
         .unwrap();
 
+    // A refused sign-in attempt (no terms accepted) is counted by step and outcome.
+    let _ = c
+        .post(gw.site_url("/api/auth/request-code"))
+        .header("origin", "http://127.0.0.1:8081")
+        .json(&json!({"email": "a@example.com"}))
+        .send()
+        .await
+        .unwrap();
     let admin = gw.admin.clone().expect("admin listener");
     let text = c
         .get(format!("{admin}/metrics"))
@@ -62,6 +70,10 @@ async fn metrics_only_on_the_admin_listener_and_an_access_log_line() {
         "{text}"
     );
     assert!(text.contains("gateway_reservations_in_flight 0"));
+    assert!(
+        text.contains(r#"gateway_signin_attempts_total{outcome="rejected",step="request-code"} 1"#),
+        "{text}"
+    );
 
     // Never on the public listeners.
     let r = c.get(gw.url("/metrics")).send().await.unwrap();

@@ -30,13 +30,49 @@ pub fn router(state: SharedState) -> Router {
             "/health",
             get(|| async { Json(serde_json::json!({"ok": true})) }),
         )
-        .nest("/api/auth", auth::router())
+        .nest(
+            "/api/auth",
+            auth::router().layer(axum::middleware::from_fn(count_signin)),
+        )
         .nest("/api/payment", payment::router())
         .nest("/api/content", content::router())
         .nest("/api/account", account::router())
         .merge(panel::router())
         .fallback(|| async { SiteError::NotFound.into_response() })
         .with_state(state)
+}
+
+/// Counts sign-in attempts by step and outcome for the metrics (`ok`, `rejected` for 4xx,
+/// `failed` for 5xx). Only POSTs are attempts; the session and config reads are not.
+async fn count_signin(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let step = (req.method() == axum::http::Method::POST).then(|| {
+        req.uri()
+            .path()
+            .rsplit('/')
+            .next()
+            .unwrap_or("")
+            .to_string()
+    });
+    let resp = next.run(req).await;
+    if let Some(step) = step {
+        let step = match step.as_str() {
+            "request-code" | "resend-code" | "verify-code" | "verify-link" | "signout" => step,
+            _ => "other".to_string(),
+        };
+        let status = resp.status();
+        let outcome = if status.is_server_error() {
+            "failed"
+        } else if status.is_client_error() {
+            "rejected"
+        } else {
+            "ok"
+        };
+        crate::metrics::signin(&step, outcome);
+    }
+    resp
 }
 
 /// Serves the router on a Unix socket until the process exits.
