@@ -115,6 +115,20 @@ def mark(ok):
 
 def targets(cells, sse_by, gw):
     lines = []
+    for k in sorted((k for k in cells if k[0] == gw), key=lambda k: (k[1], k[3], k[2])):
+        r = cells[k]
+        if errors(r):
+            lines.append(f"- **errors** in {gw} {k[1]} c{k[2]}: {r.get('err_status', 0):,} non-2xx "
+                         f"answers, {r.get('err_read', 0):,} read / {r.get('err_connect', 0):,} "
+                         f"connect / {r.get('err_timeout', 0):,} timeout socket errors "
+                         f"({r['requests']:,} requests)")
+    for (t, cond), s in sorted(sse_by.items()):
+        if t == gw and s.get("errors"):
+            lines.append(f"- **errors** in the SSE probe, {cond}: {s['errors']} of {s['n']} not 200")
+    gw_probes = {c for (t, c) in sse_by if t == gw}
+    for (t, cond) in sorted(sse_by):
+        if t == "direct" and cond not in gw_probes:
+            lines.append(f"- **no SSE probe result** for {gw}, {cond} (the probe failed; see the run log)")
     gw_cells = sorted((k for k in cells if k[0] == gw and not k[3]), key=lambda k: (k[1], k[2]))
     for k in gw_cells:
         _, mode, conns, _ = k
@@ -138,8 +152,9 @@ def targets(cells, sse_by, gw):
         d = sse_by.get(("direct", cond))
         if t == gw and d:
             a = s["ttfb_p50_ms"] - d["ttfb_p50_ms"]
+            verdict = "not valid (errors)" if s.get("errors") else mark(a <= MAX_TTFB_ADDED_MS)
             lines.append(f"- TTFB within {MAX_TTFB_ADDED_MS} ms of direct (p50), {cond}: "
-                         f"{a:+.3f} ms — {mark(a <= MAX_TTFB_ADDED_MS)}")
+                         f"{a:+.3f} ms — {verdict}")
     return lines
 
 
