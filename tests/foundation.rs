@@ -199,6 +199,15 @@ async fn forwards_both_styles_without_client_credentials() {
         .unwrap();
     assert_eq!(r.status(), 200);
     assert!(r.headers().get("set-cookie").is_none());
+    // A delimited body (chunked or sized), so the client connection stays reusable.
+    assert!(
+        r.headers()
+            .get("transfer-encoding")
+            .is_some_and(|v| v == "chunked")
+            || r.headers().get("content-length").is_some(),
+        "{:?}",
+        r.headers()
+    );
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["usage"]["prompt_tokens"], 25);

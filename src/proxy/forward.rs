@@ -240,8 +240,14 @@ fn client_header(
     if let Some(ct) = content_type {
         h.insert_header("content-type", ct).ok()?;
     }
-    if let Some(n) = content_length {
-        h.insert_header("content-length", n.to_string()).ok()?;
+    match content_length {
+        Some(n) => h.insert_header("content-length", n.to_string()).ok()?,
+        // Relayed as it arrives: chunked, so the connection stays reusable (without a length
+        // or chunking, HTTP/1.1 can only end the body by closing the connection).
+        None if !matches!(status, 204 | 304) => {
+            h.insert_header("transfer-encoding", "chunked").ok()?
+        }
+        None => {}
     }
     h.insert_header("x-request-id", reply.request_id).ok()?;
     for (k, v) in reply.extra_headers {
