@@ -355,7 +355,9 @@ impl Gateway {
             .find_map(|w| w.strip_prefix("admin="))
             .map(|a| format!("http://{a}"));
         self.child = Some(child);
+        // Each Pingora service binds on its own runtime: wait for both listeners.
         wait_ready(&self.api);
+        wait_ready(&self.site);
     }
 
     /// Sends SIGTERM and waits for the process to exit; returns whether it exited cleanly.
