@@ -111,7 +111,7 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
             );
         }
     }
-    Ok(Arc::new(AppState {
+    let state: SharedState = Arc::new(AppState {
         config: ArcSwap::from_pointee(cfg),
         db,
         rt: rt.handle().clone(),
@@ -122,7 +122,16 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
         quota,
         upstreams: UpstreamPool::new(),
         routing: Routing::new(),
-    }))
+    });
+    let sweeper = state.clone();
+    rt.spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(10));
+        loop {
+            tick.tick().await;
+            sweeper.upstreams.sweep_idle();
+        }
+    });
+    Ok(state)
 }
 
 /// Hides credentials in a database URL for messages.
@@ -161,6 +170,10 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
         threads,
         grace_period_seconds: Some(drain.as_secs().max(1)),
         graceful_shutdown_timeout_seconds: Some(1),
+        // One single-threaded event loop per worker thread: a connection (client or pooled
+        // upstream) stays on the thread whose reactor registered it, so no request pays
+        // cross-thread wake-ups.
+        work_stealing: false,
         upgrade_sock: upgrade_sock.display().to_string(),
         pid_file: pid_file.display().to_string(),
         ..ServerConf::default()
@@ -241,6 +254,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     // Reached when the drain deadline passed with requests still in flight: they were dropped
     // and settled by their guards; write what they recorded.
     rt.block_on(state.usage.flush());
+    crate::accesslog::flush();
     let _ = std::fs::remove_file(&uds);
     Ok(())
 }
@@ -278,6 +292,7 @@ fn spawn_drain_monitor(
             return;
         }
         state.usage.flush().await;
+        crate::accesslog::flush();
         let _ = std::fs::remove_file(&uds);
         log::info!("shutdown complete");
         std::process::exit(0);

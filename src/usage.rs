@@ -4,25 +4,36 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{oneshot, Notify};
 
 use crate::storage::{Db, UsageEvent};
 
-enum Msg {
-    Event(Box<UsageEvent>),
-    Flush(oneshot::Sender<()>),
-}
-
 /// Handle used by the request path. Cloning is cheap.
+///
+/// Events go into a shared buffer under a short lock; the writer wakes on its own timer (every
+/// `usage_flush_ms`), when a batch is full, or for a flush. Waking the writer for every event
+/// cost a cross-runtime wake-up (futex, eventfd, context switch) per request.
 #[derive(Clone)]
 pub struct UsageSink {
-    tx: mpsc::UnboundedSender<Msg>,
-    written: Arc<AtomicU64>,
-    queued: Arc<AtomicU64>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    queue: Mutex<Queue>,
+    wake: Notify,
+    batch: usize,
+    written: AtomicU64,
+    queued: AtomicU64,
     pending: Arc<AtomicU64>,
+}
+
+#[derive(Default)]
+struct Queue {
+    events: Vec<UsageEvent>,
+    flush_waiters: Vec<oneshot::Sender<()>>,
 }
 
 /// An event still being prepared (its settlement in flight); `flush` waits for it.
@@ -37,91 +48,90 @@ impl Drop for Pending {
 impl UsageSink {
     /// Starts the writer task on `rt` (the storage runtime).
     pub fn start(db: Db, rt: &tokio::runtime::Handle, batch: usize, every: Duration) -> UsageSink {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let written = Arc::new(AtomicU64::new(0));
-        rt.spawn(run_writer(rx, db, batch, every, written.clone()));
-        UsageSink {
-            tx,
-            written,
-            queued: Arc::new(AtomicU64::new(0)),
+        let inner = Arc::new(Inner {
+            queue: Mutex::new(Queue::default()),
+            wake: Notify::new(),
+            batch: batch.max(1),
+            written: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
             pending: Arc::new(AtomicU64::new(0)),
-        }
+        });
+        rt.spawn(run_writer(inner.clone(), db, every));
+        UsageSink { inner }
     }
 
-    /// Queues an event; never blocks.
+    /// Queues an event; never blocks on the database.
     pub fn record(&self, event: UsageEvent) {
-        self.queued.fetch_add(1, Ordering::Relaxed);
-        if self.tx.send(Msg::Event(Box::new(event))).is_err() {
-            log::error!("usage writer is gone; usage event lost");
+        self.inner.queued.fetch_add(1, Ordering::Relaxed);
+        let full = {
+            let mut q = self.inner.lock();
+            q.events.push(event);
+            q.events.len() == self.inner.batch
+        };
+        if full {
+            self.inner.wake.notify_one();
         }
     }
 
     /// Marks an event as coming; drop the guard once it is recorded.
     pub fn begin_pending(&self) -> Pending {
-        self.pending.fetch_add(1, Ordering::AcqRel);
-        Pending(self.pending.clone())
+        self.inner.pending.fetch_add(1, Ordering::AcqRel);
+        Pending(self.inner.pending.clone())
     }
 
     /// Waits until pending events are recorded (bounded) and everything queued is written.
     pub async fn flush(&self) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-        while self.pending.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
+        while self.inner.pending.load(Ordering::Acquire) > 0
+            && tokio::time::Instant::now() < deadline
+        {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let (tx, rx) = oneshot::channel();
-        if self.tx.send(Msg::Flush(tx)).is_ok() {
-            let _ = rx.await;
-        }
+        self.inner.lock().flush_waiters.push(tx);
+        self.inner.wake.notify_one();
+        let _ = rx.await;
     }
 
     pub fn written(&self) -> u64 {
-        self.written.load(Ordering::Relaxed)
+        self.inner.written.load(Ordering::Relaxed)
     }
 
     pub fn queued(&self) -> u64 {
-        self.queued.load(Ordering::Relaxed)
+        self.inner.queued.load(Ordering::Relaxed)
     }
 }
 
-async fn run_writer(
-    mut rx: mpsc::UnboundedReceiver<Msg>,
-    db: Db,
-    batch: usize,
-    every: Duration,
-    written: Arc<AtomicU64>,
-) {
-    let mut buf: Vec<UsageEvent> = Vec::with_capacity(batch);
-    let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Takes what is queued every `every` (or sooner when woken) and writes it, in batches.
+async fn run_writer(inner: Arc<Inner>, db: Db, every: Duration) {
     loop {
-        // Wait for the first message, then gather what else is ready up to one batch, waiting at
-        // most `every` so a quiet gateway still writes promptly.
-        let first = rx.recv().await;
-        let Some(first) = first else {
-            write_all(&db, &mut buf, &written).await;
-            return;
-        };
-        let deadline = tokio::time::Instant::now() + every;
-        let mut next = Some(first);
+        let _ = tokio::time::timeout(every, inner.wake.notified()).await;
         loop {
-            match next.take() {
-                Some(Msg::Event(e)) => buf.push(*e),
-                Some(Msg::Flush(w)) => {
-                    waiters.push(w);
-                    break;
-                }
-                None => {}
+            let (mut events, waiters) = {
+                let mut q = inner.lock();
+                let n = q.events.len().min(inner.batch);
+                let events: Vec<UsageEvent> = q.events.drain(..n).collect();
+                let waiters = if q.events.is_empty() {
+                    std::mem::take(&mut q.flush_waiters)
+                } else {
+                    Vec::new()
+                };
+                (events, waiters)
+            };
+            let more = events.len() == inner.batch;
+            write_all(&db, &mut events, &inner.written).await;
+            for w in waiters {
+                let _ = w.send(());
             }
-            if buf.len() >= batch {
+            if !more {
                 break;
             }
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(m)) => next = Some(m),
-                Ok(None) | Err(_) => break,
-            }
-        }
-        write_all(&db, &mut buf, &written).await;
-        for w in waiters.drain(..) {
-            let _ = w.send(());
         }
     }
 }

@@ -51,6 +51,21 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}_{}", random_base62(20))
 }
 
+/// Like [`new_id`], but the first 8 of the 20 characters are the creation time (base62 ms, in
+/// the alphabet's ASCII order, so ids sort by time) and 12 are random (~71 bits). For rows
+/// written at a high rate (usage events): inserts land at the right edge of the primary-key
+/// index instead of a random leaf, so a batch dirties a few pages instead of one per row.
+pub fn new_time_ordered_id(prefix: &str) -> String {
+    let mut ms = now_ms().max(0) as u64;
+    let mut stamp = [b'0'; 8];
+    for slot in stamp.iter_mut().rev() {
+        *slot = BASE62[(ms % 62) as usize];
+        ms /= 62;
+    }
+    let stamp = std::str::from_utf8(&stamp).unwrap_or("00000000");
+    format!("{prefix}_{stamp}{}", random_base62(12))
+}
+
 /// True when `id` has the shape `new_id(prefix)` produces; malformed ids are rejected before any
 /// lookup.
 pub fn is_valid_id(prefix: &str, id: &str) -> bool {
@@ -62,6 +77,16 @@ pub fn is_valid_id(prefix: &str, id: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn time_ordered_ids_sort_by_creation_and_keep_the_id_shape() {
+        let a = super::new_time_ordered_id("evt");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = super::new_time_ordered_id("evt");
+        assert!(a < b, "{a} {b}");
+        assert!(super::is_valid_id("evt", &a), "{a}");
+        assert_ne!(a[12..], b[12..]);
+    }
+
     use super::*;
 
     #[test]

@@ -81,9 +81,16 @@ async fn metrics_only_on_the_admin_listener_and_an_access_log_line() {
     let r = c.get(gw.site_url("/metrics")).send().await.unwrap();
     assert_eq!(r.status(), 404);
 
-    // One JSON access line for the request, with ids and no secret.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let log = gw.log();
+    // One JSON access line for the request, with ids and no secret (lines are buffered for a
+    // few tens of milliseconds).
+    let mut log = gw.log();
+    for _ in 0..100 {
+        if log.contains(&request_id) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        log = gw.log();
+    }
     let line = log
         .lines()
         .find(|l| l.contains(&request_id))

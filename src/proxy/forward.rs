@@ -251,9 +251,24 @@ fn client_header(
     }
     h.insert_header("x-request-id", reply.request_id).ok()?;
     for (k, v) in reply.extra_headers {
-        h.insert_header(k.clone(), v.as_str()).ok()?;
+        h.insert_header(k.clone(), v.clone()).ok()?;
     }
     Some(Box::new(h))
+}
+
+/// The provider's `content-length`, when its body is length-delimited (not chunked).
+fn relayed_length(ex: &Exchange) -> Option<usize> {
+    let h = ex.header()?;
+    if h.headers.contains_key(http::header::TRANSFER_ENCODING) {
+        return None;
+    }
+    h.headers
+        .get(http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn content_type(ex: &Exchange) -> Option<&str> {
@@ -267,7 +282,7 @@ fn content_type(ex: &Exchange) -> Option<&str> {
 pub struct Reply<'a> {
     pub request_id: &'a str,
     pub style_b: bool,
-    pub extra_headers: &'a [(String, String)],
+    pub extra_headers: &'a [(http::HeaderName, http::HeaderValue)],
 }
 
 /// Forwards `adm` to the first target that answers and relays the response.
@@ -291,9 +306,16 @@ pub async fn forward(
 
     session.as_downstream_mut().set_abort_on_close(true);
     if !shaper.holds_header() {
+        // A body relayed byte for byte keeps the provider's length: Pingora then sends the
+        // header and the whole body in one write, with no chunk framing.
+        let length = if shaper.is_plain() {
+            relayed_length(&ex)
+        } else {
+            None
+        };
         let header = ex
             .header()
-            .and_then(|up| client_header(up, status, shaper.content_type(), None, reply));
+            .and_then(|up| client_header(up, status, shaper.content_type(), length, reply));
         let Some(header) = header else {
             state.upstreams.abort(ex).await;
             return Err(ApiError::ServerError);

@@ -14,6 +14,7 @@ pub mod auth;
 pub mod forward;
 pub mod local;
 pub mod pipeline;
+pub mod pool;
 pub mod query;
 pub mod respond;
 pub mod route;
@@ -60,7 +61,7 @@ pub struct RequestCtx {
     pub output_tokens: u64,
     pub deployment: Option<String>,
     /// `x-ratelimit-*` headers for this request's key, once known.
-    pub rate_headers: Vec<(String, String)>,
+    pub rate_headers: Vec<(http::HeaderName, http::HeaderValue)>,
     /// Time to the first response byte, for forwarded requests.
     pub ttfb_ms: Option<u64>,
 }

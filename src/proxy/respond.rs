@@ -1,6 +1,7 @@
 //! Writing gateway-made responses (errors, local JSON) to the client.
 
 use bytes::Bytes;
+use http::{HeaderName, HeaderValue};
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
@@ -23,13 +24,13 @@ pub async fn json(
     status: u16,
     body: Bytes,
     request_id: &str,
-    extra: &[(String, String)],
+    extra: &[(HeaderName, HeaderValue)],
 ) {
     let Some(mut h) = header(status, JSON, request_id) else {
         return;
     };
     for (k, v) in extra {
-        let _ = h.insert_header(k.clone(), v.as_str());
+        let _ = h.insert_header(k.clone(), v.clone());
     }
     let _ = h.insert_header("content-length", body.len().to_string());
     if session
@@ -47,14 +48,17 @@ pub async fn error(
     err: &ApiError,
     style_b: bool,
     request_id: &str,
-    extra: &[(String, String)],
+    extra: &[(HeaderName, HeaderValue)],
 ) {
     let mut extra = extra.to_vec();
     if let ApiError::RateLimited {
         retry_after_secs, ..
     } = err
     {
-        extra.push(("retry-after".into(), retry_after_secs.to_string()));
+        extra.push((
+            http::header::RETRY_AFTER,
+            HeaderValue::from(*retry_after_secs),
+        ));
     }
     json(session, err.status(), err.body(style_b), request_id, &extra).await;
 }

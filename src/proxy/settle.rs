@@ -12,7 +12,7 @@ use crate::quota::{Reservation, Used};
 use crate::state::SharedState;
 use crate::storage::UsageEvent;
 use crate::usage::UsageSink;
-use crate::util::{new_id, now_ms};
+use crate::util::{new_time_ordered_id, now_ms};
 
 /// How the final numbers were obtained, recorded with the event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,7 +186,7 @@ impl Drop for InFlight {
 /// A fresh usage event for an admitted request.
 pub fn new_event(user_id: &str, key_id: &str, model: &str, endpoint: &str) -> UsageEvent {
     UsageEvent {
-        id: new_id("evt"),
+        id: new_time_ordered_id("evt"),
         user_id: user_id.to_string(),
         key_id: key_id.to_string(),
         model: model.to_string(),

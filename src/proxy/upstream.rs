@@ -10,15 +10,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use dashmap::DashMap;
-use pingora_core::connectors::http::v1::Connector;
-use pingora_core::connectors::ConnectorOptions;
-use pingora_core::protocols::http::v1::client::HttpSession;
-use pingora_core::upstreams::peer::HttpPeer;
+use pingora_core::connectors::TransportConnector;
+use pingora_core::protocols::http::v1::client::{http_req_header_to_wire, HttpSession};
+use pingora_core::protocols::Stream;
+use pingora_core::upstreams::peer::{HttpPeer, Peer};
 use pingora_http::{RequestHeader, ResponseHeader};
+use tokio::io::AsyncWriteExt;
 
 use crate::config::Provider;
+use crate::proxy::pool::IdlePool;
 
 const DNS_TTL: Duration = Duration::from_secs(60);
 /// How long an idle pooled upstream connection is kept.
@@ -40,7 +42,9 @@ pub enum UpstreamError {
 
 /// Shared upstream connection machinery for all providers.
 pub struct UpstreamPool {
-    connector: Connector,
+    /// Dials new connections (TCP, TLS with SNI); idle ones are kept in `idle`.
+    connector: TransportConnector,
+    idle: IdlePool,
     dns: DashMap<(String, u16), (Vec<SocketAddr>, Instant)>,
 }
 
@@ -68,10 +72,9 @@ pub struct Exchange {
 
 impl UpstreamPool {
     pub fn new() -> Self {
-        let mut opts = ConnectorOptions::new(256);
-        opts.keepalive_pool_size = 1024;
         UpstreamPool {
-            connector: Connector::new(Some(opts)),
+            connector: TransportConnector::new(None),
+            idle: IdlePool::new(POOL_IDLE),
             dns: DashMap::new(),
         }
     }
@@ -114,17 +117,39 @@ impl UpstreamPool {
     /// connection that turns out to be dead before any response byte is retried on a fresh one.
     pub async fn start(&self, req: &ProviderRequest<'_>) -> Result<Exchange, UpstreamError> {
         let peer = self.peer(req.provider).await?;
+        let wire = request_bytes(req)?;
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let (mut session, reused) = self
-                .connector
-                .get_http_session(&peer)
+            let (mut stream, reused) = match self.idle.take(peer.reuse_hash()) {
+                Some(s) => (s, true),
+                None => (
+                    self.connector
+                        .new_stream(&peer)
+                        .await
+                        .map_err(|e| UpstreamError::Connect(e.to_string()))?,
+                    false,
+                ),
+            };
+            // The request goes out in one write (header and body together): one packet and one
+            // wake-up of the provider instead of two. Pingora's session API flushes the header
+            // on its own, so the bytes are written to the stream and the session is built
+            // around it to read the answer.
+            let write_timeout = req.provider.connect_timeout.max(Duration::from_secs(30));
+            let sent = match tokio::time::timeout(write_timeout, write_request(&mut stream, &wire))
                 .await
-                .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+            {
+                Ok(r) => r,
+                Err(_) => Err(UpstreamError::Timeout),
+            };
+            let mut session = HttpSession::new_with_options(stream, &peer);
             session.read_timeout = Some(req.provider.first_byte_timeout);
-            session.write_timeout = Some(req.provider.connect_timeout.max(Duration::from_secs(30)));
-            match exchange_header(&mut session, req).await {
+            session.write_timeout = Some(write_timeout);
+            let answered = match sent {
+                Ok(()) => read_header(&mut session).await,
+                Err(e) => Err(e),
+            };
+            match answered {
                 Ok(()) => {
                     session.read_timeout = Some(req.provider.idle_timeout);
                     return Ok(Exchange {
@@ -151,12 +176,18 @@ impl UpstreamPool {
     /// Returns a fully read connection to the pool; anything half-read is closed instead.
     pub async fn finish(&self, mut ex: Exchange) {
         if ex.session.is_body_done() {
-            self.connector
-                .release_http_session(ex.session, &ex.peer, Some(POOL_IDLE))
-                .await;
+            ex.session.respect_keepalive();
+            if let Some(stream) = ex.session.reuse().await {
+                self.idle.put(ex.peer.reuse_hash(), stream);
+            }
         } else {
             ex.session.shutdown().await;
         }
+    }
+
+    /// Closes idle connections past the idle timeout; run periodically.
+    pub fn sweep_idle(&self) {
+        self.idle.sweep();
     }
 
     /// Closes the connection without returning it (aborted stream, client gone).
@@ -165,10 +196,8 @@ impl UpstreamPool {
     }
 }
 
-async fn exchange_header(
-    session: &mut HttpSession,
-    req: &ProviderRequest<'_>,
-) -> Result<(), UpstreamError> {
+/// The request on the wire: header and body in one buffer.
+fn request_bytes(req: &ProviderRequest<'_>) -> Result<BytesMut, UpstreamError> {
     let mut header = RequestHeader::build(req.method, req.path.as_bytes(), None)
         .map_err(|e| UpstreamError::Io(e.to_string()))?;
     header
@@ -184,21 +213,26 @@ async fn exchange_header(
             .insert_header("content-length", req.body.len().to_string())
             .map_err(|e| UpstreamError::Io(e.to_string()))?;
     }
-    session
-        .write_request_header(Box::new(header))
+    let mut wire = http_req_header_to_wire(&header)
+        .ok_or_else(|| UpstreamError::Io("request header cannot be written".into()))?;
+    wire.extend_from_slice(&req.body);
+    Ok(wire)
+}
+
+async fn write_request(stream: &mut Stream, wire: &[u8]) -> Result<(), UpstreamError> {
+    stream
+        .write_all(wire)
         .await
         .map_err(|e| UpstreamError::Io(e.to_string()))?;
-    if !req.body.is_empty() {
-        session
-            .write_body(&req.body)
-            .await
-            .map_err(|e| UpstreamError::Io(e.to_string()))?;
-    }
-    session
-        .finish_body()
+    stream
+        .flush()
         .await
-        .map_err(|e| UpstreamError::Io(e.to_string()))?;
-    // Skip informational (1xx) answers; bounded so a hostile peer cannot loop us.
+        .map_err(|e| UpstreamError::Io(e.to_string()))
+}
+
+/// Waits for the response header, skipping informational (1xx) answers; bounded so a hostile
+/// peer cannot loop us.
+async fn read_header(session: &mut HttpSession) -> Result<(), UpstreamError> {
     for _ in 0..5 {
         session.read_response().await.map_err(|e| {
             if e.etype() == &pingora_error::ErrorType::ReadTimedout {

@@ -14,6 +14,7 @@ pub mod local;
 pub mod shared;
 pub mod tiers;
 
+use http::{HeaderName, HeaderValue};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -54,29 +55,56 @@ pub struct RateView {
 
 impl RateView {
     /// OpenAI-style headers (`x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, where
-    /// tokens are input tokens) plus explicit input/output token headers.
-    pub fn headers(&self) -> Vec<(String, String)> {
-        let mut h = Vec::new();
-        let mut put = |suffix: &str, v: &Option<WindowView>| {
-            if let Some(v) = v {
-                h.push((format!("x-ratelimit-limit-{suffix}"), v.limit.to_string()));
-                h.push((
-                    format!("x-ratelimit-remaining-{suffix}"),
-                    v.remaining.to_string(),
-                ));
-                h.push((
-                    format!("x-ratelimit-reset-{suffix}"),
-                    format!("{}s", v.reset_secs),
-                ));
+    /// tokens are input tokens) plus explicit input/output token headers. Names are static
+    /// and values formatted without `format!`: twelve headers on every response.
+    pub fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
+        let mut h = Vec::with_capacity(12);
+        let windows: [(&[&'static str; 3], &Option<WindowView>); 4] = [
+            (&RATE_HEADERS[0], &self.requests),
+            (&RATE_HEADERS[1], &self.input_tokens),
+            (&RATE_HEADERS[2], &self.input_tokens),
+            (&RATE_HEADERS[3], &self.output_tokens),
+        ];
+        for (names, view) in windows {
+            let Some(v) = view else { continue };
+            let mut reset = itoa::Buffer::new().format(v.reset_secs).to_string();
+            reset.push('s');
+            let values = [
+                HeaderValue::from(v.limit),
+                HeaderValue::from(v.remaining),
+                HeaderValue::from_str(&reset).unwrap_or(HeaderValue::from_static("0s")),
+            ];
+            for (name, value) in names.iter().zip(values) {
+                h.push((HeaderName::from_static(name), value));
             }
-        };
-        put("requests", &self.requests);
-        put("tokens", &self.input_tokens);
-        put("input-tokens", &self.input_tokens);
-        put("output-tokens", &self.output_tokens);
+        }
         h
     }
 }
+
+/// `x-ratelimit-{limit,remaining,reset}-*` for requests, tokens (input), input and output tokens.
+const RATE_HEADERS: [[&str; 3]; 4] = [
+    [
+        "x-ratelimit-limit-requests",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
+    ],
+    [
+        "x-ratelimit-limit-tokens",
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-tokens",
+    ],
+    [
+        "x-ratelimit-limit-input-tokens",
+        "x-ratelimit-remaining-input-tokens",
+        "x-ratelimit-reset-input-tokens",
+    ],
+    [
+        "x-ratelimit-limit-output-tokens",
+        "x-ratelimit-remaining-output-tokens",
+        "x-ratelimit-reset-output-tokens",
+    ],
+];
 
 /// The per-minute limits that apply to a key, and the scope whose windows they count in.
 #[derive(Debug, Clone, PartialEq, Eq)]

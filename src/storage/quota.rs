@@ -2,6 +2,8 @@
 //! or Redis) are rebuilt from here; settlements are written back here in the same transaction as
 //! their usage event.
 
+use std::collections::BTreeMap;
+
 use sqlx::Row;
 
 use super::{Db, StoreError, StoreResult};
@@ -221,47 +223,63 @@ impl QuotaStore<'_> {
         rows.iter().map(lot_from_row).collect()
     }
 
-    /// Applies a settlement's breakdown inside the caller's transaction.
-    pub async fn apply_tx(
+    /// Applies settlements' breakdowns inside the caller's transaction, summed first: one
+    /// statement per lot and per (account, hour) however many requests the batch holds. Summing
+    /// is exact: a lot's remaining amount is decremented with saturation at zero, and saturating
+    /// subtraction of several amounts equals subtracting their sum. Rows are touched in sorted
+    /// order so concurrent writers cannot deadlock each other.
+    pub async fn apply_batch_tx(
         tx: &mut sqlx::Transaction<'_, sqlx::Any>,
-        b: &Breakdown,
+        breakdowns: &[&Breakdown],
     ) -> StoreResult<()> {
-        if b.is_empty() {
-            return Ok(());
-        }
-        let (mut lot_t, mut lot_r) = (0u64, 0u64);
-        for (id, kind, amount) in &b.lots {
-            match kind {
-                LotKind::Token => lot_t += amount,
-                LotKind::Request => lot_r += amount,
+        // (user, hour) -> [allowance tokens, allowance requests, lot tokens, lot requests]
+        let mut spend: BTreeMap<(&str, i64), [u64; 4]> = BTreeMap::new();
+        let mut lots: BTreeMap<&str, u64> = BTreeMap::new();
+        for b in breakdowns.iter().filter(|b| !b.is_empty()) {
+            let s = spend
+                .entry((b.user_id.as_str(), b.at_ms / HOUR_MS))
+                .or_default();
+            s[0] = s[0].saturating_add(b.allowance_tokens);
+            s[1] = s[1].saturating_add(b.allowance_requests);
+            for (id, kind, amount) in &b.lots {
+                match kind {
+                    LotKind::Token => s[2] = s[2].saturating_add(*amount),
+                    LotKind::Request => s[3] = s[3].saturating_add(*amount),
+                }
+                let l = lots.entry(id.as_str()).or_default();
+                *l = l.saturating_add(*amount);
             }
+        }
+        for (id, amount) in &lots {
             sqlx::query(
                 "UPDATE quota_lots SET remaining = CASE WHEN remaining > $1 THEN remaining - $2 ELSE 0 END \
                  WHERE id = $3",
             )
             .bind(i(*amount))
             .bind(i(*amount))
-            .bind(id)
+            .bind(*id)
             .execute(&mut **tx)
             .await?;
         }
-        sqlx::query(
-            "INSERT INTO quota_spend (user_id, hour, allowance_tokens, allowance_requests, lot_tokens, lot_requests) \
-             VALUES ($1, $2, $3, $4, $5, $6) \
-             ON CONFLICT (user_id, hour) DO UPDATE SET \
-             allowance_tokens = quota_spend.allowance_tokens + excluded.allowance_tokens, \
-             allowance_requests = quota_spend.allowance_requests + excluded.allowance_requests, \
-             lot_tokens = quota_spend.lot_tokens + excluded.lot_tokens, \
-             lot_requests = quota_spend.lot_requests + excluded.lot_requests",
-        )
-        .bind(&b.user_id)
-        .bind(b.at_ms / HOUR_MS)
-        .bind(i(b.allowance_tokens))
-        .bind(i(b.allowance_requests))
-        .bind(i(lot_t))
-        .bind(i(lot_r))
-        .execute(&mut **tx)
-        .await?;
+        for ((user_id, hour), s) in &spend {
+            sqlx::query(
+                "INSERT INTO quota_spend (user_id, hour, allowance_tokens, allowance_requests, lot_tokens, lot_requests) \
+                 VALUES ($1, $2, $3, $4, $5, $6) \
+                 ON CONFLICT (user_id, hour) DO UPDATE SET \
+                 allowance_tokens = quota_spend.allowance_tokens + excluded.allowance_tokens, \
+                 allowance_requests = quota_spend.allowance_requests + excluded.allowance_requests, \
+                 lot_tokens = quota_spend.lot_tokens + excluded.lot_tokens, \
+                 lot_requests = quota_spend.lot_requests + excluded.lot_requests",
+            )
+            .bind(*user_id)
+            .bind(*hour)
+            .bind(i(s[0]))
+            .bind(i(s[1]))
+            .bind(i(s[2]))
+            .bind(i(s[3]))
+            .execute(&mut **tx)
+            .await?;
+        }
         Ok(())
     }
 }

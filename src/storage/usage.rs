@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use sqlx::Row;
 
 use super::quota::{Breakdown, QuotaStore, HOUR_MS};
-use super::{Db, StoreResult};
+use super::{Backend, Db, StoreResult};
 
 /// One settled request, as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,6 +130,73 @@ type RollupKey = (String, i64, String);
 
 const DAY_HOURS: i64 = 24;
 
+/// Events per multi-row INSERT: 17 parameters each stays far below SQLite's 32,766 and
+/// Postgres's 65,535 bound parameters.
+const INSERT_ROWS: usize = 400;
+
+const EVENT_COLUMNS: usize = 17;
+
+/// Inserts `chunk` with one statement and returns the ids that were new (an id already stored
+/// is skipped, so a retried batch never counts twice). One statement instead of one per event:
+/// each statement is a round trip to the database (for SQLite, to its worker thread).
+///
+/// SQLite gets anonymous `?` placeholders: it resolves each numbered `$n` by a linear search of
+/// the statement's parameter names, quadratic in a statement this size.
+async fn insert_events(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    backend: Backend,
+    chunk: &[UsageEvent],
+) -> StoreResult<std::collections::HashSet<String>> {
+    let mut sql = String::with_capacity(300 + chunk.len() * 110);
+    sql.push_str(
+        "INSERT INTO usage_events (id, user_id, key_id, model, endpoint, reasoning_effort, \
+         input_tokens, output_tokens, total_tokens, cached_tokens, status, latency_ms, \
+         ttfb_ms, settlement, deployment, error_code, created_at) VALUES ",
+    );
+    for row in 0..chunk.len() {
+        sql.push_str(if row == 0 { "(" } else { ", (" });
+        for col in 0..EVENT_COLUMNS {
+            if col > 0 {
+                sql.push_str(", ");
+            }
+            match backend {
+                Backend::Sqlite => sql.push('?'),
+                Backend::Postgres => {
+                    sql.push('$');
+                    sql.push_str(itoa::Buffer::new().format(row * EVENT_COLUMNS + col + 1));
+                }
+            }
+        }
+        sql.push(')');
+    }
+    sql.push_str(" ON CONFLICT (id) DO NOTHING RETURNING id");
+    let mut q = sqlx::query(&sql);
+    for e in chunk {
+        q = q
+            .bind(&e.id)
+            .bind(&e.user_id)
+            .bind(&e.key_id)
+            .bind(&e.model)
+            .bind(&e.endpoint)
+            .bind(&e.reasoning_effort)
+            .bind(i(e.input_tokens))
+            .bind(i(e.output_tokens))
+            .bind(i(e.input_tokens.saturating_add(e.output_tokens)))
+            .bind(i(e.cached_tokens))
+            .bind(e.status as i64)
+            .bind(i(e.latency_ms))
+            .bind(e.ttfb_ms.map(i))
+            .bind(&e.settlement)
+            .bind(&e.deployment)
+            .bind(&e.error_code)
+            .bind(e.created_at);
+    }
+    let rows = q.fetch_all(&mut **tx).await?;
+    rows.iter()
+        .map(|r| r.try_get::<String, _>("id").map_err(Into::into))
+        .collect()
+}
+
 pub struct UsageStore<'a> {
     pub(super) db: &'a Db,
 }
@@ -143,38 +210,12 @@ impl UsageStore<'_> {
             return Ok(());
         }
         let mut rollup: BTreeMap<RollupKey, UsageTotals> = BTreeMap::new();
+        let mut paid: Vec<&Breakdown> = Vec::new();
         let mut tx = self.db.pool.begin().await?;
-        for e in events {
-            let total = e.input_tokens.saturating_add(e.output_tokens);
-            let inserted = sqlx::query(
-                "INSERT INTO usage_events (id, user_id, key_id, model, endpoint, reasoning_effort, \
-                 input_tokens, output_tokens, total_tokens, cached_tokens, status, latency_ms, \
-                 ttfb_ms, settlement, deployment, error_code, created_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
-                 ON CONFLICT (id) DO NOTHING",
-            )
-            .bind(&e.id)
-            .bind(&e.user_id)
-            .bind(&e.key_id)
-            .bind(&e.model)
-            .bind(&e.endpoint)
-            .bind(&e.reasoning_effort)
-            .bind(i(e.input_tokens))
-            .bind(i(e.output_tokens))
-            .bind(i(total))
-            .bind(i(e.cached_tokens))
-            .bind(e.status as i64)
-            .bind(i(e.latency_ms))
-            .bind(e.ttfb_ms.map(i))
-            .bind(&e.settlement)
-            .bind(&e.deployment)
-            .bind(&e.error_code)
-            .bind(e.created_at)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-                == 1;
-            if inserted {
+        for chunk in events.chunks(INSERT_ROWS) {
+            let inserted = insert_events(&mut tx, self.db.backend, chunk).await?;
+            for e in chunk.iter().filter(|e| inserted.contains(e.id.as_str())) {
+                let total = e.input_tokens.saturating_add(e.output_tokens);
                 let key = (
                     e.user_id.clone(),
                     e.created_at.div_euclid(HOUR_MS),
@@ -186,11 +227,10 @@ impl UsageStore<'_> {
                     output_tokens: e.output_tokens,
                     total_tokens: total,
                 });
-            }
-            if let Some(b) = &e.breakdown {
-                QuotaStore::apply_tx(&mut tx, b).await?;
+                paid.extend(e.breakdown.as_ref());
             }
         }
+        QuotaStore::apply_batch_tx(&mut tx, &paid).await?;
         // Sorted keys: concurrent writers (several instances on one Postgres) lock rollup rows
         // in the same order and cannot deadlock each other.
         for ((user_id, hour, model), t) in &rollup {
