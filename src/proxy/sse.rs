@@ -576,12 +576,39 @@ impl StreamUsageTracker {
 /// decides that an `input_tokens` total excludes cache fields (Anthropic),
 /// which is also assumed whenever the Anthropic cache fields are present.
 pub fn usage_from_body(kind: StreamKind, body: &[u8]) -> Option<Usage> {
-    let json: Value = serde_json::from_slice(body).ok()?;
-    let usage = json.get("usage").filter(|u| u.is_object()).or_else(|| {
-        json.get("response")
-            .and_then(|r| r.get("usage"))
-            .filter(|u| u.is_object())
-    })?;
+    // Only `usage` (or `response.usage`) is materialised: the rest of the answer is skipped
+    // while parsing instead of being built into a tree. Bodies this shape does not fit
+    // (duplicate keys, a non-object `response`) take the general path.
+    #[derive(serde::Deserialize)]
+    struct Carrier {
+        #[serde(default)]
+        usage: Option<Value>,
+        #[serde(default)]
+        response: Option<Inner>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Inner {
+        #[serde(default)]
+        usage: Option<Value>,
+    }
+    let usage = match serde_json::from_slice::<Carrier>(body) {
+        Ok(c) => c
+            .usage
+            .filter(Value::is_object)
+            .or_else(|| c.response.and_then(|r| r.usage).filter(Value::is_object))?,
+        Err(_) => {
+            let json: Value = serde_json::from_slice(body).ok()?;
+            json.get("usage")
+                .filter(|u| u.is_object())
+                .or_else(|| {
+                    json.get("response")
+                        .and_then(|r| r.get("usage"))
+                        .filter(|u| u.is_object())
+                })?
+                .clone()
+        }
+    };
+    let usage = &usage;
     let anthropic_style = usage.get("prompt_tokens").is_none()
         && (kind == StreamKind::Anthropic
             || usage.get("cache_read_input_tokens").is_some()

@@ -6,12 +6,12 @@
 //! 30-day report then reads at most 721 hours x models rollup rows, plus the raw events of at
 //! most half an hour at the window's ragged start, whatever the account's volume.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use sqlx::Row;
 
 use super::quota::{Breakdown, QuotaStore, HOUR_MS};
-use super::{Backend, Db, StoreResult};
+use super::{Backend, Db, StoreError, StoreResult};
 
 /// One settled request, as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,17 +136,18 @@ const INSERT_ROWS: usize = 400;
 
 const EVENT_COLUMNS: usize = 17;
 
-/// Inserts `chunk` with one statement and returns the ids that were new (an id already stored
-/// is skipped, so a retried batch never counts twice). One statement instead of one per event:
-/// each statement is a round trip to the database (for SQLite, to its worker thread).
+/// Inserts `chunk` with one statement (`ON CONFLICT DO NOTHING`) and returns how many rows
+/// were new. One statement instead of one per event: each statement is a round trip to the
+/// database (for SQLite, to its worker thread). No `RETURNING`: every returned row would be
+/// one more message from that thread.
 ///
 /// SQLite gets anonymous `?` placeholders: it resolves each numbered `$n` by a linear search of
 /// the statement's parameter names, quadratic in a statement this size.
 async fn insert_events(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     backend: Backend,
-    chunk: &[UsageEvent],
-) -> StoreResult<std::collections::HashSet<String>> {
+    chunk: &[&UsageEvent],
+) -> StoreResult<u64> {
     let mut sql = String::with_capacity(300 + chunk.len() * 110);
     sql.push_str(
         "INSERT INTO usage_events (id, user_id, key_id, model, endpoint, reasoning_effort, \
@@ -155,21 +156,10 @@ async fn insert_events(
     );
     for row in 0..chunk.len() {
         sql.push_str(if row == 0 { "(" } else { ", (" });
-        for col in 0..EVENT_COLUMNS {
-            if col > 0 {
-                sql.push_str(", ");
-            }
-            match backend {
-                Backend::Sqlite => sql.push('?'),
-                Backend::Postgres => {
-                    sql.push('$');
-                    sql.push_str(itoa::Buffer::new().format(row * EVENT_COLUMNS + col + 1));
-                }
-            }
-        }
+        push_placeholders(&mut sql, backend, row * EVENT_COLUMNS, EVENT_COLUMNS);
         sql.push(')');
     }
-    sql.push_str(" ON CONFLICT (id) DO NOTHING RETURNING id");
+    sql.push_str(" ON CONFLICT (id) DO NOTHING");
     let mut q = sqlx::query(&sql);
     for e in chunk {
         q = q
@@ -191,10 +181,23 @@ async fn insert_events(
             .bind(&e.error_code)
             .bind(e.created_at);
     }
-    let rows = q.fetch_all(&mut **tx).await?;
-    rows.iter()
-        .map(|r| r.try_get::<String, _>("id").map_err(Into::into))
-        .collect()
+    Ok(q.execute(&mut **tx).await?.rows_affected())
+}
+
+/// `count` comma-separated placeholders, numbered from `first + 1` for Postgres.
+fn push_placeholders(sql: &mut String, backend: Backend, first: usize, count: usize) {
+    for n in 0..count {
+        if n > 0 {
+            sql.push_str(", ");
+        }
+        match backend {
+            Backend::Sqlite => sql.push('?'),
+            Backend::Postgres => {
+                sql.push('$');
+                sql.push_str(itoa::Buffer::new().format(first + n + 1));
+            }
+        }
+    }
 }
 
 pub struct UsageStore<'a> {
@@ -206,6 +209,22 @@ impl UsageStore<'_> {
     /// settlements' quota breakdowns and the rollup counts of the events that were new (an id
     /// already stored is skipped, and so is its count, so a retried batch never counts twice).
     pub async fn insert_batch(&self, events: &[UsageEvent]) -> StoreResult<()> {
+        match self.insert_new(events, &HashSet::new()).await {
+            Err(StoreError::Conflict(_)) => {
+                // Some ids are stored already (a retry after a commit whose answer was lost):
+                // write only the others, in a fresh transaction.
+                let stored = self.stored_ids(events).await?;
+                self.insert_new(events, &stored).await
+            }
+            other => other,
+        }
+    }
+
+    /// Inserts the events whose ids are not in `skip`, with their rollup counts and quota
+    /// breakdowns, in one transaction; `Conflict` (and nothing written) when an id turns out
+    /// to be stored already.
+    async fn insert_new(&self, events: &[UsageEvent], skip: &HashSet<String>) -> StoreResult<()> {
+        let events: Vec<&UsageEvent> = events.iter().filter(|e| !skip.contains(&e.id)).collect();
         if events.is_empty() {
             return Ok(());
         }
@@ -214,7 +233,10 @@ impl UsageStore<'_> {
         let mut tx = self.db.pool.begin().await?;
         for chunk in events.chunks(INSERT_ROWS) {
             let inserted = insert_events(&mut tx, self.db.backend, chunk).await?;
-            for e in chunk.iter().filter(|e| inserted.contains(e.id.as_str())) {
+            if inserted != chunk.len() as u64 {
+                return Err(StoreError::Conflict("usage event stored already".into()));
+            }
+            for e in chunk {
                 let total = e.input_tokens.saturating_add(e.output_tokens);
                 let key = (
                     e.user_id.clone(),
@@ -255,6 +277,24 @@ impl UsageStore<'_> {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Which of these events' ids are stored already.
+    async fn stored_ids(&self, events: &[UsageEvent]) -> StoreResult<HashSet<String>> {
+        let mut stored = HashSet::new();
+        for chunk in events.chunks(INSERT_ROWS) {
+            let mut sql = String::from("SELECT id FROM usage_events WHERE id IN (");
+            push_placeholders(&mut sql, self.db.backend, 0, chunk.len());
+            sql.push(')');
+            let mut q = sqlx::query(&sql);
+            for e in chunk {
+                q = q.bind(&e.id);
+            }
+            for row in q.fetch_all(&self.db.pool).await? {
+                stored.insert(row.try_get::<String, _>("id")?);
+            }
+        }
+        Ok(stored)
     }
 
     /// The account's usage from `from` to `now` (Unix ms) and its `recent_limit` newest events.
