@@ -466,6 +466,96 @@ upstream_model = "upstream-name"
     assert!(keys[0].last_used_at.is_some());
 }
 
+/// Requests sent back to back on one connection (pipelining), and a keep-alive client that
+/// sends its next request the moment it has an answer: every request arrives whole, is answered
+/// in order and settles as complete (the relay watches the connection for a disconnect while
+/// the client may already be sending; those bytes must not be lost or taken for a disconnect).
+#[tokio::test]
+async fn pipelined_and_back_to_back_requests() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mock = Mock::start(&[]);
+    let gw = Gateway::start(&mock, Options::default());
+    let key = gw.user_with_key("pipelined@example.com", &[]);
+    let addr = gw.api.trim_start_matches("http://").to_string();
+
+    let one = |i: usize| {
+        let body = format!(
+            r#"{{"model":"mock-gpt","messages":[{{"role":"user","content":"request {i}"}}]}}"#
+        );
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all((0..3).map(one).collect::<String>().as_bytes())
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let answers = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 8192];
+        loop {
+            let text = String::from_utf8_lossy(&got).to_string();
+            if text.matches("HTTP/1.1 ").count() == 3 && complete_bodies(&text) == 3 {
+                return text;
+            }
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "connection closed after: {text}");
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("pipelined answers: {}", String::from_utf8_lossy(&got)));
+    assert_eq!(answers.matches("HTTP/1.1 200 OK").count(), 3, "{answers}");
+
+    // Back to back on one keep-alive connection, each request as soon as the last answer is in.
+    let c = reqwest::Client::builder()
+        .pool_max_idle_per_host(1)
+        .build()
+        .unwrap();
+    for _ in 0..50 {
+        let r = c
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(&key)
+            .json(&chat("mock-gpt"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+
+    let events = gw.wait_usage(53).await;
+    assert_eq!(events.len(), 53);
+    for e in &events {
+        assert_eq!(e["settlement"], "provider:complete", "{e}");
+    }
+}
+
+/// How many answers in `text` have their whole body (by `content-length`).
+fn complete_bodies(text: &str) -> usize {
+    let mut done = 0;
+    let mut rest = text;
+    while let Some(head_end) = rest.find("\r\n\r\n") {
+        let head = &rest[..head_end].to_ascii_lowercase();
+        let Some(len) = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse::<usize>().ok())
+        else {
+            return done;
+        };
+        let body_start = head_end + 4;
+        if rest.len() < body_start + len {
+            return done;
+        }
+        done += 1;
+        rest = &rest[body_start + len..];
+    }
+    done
+}
+
 #[tokio::test]
 async fn disconnect_and_cut_streams_still_settle() {
     let mock = Mock::start(&["--chunks", "20", "--chunk-delay-ms", "100"]);

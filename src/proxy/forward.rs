@@ -305,6 +305,8 @@ pub async fn forward(
     flight.tracker = shaper.tracker();
 
     session.as_downstream_mut().set_abort_on_close(true);
+    // Bytes of a length-delimited relayed body still owed to the client.
+    let mut owed: Option<usize> = None;
     if !shaper.holds_header() {
         // A body relayed byte for byte keeps the provider's length: Pingora then sends the
         // header and the whole body in one write, with no chunk framing.
@@ -313,6 +315,7 @@ pub async fn forward(
         } else {
             None
         };
+        owed = length;
         let header = ex
             .header()
             .and_then(|up| client_header(up, status, shaper.content_type(), length, reply));
@@ -338,8 +341,18 @@ pub async fn forward(
                     let out = shaper.feed(bytes, flight.tracker.as_mut());
                     if !out.is_empty() {
                         flight.output_started = true;
+                        let sent = out.len();
                         if session.write_response_body(Some(out), false).await.is_err() {
                             break Reason::ClientDisconnect;
+                        }
+                        if let Some(left) = owed.as_mut() {
+                            *left = left.saturating_sub(sent);
+                            if *left == 0 {
+                                // All of it is with the client: done, without waiting for the
+                                // provider's end-of-body (the connection is pooled only if
+                                // its body was read to the end).
+                                break Reason::Complete;
+                            }
                         }
                     }
                 }

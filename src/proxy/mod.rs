@@ -29,6 +29,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use pingora_core::protocols::http::ServerSession;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType};
 use pingora_proxy::{ProxyHttp, Session};
@@ -130,6 +131,13 @@ impl DevApi {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<(), (Stop, bool)> {
+        // A client may send its next request before this one is answered (pipelining), or as
+        // soon as it has the answer whole while the relay still watches the connection for a
+        // disconnect: with pipelining on, Pingora keeps those bytes for the next request
+        // instead of dropping them (the next request would then arrive cut).
+        if let ServerSession::H1(h1) = session.as_downstream_mut() {
+            h1.set_pipelining_enabled(true);
+        }
         let cfg = self.state.config();
         let method = session.req_header().method.as_str().to_string();
         let uri = &session.req_header().uri;
