@@ -9,6 +9,8 @@
 //! Both take hostile input from the network: nothing here panics, every loop
 //! is bounded by the input, and every buffer has a cap.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use serde_json::Value;
 
@@ -352,6 +354,13 @@ impl StreamUsageTracker {
             }
             return EventVerdict::Forward;
         }
+        if self.kind == StreamKind::OpenAiChat && ev.event.as_deref() != Some("error") {
+            if let Ok(chunk) = serde_json::from_str::<ChatChunk<'_>>(data) {
+                if !chunk.is_error() {
+                    return self.observe_chat_chunk(chunk);
+                }
+            }
+        }
         let Ok(json) = serde_json::from_str::<Value>(data) else {
             return EventVerdict::Forward;
         };
@@ -429,6 +438,49 @@ impl StreamUsageTracker {
             Some(_) => false,
         };
         if no_choices {
+            EventVerdict::UsageOnly
+        } else {
+            EventVerdict::Forward
+        }
+    }
+
+    /// [`Self::observe_chat`] for a chunk read into [`ChatChunk`]: the same result without
+    /// building the event's JSON tree (a chat stream is mostly such chunks).
+    fn observe_chat_chunk(&mut self, chunk: ChatChunk<'_>) -> EventVerdict {
+        for choice in chunk.choices.iter().flatten() {
+            if let Some(t) = &choice.text {
+                self.deliver(t);
+            }
+            let Some(delta) = &choice.delta else {
+                continue;
+            };
+            for t in [&delta.content, &delta.reasoning_content, &delta.refusal]
+                .into_iter()
+                .flatten()
+            {
+                self.deliver(t);
+            }
+            if let Some(calls) = delta.tool_calls.as_ref().and_then(Value::as_array) {
+                for call in calls {
+                    if let Some(f) = call.get("function") {
+                        self.deliver_function(f);
+                    }
+                }
+            }
+            if let Some(f) = &delta.function_call {
+                self.deliver_function(f);
+            }
+        }
+        let Some(u) = chunk
+            .usage
+            .as_ref()
+            .filter(|u| u.is_object())
+            .and_then(openai_usage)
+        else {
+            return EventVerdict::Forward;
+        };
+        self.usage = Some(u);
+        if chunk.choices.is_none_or(|c| c.is_empty()) {
             EventVerdict::UsageOnly
         } else {
             EventVerdict::Forward
@@ -618,6 +670,50 @@ pub fn usage_from_body(kind: StreamKind, body: &[u8]) -> Option<Usage> {
         return parts.update(usage).then(|| parts.usage());
     }
     openai_usage(usage)
+}
+
+/// The parts of an OpenAI chat stream chunk the tracker reads, borrowing the text from the
+/// event where it has no escapes. A chunk of another shape (a non-string `content`, duplicate
+/// keys, ...) fails to deserialize and is read as a JSON tree instead, so both readings agree.
+#[derive(serde::Deserialize)]
+struct ChatChunk<'a> {
+    #[serde(default, rename = "type", borrow)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default)]
+    error: Option<Value>,
+    #[serde(default, borrow)]
+    choices: Option<Vec<ChatChoice<'a>>>,
+    #[serde(default)]
+    usage: Option<Value>,
+}
+
+impl ChatChunk<'_> {
+    /// Error chunks take the general path, which records the error.
+    fn is_error(&self) -> bool {
+        self.kind.as_deref() == Some("error") || self.error.as_ref().is_some_and(|e| !e.is_null())
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct ChatChoice<'a> {
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    delta: Option<ChatDelta<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChatDelta<'a> {
+    #[serde(default, borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(default)]
+    tool_calls: Option<Value>,
+    #[serde(default)]
+    function_call: Option<Value>,
 }
 
 /// Both OpenAI schemes: chat/embeddings (`prompt_tokens`, ...) and
