@@ -231,7 +231,7 @@ fn client_header(
     content_length: Option<usize>,
     reply: &Reply<'_>,
 ) -> Option<Box<ResponseHeader>> {
-    let mut h = ResponseHeader::build(status, Some(up.headers.len() + 4)).ok()?;
+    let mut h = ResponseHeader::build_no_case(status, Some(up.headers.len() + 16)).ok()?;
     for (name, value) in up.headers.iter() {
         let replaced = content_type.is_some() && name == http::header::CONTENT_TYPE;
         if !drop_response_header(name.as_str()) && !replaced {

@@ -11,7 +11,7 @@ pub const JSON: &str = "application/json; charset=utf-8";
 
 /// Builds a response header with the gateway's standard headers.
 pub fn header(status: u16, content_type: &str, request_id: &str) -> Option<ResponseHeader> {
-    let mut h = ResponseHeader::build(status, Some(4)).ok()?;
+    let mut h = ResponseHeader::build_no_case(status, Some(4)).ok()?;
     h.insert_header("content-type", content_type).ok()?;
     h.insert_header("x-request-id", request_id).ok()?;
     h.insert_header("cache-control", "no-store").ok()?;

@@ -198,8 +198,9 @@ impl UpstreamPool {
 
 /// The request on the wire: header and body in one buffer.
 fn request_bytes(req: &ProviderRequest<'_>) -> Result<BytesMut, UpstreamError> {
-    let mut header = RequestHeader::build(req.method, req.path.as_bytes(), None)
-        .map_err(|e| UpstreamError::Io(e.to_string()))?;
+    let mut header =
+        RequestHeader::build_no_case(req.method, req.path.as_bytes(), Some(req.headers.len() + 2))
+            .map_err(|e| UpstreamError::Io(e.to_string()))?;
     header
         .insert_header("host", &req.provider.host_header)
         .map_err(|e| UpstreamError::Io(e.to_string()))?;
