@@ -95,7 +95,7 @@ def main():
         ax.set_xticklabels(labels)
         ax.grid(axis="y", which="both", alpha=0.3)
         ax.margins(y=0.25)
-    axes[0].legend(ncol=len(targets), loc="upper center", bbox_to_anchor=(0.5, 1.22))
+    axes[0].legend(ncol=len(targets), loc="upper right", fontsize=8)
     fig.suptitle(args.title)
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
