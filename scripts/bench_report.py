@@ -192,7 +192,7 @@ def redis_section(before, after, requests):
         rt = script_calls / requests
         summary.append(f"- Redis script round trips per request (eval + evalsha): {rt:.2f} "
                        f"over {requests:,} gateway requests — "
-                       f"{mark(rt <= MAX_REDIS_ROUND_TRIPS)} (target ≤ {MAX_REDIS_ROUND_TRIPS:.0f}); "
+                       f"{mark(round(rt, 2) <= MAX_REDIS_ROUND_TRIPS)} (target ≤ {MAX_REDIS_ROUND_TRIPS:.0f}); "
                        "the delta counts every client of this Redis, so concurrent test runs "
                        "inflate it")
     return lines, summary
