@@ -483,7 +483,11 @@ impl Config {
         if max_body_bytes < 1024 {
             return Err(c.err("server.max_body_bytes", "must be at least 1024"));
         }
-        let threads = f.server.threads.unwrap_or(2);
+        // Default: one event loop per core for the developer API (and as many for the site).
+        let threads = f
+            .server
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get().min(64)));
         if threads == 0 || threads > 256 {
             return Err(c.err("server.threads", "must be between 1 and 256"));
         }
