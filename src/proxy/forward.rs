@@ -388,40 +388,37 @@ pub async fn forward(
 
     let reason = loop {
         tokio::select! {
-            chunk = ex.next_chunk() => match chunk {
-                Ok(Some(bytes)) => {
-                    let (out, after) = coalesce(&mut ex, &mut shaper, flight.tracker.as_mut(), bytes);
-                    if !out.is_empty() {
-                        flight.output_started = true;
-                        let sent = out.len();
-                        if session.write_response_body(Some(out), false).await.is_err() {
-                            break Reason::ClientDisconnect;
-                        }
-                        if let Some(left) = owed.as_mut() {
-                            *left = left.saturating_sub(sent);
-                            if *left == 0 {
-                                // All of it is with the client: done, without waiting for the
-                                // provider's end-of-body (the connection is pooled only if
-                                // its body was read to the end).
-                                break Reason::Complete;
-                            }
-                        }
+            chunk = ex.next_chunk() => {
+                let (out, after) = match chunk {
+                    Ok(Some(bytes)) => coalesce(&mut ex, &mut shaper, flight.tracker.as_mut(), bytes),
+                    Ok(None) => (Bytes::new(), After::End),
+                    Err(e) => (Bytes::new(), After::Failed(e)),
+                };
+                if !out.is_empty() {
+                    flight.output_started = true;
+                    let sent = out.len();
+                    if session.write_response_body(Some(out), false).await.is_err() {
+                        break Reason::ClientDisconnect;
                     }
-                    match after {
-                        After::Open => {}
-                        After::End => break Reason::Complete,
-                        After::Failed(e) => {
-                            log::warn!("deployment {} failed mid-response: {e}", target.label());
-                            break Reason::UpstreamError;
+                    if let Some(left) = owed.as_mut() {
+                        *left = left.saturating_sub(sent);
+                        if *left == 0 {
+                            // All of it is with the client: done, without waiting for the
+                            // provider's end-of-body (the connection is pooled only if its
+                            // body was read to the end).
+                            break Reason::Complete;
                         }
                     }
                 }
-                Ok(None) => break Reason::Complete,
-                Err(e) => {
-                    log::warn!("deployment {} failed mid-response: {e}", target.label());
-                    break Reason::UpstreamError;
+                match after {
+                    After::Open => {}
+                    After::End => break Reason::Complete,
+                    After::Failed(e) => {
+                        log::warn!("deployment {} failed mid-response: {e}", target.label());
+                        break Reason::UpstreamError;
+                    }
                 }
-            },
+            }
             gone = session.as_downstream_mut().read_body_or_idle(true) => {
                 if gone.is_err() {
                     break Reason::ClientDisconnect;

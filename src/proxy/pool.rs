@@ -79,14 +79,6 @@ impl IdlePool {
         };
         drop(expired); // closed outside the lock
     }
-
-    pub fn len(&self) -> usize {
-        self.lock().values().map(Vec::len).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// True when a read would block: the provider neither closed the connection nor sent anything

@@ -144,7 +144,6 @@ impl UpstreamPool {
             };
             let mut session = HttpSession::new_with_options(stream, &peer);
             session.read_timeout = Some(req.provider.first_byte_timeout);
-            session.write_timeout = Some(write_timeout);
             let answered = match sent {
                 Ok(()) => read_header(&mut session).await,
                 Err(e) => Err(e),
