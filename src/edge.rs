@@ -358,6 +358,33 @@ impl ProxyHttp for SiteEdge {
         upstream_request.remove_header("x-forwarded-for");
         Ok(())
     }
+
+    /// A pooled connection to the account service may have been closed by it while idle (it
+    /// closes after answering without reading a body, e.g. a refused webhook). Writing the next
+    /// request then fails; the service cannot have received that request whole, so it is
+    /// retried on a fresh connection whatever its method (Pingora's default retries only
+    /// idempotent methods, which answered a POST with 502).
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<pingora_error::Error>,
+        _ctx: &mut (),
+        client_reused: bool,
+    ) -> Box<pingora_error::Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        let unsent = e.etype() == &pingora_error::ErrorType::WriteError;
+        if client_reused && unsent && !session.as_ref().retry_buffer_truncated() {
+            e.set_retry(true);
+        } else if !session.req_header().method.is_idempotent()
+            || session.as_ref().retry_buffer_truncated()
+        {
+            e.set_retry(false);
+        } else {
+            e.retry.decide_reuse(client_reused);
+        }
+        e
+    }
 }
 
 /// The admin listener: Prometheus text at `/metrics`, liveness at `/health`.
