@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
+use pingora_core::listeners::{L4BufferSettings, ListenerConfig};
 use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::server::{ExecutionPhase, RunArgs, Server, ShutdownSignal, ShutdownSignalWatch};
 use pingora_core::upstreams::peer::HttpPeer;
@@ -29,6 +30,13 @@ use crate::secrets::Secrets;
 use crate::state::{AppState, SharedState};
 use crate::storage::Db;
 use crate::usage::UsageSink;
+
+/// Write buffer of a developer connection. Pingora's default (1,460 bytes) is smaller than a
+/// response header with the rate-limit headers plus a first body chunk, so the header went out
+/// in a `send` of its own before every body larger than a few hundred bytes (every stream and
+/// most real answers). 16 KiB holds the header with a typical answer or a burst of stream
+/// events; larger writes still go straight through.
+const CLIENT_WRITE_BUFFER: usize = 16 * 1024;
 
 /// Requests currently being served by the developer API (for the drain monitor).
 pub static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
@@ -211,7 +219,12 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
         },
         "developer-api",
     );
-    api.add_tcp(&api_listen);
+    api.add_listener(
+        ListenerConfig::tcp(&api_listen).l4_buffer(L4BufferSettings {
+            read: None,
+            write: Some(CLIENT_WRITE_BUFFER),
+        }),
+    );
     let mut site = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
         SiteEdge {

@@ -40,15 +40,24 @@ pub fn iso_opt(ms: Option<i64>) -> serde_json::Value {
 
 /// `n` characters of base62 from the OS-seeded CSPRNG.
 pub fn random_base62(n: usize) -> String {
+    let mut s = String::with_capacity(n);
+    push_random_base62(&mut s, n);
+    s
+}
+
+fn push_random_base62(s: &mut String, n: usize) {
     let mut rng = rand::rng();
-    (0..n)
-        .map(|_| BASE62[rng.random_range(0..BASE62.len())] as char)
-        .collect()
+    s.extend((0..n).map(|_| BASE62[rng.random_range(0..BASE62.len())] as char));
 }
 
 /// A resource id such as `usr_3fK…`: prefix, underscore, 20 base62 characters (~119 bits).
+/// Built in one allocation: request ids are made for every request.
 pub fn new_id(prefix: &str) -> String {
-    format!("{prefix}_{}", random_base62(20))
+    let mut id = String::with_capacity(prefix.len() + 21);
+    id.push_str(prefix);
+    id.push('_');
+    push_random_base62(&mut id, 20);
+    id
 }
 
 /// Like [`new_id`], but the first 8 of the 20 characters are the creation time (base62 ms, in
@@ -62,8 +71,12 @@ pub fn new_time_ordered_id(prefix: &str) -> String {
         *slot = BASE62[(ms % 62) as usize];
         ms /= 62;
     }
-    let stamp = std::str::from_utf8(&stamp).unwrap_or("00000000");
-    format!("{prefix}_{stamp}{}", random_base62(12))
+    let mut id = String::with_capacity(prefix.len() + 21);
+    id.push_str(prefix);
+    id.push('_');
+    id.push_str(std::str::from_utf8(&stamp).unwrap_or("00000000"));
+    push_random_base62(&mut id, 12);
+    id
 }
 
 /// True when `id` has the shape `new_id(prefix)` produces; malformed ids are rejected before any

@@ -212,8 +212,23 @@ pub struct Provider {
 #[derive(Debug, Clone)]
 pub struct Deployment {
     pub provider: Arc<Provider>,
-    pub upstream_model: String,
+    pub upstream_model: Arc<str>,
     pub weight: u32,
+    /// `provider/upstream_model`: names the deployment in cool-downs, logs and usage events;
+    /// built once here instead of on every request.
+    pub label: Arc<str>,
+}
+
+impl Deployment {
+    fn new(provider: Arc<Provider>, upstream_model: String, weight: u32) -> Self {
+        let label = Arc::from(format!("{}/{}", provider.name, upstream_model));
+        Deployment {
+            provider,
+            upstream_model: Arc::from(upstream_model),
+            weight,
+            label,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -733,11 +748,11 @@ impl Config {
                     let provider = providers.get(p).cloned().ok_or_else(|| {
                         c.err(key("provider"), format!("no [[providers]] named {p:?}"))
                     })?;
-                    deployments.push(Deployment {
+                    deployments.push(Deployment::new(
                         provider,
-                        upstream_model: m.upstream_model.clone().unwrap_or_else(|| m.id.clone()),
-                        weight: 1,
-                    });
+                        m.upstream_model.clone().unwrap_or_else(|| m.id.clone()),
+                        1,
+                    ));
                 }
                 (None, false) => {
                     for (j, d) in m.deployments.iter().enumerate() {
@@ -754,15 +769,14 @@ impl Config {
                                 "must be at least 1",
                             ));
                         }
-                        deployments.push(Deployment {
+                        deployments.push(Deployment::new(
                             provider,
-                            upstream_model: d
-                                .upstream_model
+                            d.upstream_model
                                 .clone()
                                 .or_else(|| m.upstream_model.clone())
                                 .unwrap_or_else(|| m.id.clone()),
                             weight,
-                        });
+                        ));
                     }
                 }
                 (Some(_), false) => {

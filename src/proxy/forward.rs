@@ -7,8 +7,9 @@
 //! client is watched so an abort is seen at once. Only a translated non-stream answer is held
 //! until it is complete: it has to be parsed whole to be translated.
 
+use std::borrow::Cow;
+
 use bytes::{Bytes, BytesMut};
-use futures::FutureExt;
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 use serde_json::Value;
@@ -16,6 +17,7 @@ use serde_json::Value;
 use crate::config::ProviderStyle;
 use crate::error::ApiError;
 use crate::proxy::pipeline::Admitted;
+use crate::proxy::respond;
 use crate::proxy::route::Endpoint;
 use crate::proxy::routing::Target;
 use crate::proxy::settle::{InFlight, Reason};
@@ -124,45 +126,42 @@ fn upstream_body(
     ))
 }
 
-fn upstream_headers(
-    session: &Session,
-    target: &Target,
+/// The headers sent to a provider, borrowed from the client's request and the provider's
+/// configuration where they can be (this runs for every request).
+fn upstream_headers<'a>(
+    session: &'a Session,
+    target: &'a Target,
     adm: &Admitted,
-) -> Vec<(&'static str, String)> {
+) -> Vec<(&'static str, Cow<'a, str>)> {
     let req = session.req_header();
-    let get = |n: &str| {
-        req.headers
-            .get(n)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-    };
-    let mut h: Vec<(&'static str, String)> = Vec::with_capacity(8);
+    let get = |n: &str| req.headers.get(n).and_then(|v| v.to_str().ok());
+    let mut h: Vec<(&'static str, Cow<'a, str>)> = Vec::with_capacity(8);
     if !adm.endpoint.is_get() {
-        h.push(("content-type", "application/json".into()));
+        h.push(("content-type", Cow::Borrowed("application/json")));
     }
     for name in PASS_REQUEST_HEADERS {
         if let Some(v) = get(name) {
-            h.push((name, v));
+            h.push((name, Cow::Borrowed(v)));
         }
     }
-    h.push(("accept-encoding", "identity".into()));
+    h.push(("accept-encoding", Cow::Borrowed("identity")));
     let p = &target.provider;
     match p.style {
         ProviderStyle::OpenAi => {
             if let Some(k) = &p.api_key {
-                h.push(("authorization", format!("Bearer {k}")));
+                h.push(("authorization", Cow::Owned(format!("Bearer {k}"))));
             }
         }
         ProviderStyle::Anthropic => {
             if let Some(k) = &p.api_key {
-                h.push(("x-api-key", k.clone()));
+                h.push(("x-api-key", Cow::Borrowed(k.as_str())));
             }
             let version = get("anthropic-version")
                 .or_else(|| get("compat-version"))
-                .unwrap_or_else(|| "2023-06-01".into());
-            h.push(("anthropic-version", version));
+                .unwrap_or("2023-06-01");
+            h.push(("anthropic-version", Cow::Borrowed(version)));
             if let Some(beta) = get("anthropic-beta") {
-                h.push(("anthropic-beta", beta));
+                h.push(("anthropic-beta", Cow::Borrowed(beta)));
             }
         }
     }
@@ -193,7 +192,7 @@ async fn connect(
             headers: upstream_headers(session, target, adm),
             body: upstream_body(adm, target, crossing, attempts.translated.as_ref())?,
         };
-        match state.upstreams.start(&req).await {
+        match Box::pin(state.upstreams.start(&req)).await {
             Ok(mut ex) => {
                 let status = ex.status();
                 if (status == 429 || status >= 500) && !is_last {
@@ -239,18 +238,24 @@ fn client_header(
         }
     }
     if let Some(ct) = content_type {
-        h.insert_header("content-type", ct).ok()?;
+        h.insert_header(http::header::CONTENT_TYPE, ct).ok()?;
     }
     match content_length {
-        Some(n) => h.insert_header("content-length", n.to_string()).ok()?,
+        Some(n) => h
+            .insert_header(http::header::CONTENT_LENGTH, respond::content_length(n))
+            .ok()?,
         // Relayed as it arrives: chunked, so the connection stays reusable (without a length
         // or chunking, HTTP/1.1 can only end the body by closing the connection).
-        None if !matches!(status, 204 | 304) => {
-            h.insert_header("transfer-encoding", "chunked").ok()?
-        }
+        None if !matches!(status, 204 | 304) => h
+            .insert_header(
+                http::header::TRANSFER_ENCODING,
+                http::HeaderValue::from_static("chunked"),
+            )
+            .ok()?,
         None => {}
     }
-    h.insert_header("x-request-id", reply.request_id).ok()?;
+    h.insert_header(respond::X_REQUEST_ID, reply.request_id)
+        .ok()?;
     for (k, v) in reply.extra_headers {
         h.insert_header(k.clone(), v.clone()).ok()?;
     }
@@ -285,7 +290,7 @@ fn coalesce(
     let mut merged: Option<BytesMut> = None;
     let mut after = After::Open;
     while merged.as_ref().map_or(out.len(), BytesMut::len) < COALESCE_LIMIT {
-        match tokio::task::unconstrained(ex.next_chunk()).now_or_never() {
+        match ex.ready_chunk() {
             None => break,
             Some(Ok(Some(more))) => {
                 let shaped = shaper.feed(more, tracker.as_deref_mut());
@@ -349,8 +354,8 @@ pub async fn forward(
     if attempts.targets.is_empty() {
         return Err(ApiError::RoutingUnavailable);
     }
-    let (mut ex, target, crossing) = connect(state, session, adm, attempts).await?;
-    flight.event.deployment = Some(target.label());
+    let (mut ex, target, crossing) = Box::pin(connect(state, session, adm, attempts)).await?;
+    flight.event.deployment = Some(target.label().to_string());
     let mut status = ex.status();
     let client = ClientSide::of(adm, reply.style_b);
     let mut shaper = Shaper::new(crossing, client, status, content_type(&ex));

@@ -41,7 +41,7 @@ use crate::proxy::route::{Endpoint, Route};
 use crate::proxy::settle::{new_event, InFlight, Reason};
 use crate::quota::Denied;
 use crate::state::SharedState;
-use crate::util::random_base62;
+use crate::util::new_id;
 
 /// The developer-API service.
 pub struct DevApi {
@@ -73,7 +73,7 @@ impl ProxyHttp for DevApi {
 
     fn new_ctx(&self) -> RequestCtx {
         RequestCtx {
-            request_id: format!("req_{}", random_base62(20)),
+            request_id: new_id("req"),
             started: Instant::now(),
             endpoint: None,
             model: None,
@@ -107,7 +107,10 @@ impl ProxyHttp for DevApi {
         ctx: &mut RequestCtx,
     ) -> pingora_error::Result<bool> {
         let _in_flight = crate::edge::InFlightGuard::enter();
-        match self.handle(session, ctx).await {
+        // Boxed (as are the large futures below it): an async state machine is moved by value
+        // when it is built, and a request's nested states inline measured ~5% of the proxy's CPU
+        // in `memcpy`.
+        match Box::pin(self.handle(session, ctx)).await {
             Ok(()) => {}
             Err((Stop::ClientGone, _)) => ctx.status = 499,
             Err((Stop::Api(err), style_b)) => {
@@ -250,7 +253,15 @@ impl DevApi {
                     style_b,
                     extra_headers: &ctx.rate_headers,
                 };
-                forward::forward(&self.state, session, &adm, &attempts, &mut flight, &reply).await
+                Box::pin(forward::forward(
+                    &self.state,
+                    session,
+                    &adm,
+                    &attempts,
+                    &mut flight,
+                    &reply,
+                ))
+                .await
             }
         };
         if endpoint == Endpoint::CountTokens {

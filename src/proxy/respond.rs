@@ -9,12 +9,26 @@ use crate::error::ApiError;
 
 pub const JSON: &str = "application/json; charset=utf-8";
 
+/// Header names the gateway sets on every answer, parsed once: a name given as `&str` is parsed
+/// (and, when it is not a standard one, copied into a fresh allocation) on every insert.
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// `content-length: n` without a `String` in between.
+pub fn content_length(n: usize) -> HeaderValue {
+    HeaderValue::from(n as u64)
+}
+
 /// Builds a response header with the gateway's standard headers.
 pub fn header(status: u16, content_type: &str, request_id: &str) -> Option<ResponseHeader> {
     let mut h = ResponseHeader::build_no_case(status, Some(4)).ok()?;
-    h.insert_header("content-type", content_type).ok()?;
-    h.insert_header("x-request-id", request_id).ok()?;
-    h.insert_header("cache-control", "no-store").ok()?;
+    h.insert_header(http::header::CONTENT_TYPE, content_type)
+        .ok()?;
+    h.insert_header(X_REQUEST_ID, request_id).ok()?;
+    h.insert_header(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-store"),
+    )
+    .ok()?;
     Some(h)
 }
 
@@ -32,7 +46,7 @@ pub async fn json(
     for (k, v) in extra {
         let _ = h.insert_header(k.clone(), v.clone());
     }
-    let _ = h.insert_header("content-length", body.len().to_string());
+    let _ = h.insert_header(http::header::CONTENT_LENGTH, content_length(body.len()));
     if session
         .write_response_header(Box::new(h), false)
         .await

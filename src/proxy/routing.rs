@@ -14,23 +14,22 @@ use crate::config::{Deployment, Model, Provider};
 pub struct Target {
     pub provider: Arc<Provider>,
     /// The model name sent upstream (after `upstream_model` renames); `None` for tools.
-    pub upstream_model: Option<String>,
+    pub upstream_model: Option<Arc<str>>,
+    /// Identifies the deployment for cool-downs and logs: `provider/model`, or the provider's
+    /// name for tools.
+    pub label: Arc<str>,
 }
 
 impl Target {
-    /// Identifies the deployment for cool-downs and logs: `provider/model`.
-    pub fn label(&self) -> String {
-        match &self.upstream_model {
-            Some(m) => format!("{}/{}", self.provider.name, m),
-            None => self.provider.name.clone(),
-        }
+    pub fn label(&self) -> &str {
+        &self.label
     }
 }
 
 /// Cool-down bookkeeping, shared by all requests of this instance.
 #[derive(Default)]
 pub struct Routing {
-    cooling_until: DashMap<String, Instant>,
+    cooling_until: DashMap<Arc<str>, Instant>,
 }
 
 impl Routing {
@@ -54,7 +53,7 @@ impl Routing {
     /// Marks a deployment as failing for its provider's cool-down time.
     pub fn cool_down(&self, target: &Target) {
         let until = Instant::now() + target.provider.cooldown;
-        self.cooling_until.insert(target.label(), until);
+        self.cooling_until.insert(target.label.clone(), until);
     }
 
     /// The deployments to try, in order: a weighted random permutation of those not cooling.
@@ -62,7 +61,7 @@ impl Routing {
         let mut pool: Vec<&Deployment> = model
             .deployments
             .iter()
-            .filter(|d| !self.is_cooling(&format!("{}/{}", d.provider.name, d.upstream_model)))
+            .filter(|d| !self.is_cooling(&d.label))
             .collect();
         let mut order = Vec::with_capacity(pool.len());
         let mut rng = rand::rng();
@@ -81,6 +80,7 @@ impl Routing {
             order.push(Target {
                 provider: d.provider.clone(),
                 upstream_model: Some(d.upstream_model.clone()),
+                label: d.label.clone(),
             });
         }
         order
@@ -91,8 +91,9 @@ impl Routing {
         let t = Target {
             provider: provider.clone(),
             upstream_model: None,
+            label: Arc::from(provider.name.as_str()),
         };
-        if self.is_cooling(&t.label()) {
+        if self.is_cooling(t.label()) {
             vec![]
         } else {
             vec![t]

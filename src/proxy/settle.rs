@@ -32,14 +32,22 @@ pub enum Reason {
 }
 
 impl Reason {
-    fn as_str(self) -> &'static str {
-        match self {
-            Reason::Complete => "complete",
-            Reason::ClientDisconnect => "client_disconnect",
-            Reason::UpstreamError => "upstream_error",
-            Reason::ProviderError => "provider_error",
-            Reason::Unrouted => "unrouted",
-            Reason::Aborted => "aborted",
+    /// How the numbers were obtained and why the request ended, as recorded in the event:
+    /// `provider:<reason>` or `counted:<reason>`. Static strings: made for every request.
+    fn settlement(self, provider_reported: bool) -> &'static str {
+        match (provider_reported, self) {
+            (true, Reason::Complete) => "provider:complete",
+            (true, Reason::ClientDisconnect) => "provider:client_disconnect",
+            (true, Reason::UpstreamError) => "provider:upstream_error",
+            (true, Reason::ProviderError) => "provider:provider_error",
+            (true, Reason::Unrouted) => "provider:unrouted",
+            (true, Reason::Aborted) => "provider:aborted",
+            (false, Reason::Complete) => "counted:complete",
+            (false, Reason::ClientDisconnect) => "counted:client_disconnect",
+            (false, Reason::UpstreamError) => "counted:upstream_error",
+            (false, Reason::ProviderError) => "counted:provider_error",
+            (false, Reason::Unrouted) => "counted:unrouted",
+            (false, Reason::Aborted) => "counted:aborted",
         }
     }
 }
@@ -107,12 +115,7 @@ impl InFlight {
     fn complete(&mut self, reason: Reason) -> Usage {
         self.done = true;
         let usage = self.final_usage();
-        let source = if self.provider_usage.is_some() {
-            "provider"
-        } else {
-            "counted"
-        };
-        self.event.settlement = format!("{source}:{}", reason.as_str());
+        self.event.settlement = reason.settlement(self.provider_usage.is_some()).to_string();
         self.event.input_tokens = usage.input_tokens;
         self.event.output_tokens = usage.output_tokens;
         self.event.cached_tokens = usage.cached_tokens;
@@ -121,7 +124,8 @@ impl InFlight {
             input_tokens: usage.input_tokens,
             output_tokens: usage.output_tokens,
         };
-        let event = self.event.clone();
+        // Settled once (`done`): the event is not needed here any more.
+        let event = std::mem::take(&mut self.event);
         match self.reservation.take() {
             Some(r) => {
                 crate::metrics::RESERVATIONS.dec();
@@ -134,14 +138,14 @@ impl InFlight {
 
     /// Provider-reported usage when present; otherwise the estimate for input (when the provider
     /// saw the request) and the tokenizer's count of what was delivered for output.
-    fn final_usage(&self) -> Usage {
+    fn final_usage(&mut self) -> Usage {
         if let Some(u) = self.provider_usage {
             return self.at_least_delivered(u);
         }
         if let Some(u) = self.tracker.as_ref().and_then(|t| t.usage()) {
             return self.at_least_delivered(u);
         }
-        let output = match (&self.tracker, self.counted_output) {
+        let output = match (&mut self.tracker, self.counted_output) {
             (_, Some(n)) => n,
             (Some(t), None) => self.state.tokens.count(t.delivered_text()),
             (None, None) => 0,
@@ -161,8 +165,8 @@ impl InFlight {
 impl InFlight {
     /// A stream that never reached its end reports only early usage (Anthropic's
     /// `message_start` says 1 output token): charge at least what was actually delivered.
-    fn at_least_delivered(&self, mut u: Usage) -> Usage {
-        if let Some(t) = &self.tracker {
+    fn at_least_delivered(&mut self, mut u: Usage) -> Usage {
+        if let Some(t) = &mut self.tracker {
             if !t.saw_terminal() && !t.delivered_text().is_empty() {
                 let counted = self.state.tokens.count(t.delivered_text());
                 u.output_tokens = u.output_tokens.max(counted);

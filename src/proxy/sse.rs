@@ -326,7 +326,30 @@ pub struct StreamUsageTracker {
     error: Option<String>,
     delivered: String,
     delivered_truncated: bool,
+    /// Chat chunks not read yet (see [`Self::observe`]), in arrival order.
+    deferred: Vec<String>,
+    deferred_bytes: usize,
+    /// While set, text is not collected (a chunk read early for its usage).
+    quiet: bool,
 }
+
+/// Whether a chat chunk may carry a usage object: a `"usage"` key with anything but `null`.
+/// Errs towards yes (the chunk is then read at once).
+fn carries_usage(data: &str) -> bool {
+    let mut rest = data;
+    while let Some(at) = rest.find("\"usage\"") {
+        rest = &rest[at + 7..];
+        match rest.trim_start().strip_prefix(':') {
+            Some(value) if value.trim_start().starts_with("null") => continue,
+            _ => return true,
+        }
+    }
+    false
+}
+
+/// Deferred chat chunks past this size are read at once, so a long stream's memory stays
+/// bounded by the delivered-text cap.
+const MAX_DEFERRED_BYTES: usize = MAX_DELIVERED_TEXT_BYTES;
 
 impl StreamUsageTracker {
     pub fn new(kind: StreamKind) -> Self {
@@ -338,13 +361,58 @@ impl StreamUsageTracker {
             error: None,
             delivered: String::new(),
             delivered_truncated: false,
+            deferred: Vec::new(),
+            deferred_bytes: 0,
+            quiet: false,
         }
     }
 
     /// Never fails: events that are not JSON, or JSON of an unexpected shape,
     /// are forwarded untouched and simply contribute nothing.
+    ///
+    /// An OpenAI chat chunk that cannot carry usage or an error (neither word appears in it)
+    /// is kept unread: the text it delivers matters only if the provider reports no usage or
+    /// cuts the stream, and [`Self::delivered_text`] reads the kept chunks then. Reading every
+    /// chunk as it passed was the largest part of the gateway's own work on a stream.
     pub fn observe(&mut self, ev: &SseEvent) -> EventVerdict {
-        let data = ev.data.trim();
+        let deferrable = self.kind == StreamKind::OpenAiChat
+            && ev.event.is_none()
+            && !ev.data.contains("error")
+            && ev.data.trim() != "[DONE]";
+        if !deferrable {
+            return self.observe_now(ev.event.as_deref(), &ev.data);
+        }
+        // A chunk with usage is read now for it (OpenAI sends `"usage":null` on every chunk
+        // when usage is on, and the object on the last); its text waits with the others so the
+        // delivered text keeps the stream's order.
+        let verdict = if carries_usage(&ev.data) {
+            self.quiet = true;
+            let v = self.observe_now(None, &ev.data);
+            self.quiet = false;
+            v
+        } else {
+            EventVerdict::Forward
+        };
+        if !self.delivered_truncated {
+            self.deferred_bytes += ev.data.len();
+            self.deferred.push(ev.data.clone());
+            if self.deferred_bytes > MAX_DEFERRED_BYTES {
+                self.catch_up();
+            }
+        }
+        verdict
+    }
+
+    /// Reads the chunks [`Self::observe`] kept, in order.
+    fn catch_up(&mut self) {
+        for data in std::mem::take(&mut self.deferred) {
+            self.observe_now(None, &data);
+        }
+        self.deferred_bytes = 0;
+    }
+
+    fn observe_now(&mut self, event: Option<&str>, data: &str) -> EventVerdict {
+        let data = data.trim();
         if data.is_empty() {
             return EventVerdict::Forward;
         }
@@ -354,7 +422,7 @@ impl StreamUsageTracker {
             }
             return EventVerdict::Forward;
         }
-        if self.kind == StreamKind::OpenAiChat && ev.event.as_deref() != Some("error") {
+        if self.kind == StreamKind::OpenAiChat && event != Some("error") {
             if let Ok(chunk) = serde_json::from_str::<ChatChunk<'_>>(data) {
                 if !chunk.is_error() {
                     return self.observe_chat_chunk(chunk);
@@ -367,9 +435,9 @@ impl StreamUsageTracker {
         let ty = json
             .get("type")
             .and_then(Value::as_str)
-            .or(ev.event.as_deref())
+            .or(event)
             .unwrap_or("");
-        if ty == "error" || ev.event.as_deref() == Some("error") {
+        if ty == "error" || event == Some("error") {
             self.record_error(&json);
         }
         match self.kind {
@@ -399,13 +467,15 @@ impl StreamUsageTracker {
 
     /// What the client was actually sent, for estimating output when the
     /// provider never reported usage (capped at [`MAX_DELIVERED_TEXT_BYTES`]).
-    pub fn delivered_text(&self) -> &str {
+    pub fn delivered_text(&mut self) -> &str {
+        self.catch_up();
         &self.delivered
     }
 
     /// Whether [`Self::delivered_text`] hit its cap, so an estimate from it
     /// is a lower bound.
-    pub fn delivered_text_truncated(&self) -> bool {
+    pub fn delivered_text_truncated(&mut self) -> bool {
+        self.catch_up();
         self.delivered_truncated
     }
 
@@ -604,6 +674,9 @@ impl StreamUsageTracker {
     }
 
     fn deliver(&mut self, text: &str) {
+        if self.quiet {
+            return;
+        }
         let room = MAX_DELIVERED_TEXT_BYTES.saturating_sub(self.delivered.len());
         if text.len() <= room {
             self.delivered.push_str(text);
@@ -1020,8 +1093,42 @@ data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_
 data: [DONE]\n\n";
 
     #[test]
+    fn chunks_are_read_early_only_when_they_may_carry_usage() {
+        assert!(!carries_usage(r#"{"choices":[{"delta":{"content":"x"}}]}"#));
+        assert!(!carries_usage(r#"{"choices":[],"usage":null}"#));
+        assert!(!carries_usage(r#"{"usage" : null,"x":{"usage":null}}"#));
+        assert!(!carries_usage(
+            r#"{"choices":[{"delta":{"content":"say \"usage\": 1"}}]}"#
+        ));
+        assert!(carries_usage(
+            r#"{"choices":[],"usage":{"prompt_tokens":1}}"#
+        ));
+        assert!(carries_usage(
+            r#"{"usage":null,"usage":{"prompt_tokens":1}}"#
+        ));
+        assert!(carries_usage(r#"{"type":"usage"}"#));
+    }
+
+    #[test]
+    fn text_of_a_chunk_read_early_keeps_its_place() {
+        // Usage arrives on a chunk that also delivers text, between chunks kept unread.
+        let stream = "\
+data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n\
+data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"}}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\n\
+data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"c\"}}],\"usage\":null}\n\n";
+        let (mut t, verdicts) = run(StreamKind::OpenAiChat, stream);
+        assert_eq!(verdicts, vec![EventVerdict::Forward; 3]);
+        assert_eq!(
+            t.usage().map(|u| (u.input_tokens, u.output_tokens)),
+            Some((3, 2))
+        );
+        assert!(!t.saw_terminal());
+        assert_eq!(t.delivered_text(), "abc");
+    }
+
+    #[test]
     fn openai_chat_usage_only_chunk() {
-        let (t, verdicts) = run(StreamKind::OpenAiChat, CHAT_STREAM);
+        let (mut t, verdicts) = run(StreamKind::OpenAiChat, CHAT_STREAM);
         assert_eq!(
             verdicts,
             vec![
@@ -1068,7 +1175,7 @@ data: [DONE]\n\n";
         let cut = CHAT_STREAM
             .split("data: {\"id\":\"c\",\"choices\":[],")
             .next();
-        let (t, _) = run(StreamKind::OpenAiChat, cut.unwrap_or_default());
+        let (mut t, _) = run(StreamKind::OpenAiChat, cut.unwrap_or_default());
         assert!(!t.saw_terminal());
         assert!(t.usage().is_none());
         assert_eq!(t.delivered_text(), "Hellof{}");
@@ -1095,7 +1202,7 @@ event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{
 
     #[test]
     fn responses_completed() {
-        let (t, verdicts) = run(StreamKind::OpenAiResponses, RESPONSES_STREAM);
+        let (mut t, verdicts) = run(StreamKind::OpenAiResponses, RESPONSES_STREAM);
         assert!(verdicts.iter().all(|v| *v == EventVerdict::Forward));
         assert!(t.saw_terminal());
         assert_eq!(
@@ -1154,7 +1261,7 @@ event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{
             .split("event: response.completed")
             .next()
             .unwrap_or_default();
-        let (t, _) = run(StreamKind::OpenAiResponses, cut);
+        let (mut t, _) = run(StreamKind::OpenAiResponses, cut);
         assert!(!t.saw_terminal());
         assert!(t.usage().is_none());
         assert_eq!(t.delivered_text(), "Hi there");
@@ -1175,7 +1282,7 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
 
     #[test]
     fn anthropic_cumulative_deltas_not_double_counted() {
-        let (t, verdicts) = run(StreamKind::Anthropic, ANTHROPIC_STREAM);
+        let (mut t, verdicts) = run(StreamKind::Anthropic, ANTHROPIC_STREAM);
         assert!(verdicts.iter().all(|v| *v == EventVerdict::Forward));
         assert!(t.saw_terminal());
         assert_eq!(

@@ -56,11 +56,16 @@ impl Local {
     }
 
     async fn account(&self, db: &Db, user_id: &str, now: i64) -> Result<Cell, Denied> {
-        let cell = self
-            .accounts
-            .entry(user_id.to_string())
-            .or_insert_with(|| Arc::new(OnceCell::new()))
-            .clone();
+        // Looked up before `entry`, which needs an owned key: no allocation once loaded.
+        let known = self.accounts.get(user_id).map(|c| c.clone());
+        let cell = match known {
+            Some(cell) => cell,
+            None => self
+                .accounts
+                .entry(user_id.to_string())
+                .or_insert_with(|| Arc::new(OnceCell::new()))
+                .clone(),
+        };
         cell.get_or_try_init(|| async {
             let spend = db.quota().spend(user_id, now).await?;
             let lots = db.quota().lots(user_id, now).await?;
@@ -98,7 +103,10 @@ impl Local {
         let limits = *cfg.limits(tier);
         let plan = RatePlan::for_key(who, &limits);
         let minute = now.div_euclid(WINDOW_MS);
-        let mut w = self.windows.entry(plan.scope.clone()).or_default();
+        let mut w = match self.windows.get_mut(&plan.scope) {
+            Some(w) => w,
+            None => self.windows.entry(plan.scope.clone()).or_default(),
+        };
         w.roll(minute);
         let caps = [plan.rpm, plan.itpm, plan.otpm];
         let costs = [1, input, output];

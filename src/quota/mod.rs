@@ -65,21 +65,67 @@ impl RateView {
             (&RATE_HEADERS[2], &self.input_tokens),
             (&RATE_HEADERS[3], &self.output_tokens),
         ];
+        // `tokens` and `input-tokens` describe the same window: render it once.
+        let mut previous: Option<(&WindowView, [HeaderValue; 3])> = None;
         for (names, view) in windows {
             let Some(v) = view else { continue };
-            let mut reset = itoa::Buffer::new().format(v.reset_secs).to_string();
-            reset.push('s');
-            let values = [
-                HeaderValue::from(v.limit),
-                HeaderValue::from(v.remaining),
-                HeaderValue::from_str(&reset).unwrap_or(HeaderValue::from_static("0s")),
-            ];
-            for (name, value) in names.iter().zip(values) {
-                h.push((HeaderName::from_static(name), value));
+            let values = match &previous {
+                Some((seen, values)) if std::ptr::eq(*seen, v) => values.clone(),
+                _ => [
+                    limit_value(v.limit),
+                    HeaderValue::from(v.remaining),
+                    reset_value(v.reset_secs),
+                ],
+            };
+            for (name, value) in names.iter().zip(values.iter()) {
+                h.push((HeaderName::from_static(name), value.clone()));
             }
+            previous = Some((v, values));
         }
         h
     }
+}
+
+/// `x-ratelimit-reset-*` values of a per-minute window (`0s` to `60s`), never allocated.
+const RESET_VALUES: [&str; 61] = [
+    "0s", "1s", "2s", "3s", "4s", "5s", "6s", "7s", "8s", "9s", "10s", "11s", "12s", "13s", "14s",
+    "15s", "16s", "17s", "18s", "19s", "20s", "21s", "22s", "23s", "24s", "25s", "26s", "27s",
+    "28s", "29s", "30s", "31s", "32s", "33s", "34s", "35s", "36s", "37s", "38s", "39s", "40s",
+    "41s", "42s", "43s", "44s", "45s", "46s", "47s", "48s", "49s", "50s", "51s", "52s", "53s",
+    "54s", "55s", "56s", "57s", "58s", "59s", "60s",
+];
+
+fn reset_value(secs: u64) -> HeaderValue {
+    match RESET_VALUES.get(secs as usize) {
+        Some(v) => HeaderValue::from_static(v),
+        None => {
+            let mut s = itoa::Buffer::new().format(secs).to_string();
+            s.push('s');
+            HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static("0s"))
+        }
+    }
+}
+
+thread_local! {
+    /// Rendered limits: a key's limits are the same on every response, so each worker thread
+    /// keeps the few it sees instead of formatting and allocating them again.
+    static LIMIT_VALUES: std::cell::RefCell<Vec<(u64, HeaderValue)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn limit_value(limit: u64) -> HeaderValue {
+    LIMIT_VALUES.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if let Some((_, v)) = cache.iter().find(|(l, _)| *l == limit) {
+            return v.clone();
+        }
+        let v = HeaderValue::from(limit);
+        if cache.len() >= 32 {
+            cache.clear();
+        }
+        cache.push((limit, v.clone()));
+        v
+    })
 }
 
 /// `x-ratelimit-{limit,remaining,reset}-*` for requests, tokens (input), input and output tokens.

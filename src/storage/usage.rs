@@ -14,7 +14,7 @@ use super::quota::{Breakdown, QuotaStore, HOUR_MS};
 use super::{Backend, Db, StoreError, StoreResult};
 
 /// One settled request, as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UsageEvent {
     pub id: String,
     pub user_id: String,
