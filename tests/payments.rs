@@ -5,14 +5,11 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
+use common::site::{signed_in, Browser, Reply};
 use common::*;
 use serde_json::{json, Value};
-
-/// The harness's `server.site_origin`.
-const ORIGIN: &str = "http://127.0.0.1:8081";
 
 /// Prices set, three pending orders at most, distinct per-minute defaults per tier so the
 /// developer API's headers show the effective tier.
@@ -39,158 +36,15 @@ requests_per_minute = 60
 requests_per_minute = 700
 "#;
 
-/// One answer, read fully.
-struct Reply {
-    status: u16,
-    headers: reqwest::header::HeaderMap,
-    text: String,
+/// `POST /api/payment/orders` as the signed-in browser.
+trait Orders {
+    async fn order(&mut self, body: Value) -> Reply;
 }
 
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.text)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.text))
-    }
-
-    fn header(&self, name: &str) -> String {
-        self.headers
-            .get(name)
-            .map(|v| v.to_str().expect("ascii").to_string())
-            .unwrap_or_default()
-    }
-
-    fn ok_json(&self) -> Value {
-        assert_eq!(self.status, 200, "{}", self.text);
-        assert_eq!(
-            self.header("content-type"),
-            "application/json; charset=utf-8"
-        );
-        assert_eq!(self.header("cache-control"), "no-store");
-        self.json()
-    }
-
-    /// `(status, code)` of a site error `{ok:false, code}`.
-    fn error(&self) -> (u16, String) {
-        assert_eq!(self.header("cache-control"), "no-store");
-        let v = self.json();
-        assert_eq!(v["ok"], json!(false), "{v}");
-        (self.status, v["code"].as_str().expect("code").to_string())
-    }
-}
-
-/// A browser with a hand-kept cookie jar that sends the site's `Origin` on POSTs.
-struct Browser {
-    client: reqwest::Client,
-    base: String,
-    jar: BTreeMap<String, String>,
-    csrf: String,
-}
-
-impl Browser {
-    fn new(gw: &Gateway) -> Browser {
-        Browser {
-            client: client(),
-            base: gw.site.clone(),
-            jar: BTreeMap::new(),
-            csrf: String::new(),
-        }
-    }
-
-    async fn send(&mut self, mut req: reqwest::RequestBuilder) -> Reply {
-        if !self.jar.is_empty() {
-            let cookie = self
-                .jar
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join("; ");
-            req = req.header("cookie", cookie);
-        }
-        let resp = req.send().await.expect("send");
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        for c in headers.get_all("set-cookie") {
-            let c = c.to_str().expect("ascii");
-            let (pair, attrs) = c.split_once(';').unwrap_or((c, ""));
-            let (name, value) = pair.split_once('=').expect("cookie pair");
-            if attrs.contains("Max-Age=0") {
-                self.jar.remove(name);
-            } else {
-                self.jar.insert(name.to_string(), value.to_string());
-            }
-        }
-        let text = resp.text().await.expect("body");
-        Reply {
-            status,
-            headers,
-            text,
-        }
-    }
-
-    async fn get(&mut self, path: &str) -> Reply {
-        let req = self.client.get(format!("{}{path}", self.base));
-        self.send(req).await
-    }
-
-    /// POST with the site origin and this session's CSRF token.
-    async fn post(&mut self, path: &str, body: &Value) -> Reply {
-        let req = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .header("origin", ORIGIN)
-            .header("x-csrf-token", &self.csrf)
-            .json(body);
-        self.send(req).await
-    }
-
+impl Orders for Browser {
     async fn order(&mut self, body: Value) -> Reply {
         self.post("/api/payment/orders", &body).await
     }
-}
-
-/// The 6-digit code of the newest sign-in mail to `email`.
-fn latest_code(gw: &Gateway, email: &str) -> String {
-    let mut names: Vec<_> = std::fs::read_dir(gw.outbox())
-        .expect("outbox")
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "eml"))
-        .collect();
-    names.sort();
-    names
-        .iter()
-        .rev()
-        .map(|p| std::fs::read_to_string(p).expect("read eml"))
-        .find(|raw| raw.contains(&format!("\r\nTo: {email}\r\n")))
-        .and_then(|raw| {
-            raw.split("\r\n")
-                .map(str::trim)
-                .find(|l| l.len() == 6 && l.bytes().all(|b| b.is_ascii_digit()))
-                .map(str::to_string)
-        })
-        .unwrap_or_else(|| panic!("no code mailed to {email}"))
-}
-
-/// A browser signed in as `email` (the account is created on first sign-in), with its CSRF
-/// token.
-async fn signed_in(gw: &Gateway, email: &str) -> Browser {
-    let mut b = Browser::new(gw);
-    b.post(
-        "/api/auth/request-code",
-        &json!({"email": email, "acceptedTerms": true}),
-    )
-    .await
-    .ok_json();
-    let code = latest_code(gw, email);
-    b.post(
-        "/api/auth/verify-code",
-        &json!({"email": email, "code": code}),
-    )
-    .await
-    .ok_json();
-    let s = b.get("/api/auth/session").await.ok_json();
-    b.csrf = s["csrfToken"].as_str().expect("csrf").to_string();
-    b
 }
 
 fn start(extra: &str) -> (Mock, Gateway) {
