@@ -6,7 +6,7 @@
 //! process as soon as nothing is in flight, after flushing the usage writer, so an idle gateway
 //! stops at once and a busy one loses no usage record. SIGQUIT is Pingora's graceful upgrade.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -67,6 +67,14 @@ pub fn storage_runtime() -> Result<tokio::runtime::Runtime, String> {
         .map_err(|e| format!("cannot start the storage runtime: {e}"))
 }
 
+/// Ports chosen for `:0` listen addresses, held (bound, not listening) for the life of the
+/// process. Releasing a chosen port before Pingora binds it let another process on the same
+/// machine be given the same port in between (seen in CI: one test's site requests answered by
+/// another test's developer API); a bound socket keeps the kernel from handing the port out
+/// again, and since it never listens and sets `SO_REUSEADDR` like Pingora's listener, Pingora
+/// can still bind and listen on it.
+static HELD_PORTS: std::sync::Mutex<Vec<socket2::Socket>> = std::sync::Mutex::new(Vec::new());
+
 /// A listen address with port 0 gets a concrete free port now, so it can be reported.
 fn concrete_addr(addr: &str) -> Result<String, String> {
     let parsed: SocketAddr = addr
@@ -75,8 +83,25 @@ fn concrete_addr(addr: &str) -> Result<String, String> {
     if parsed.port() != 0 {
         return Ok(addr.to_string());
     }
-    let l = TcpListener::bind(parsed).map_err(|e| format!("cannot bind {addr}: {e}"))?;
-    let real = l.local_addr().map_err(|e| e.to_string())?;
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(parsed),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )
+    .map_err(|e| format!("cannot bind {addr}: {e}"))?;
+    socket
+        .set_reuse_address(true)
+        .and_then(|()| socket.bind(&parsed.into()))
+        .map_err(|e| format!("cannot bind {addr}: {e}"))?;
+    let real = socket
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .ok_or_else(|| format!("cannot bind {addr}: no local address"))?;
+    HELD_PORTS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(socket);
     Ok(real.to_string())
 }
 

@@ -370,10 +370,11 @@ impl StreamUsageTracker {
     /// Never fails: events that are not JSON, or JSON of an unexpected shape,
     /// are forwarded untouched and simply contribute nothing.
     ///
-    /// An OpenAI chat chunk that cannot carry usage or an error (neither word appears in it)
-    /// is kept unread: the text it delivers matters only if the provider reports no usage or
-    /// cuts the stream, and [`Self::delivered_text`] reads the kept chunks then. Reading every
-    /// chunk as it passed was the largest part of the gateway's own work on a stream.
+    /// An OpenAI chat chunk that cannot carry usage or an error (no `"usage"` key other than
+    /// `null`, no `error` anywhere) is kept unread: the text it delivers matters only if the
+    /// provider reports no usage or cuts the stream, and [`Self::delivered_text`] reads the kept
+    /// chunks then. Reading every chunk as it passed was the largest part of the gateway's own
+    /// work on a stream.
     pub fn observe(&mut self, ev: &SseEvent) -> EventVerdict {
         let deferrable = self.kind == StreamKind::OpenAiChat
             && ev.event.is_none()
