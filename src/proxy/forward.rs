@@ -10,6 +10,7 @@
 use std::borrow::Cow;
 
 use bytes::{Bytes, BytesMut};
+use futures::FutureExt;
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 use serde_json::Value;
@@ -290,7 +291,7 @@ fn coalesce(
     let mut merged: Option<BytesMut> = None;
     let mut after = After::Open;
     while merged.as_ref().map_or(out.len(), BytesMut::len) < COALESCE_LIMIT {
-        match ex.ready_chunk() {
+        match tokio::task::unconstrained(ex.next_chunk()).now_or_never() {
             None => break,
             Some(Ok(Some(more))) => {
                 let shaped = shaper.feed(more, tracker.as_deref_mut());

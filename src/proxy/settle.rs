@@ -32,23 +32,29 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// How the numbers were obtained and why the request ended, as recorded in the event:
-    /// `provider:<reason>` or `counted:<reason>`. Static strings: made for every request.
-    fn settlement(self, provider_reported: bool) -> &'static str {
-        match (provider_reported, self) {
-            (true, Reason::Complete) => "provider:complete",
-            (true, Reason::ClientDisconnect) => "provider:client_disconnect",
-            (true, Reason::UpstreamError) => "provider:upstream_error",
-            (true, Reason::ProviderError) => "provider:provider_error",
-            (true, Reason::Unrouted) => "provider:unrouted",
-            (true, Reason::Aborted) => "provider:aborted",
-            (false, Reason::Complete) => "counted:complete",
-            (false, Reason::ClientDisconnect) => "counted:client_disconnect",
-            (false, Reason::UpstreamError) => "counted:upstream_error",
-            (false, Reason::ProviderError) => "counted:provider_error",
-            (false, Reason::Unrouted) => "counted:unrouted",
-            (false, Reason::Aborted) => "counted:aborted",
+    fn as_str(self) -> &'static str {
+        match self {
+            Reason::Complete => "complete",
+            Reason::ClientDisconnect => "client_disconnect",
+            Reason::UpstreamError => "upstream_error",
+            Reason::ProviderError => "provider_error",
+            Reason::Unrouted => "unrouted",
+            Reason::Aborted => "aborted",
         }
+    }
+
+    /// How the numbers were obtained and why the request ended, as recorded in the event:
+    /// `provider:<reason>` or `counted:<reason>`, in one allocation (made for every request).
+    fn settlement(self, provider_reported: bool) -> String {
+        let source = if provider_reported {
+            "provider:"
+        } else {
+            "counted:"
+        };
+        let mut s = String::with_capacity(source.len() + self.as_str().len());
+        s.push_str(source);
+        s.push_str(self.as_str());
+        s
     }
 }
 
@@ -115,7 +121,7 @@ impl InFlight {
     fn complete(&mut self, reason: Reason) -> Usage {
         self.done = true;
         let usage = self.final_usage();
-        self.event.settlement = reason.settlement(self.provider_usage.is_some()).to_string();
+        self.event.settlement = reason.settlement(self.provider_usage.is_some());
         self.event.input_tokens = usage.input_tokens;
         self.event.output_tokens = usage.output_tokens;
         self.event.cached_tokens = usage.cached_tokens;

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use dashmap::DashMap;
-use futures::FutureExt;
 use pingora_core::connectors::TransportConnector;
 use pingora_core::protocols::http::v1::client::HttpSession;
 use pingora_core::protocols::Stream;
@@ -291,15 +290,6 @@ impl Exchange {
                 UpstreamError::Io(e.to_string())
             }
         })
-    }
-
-    /// The next body chunk if it has already arrived, without waiting. No idle timer is armed
-    /// for it (nothing waits): arming one per poll was a noticeable share of a stream's cost.
-    pub fn ready_chunk(&mut self) -> Option<Result<Option<Bytes>, UpstreamError>> {
-        let idle = self.session.read_timeout.take();
-        let chunk = tokio::task::unconstrained(self.next_chunk()).now_or_never();
-        self.session.read_timeout = idle;
-        chunk
     }
 
     /// Reads the whole body, bounded by `limit` bytes (provider error bodies, small JSON).

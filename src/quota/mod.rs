@@ -58,29 +58,29 @@ impl RateView {
     /// tokens are input tokens) plus explicit input/output token headers. Names are static
     /// and values formatted without `format!`: twelve headers on every response.
     pub fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
-        let mut h = Vec::with_capacity(12);
-        let windows: [(&[&'static str; 3], &Option<WindowView>); 4] = [
-            (&RATE_HEADERS[0], &self.requests),
-            (&RATE_HEADERS[1], &self.input_tokens),
-            (&RATE_HEADERS[2], &self.input_tokens),
-            (&RATE_HEADERS[3], &self.output_tokens),
-        ];
-        // `tokens` and `input-tokens` describe the same window: render it once.
-        let mut previous: Option<(&WindowView, [HeaderValue; 3])> = None;
-        for (names, view) in windows {
-            let Some(v) = view else { continue };
-            let values = match &previous {
-                Some((seen, values)) if std::ptr::eq(*seen, v) => values.clone(),
-                _ => [
-                    limit_value(v.limit),
+        let render = |view: &Option<WindowView>| {
+            view.map(|v| {
+                [
+                    HeaderValue::from(v.limit),
                     HeaderValue::from(v.remaining),
                     reset_value(v.reset_secs),
-                ],
-            };
-            for (name, value) in names.iter().zip(values.iter()) {
+                ]
+            })
+        };
+        let requests = render(&self.requests);
+        // `tokens` and `input-tokens` describe the same window: rendered once.
+        let input = render(&self.input_tokens);
+        let output = render(&self.output_tokens);
+        let mut h = Vec::with_capacity(12);
+        for (names, values) in [
+            (&RATE_HEADERS[0], &requests),
+            (&RATE_HEADERS[1], &input),
+            (&RATE_HEADERS[2], &input),
+            (&RATE_HEADERS[3], &output),
+        ] {
+            for (name, value) in names.iter().zip(values.iter().flatten()) {
                 h.push((HeaderName::from_static(name), value.clone()));
             }
-            previous = Some((v, values));
         }
         h
     }
@@ -104,28 +104,6 @@ fn reset_value(secs: u64) -> HeaderValue {
             HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static("0s"))
         }
     }
-}
-
-thread_local! {
-    /// Rendered limits: a key's limits are the same on every response, so each worker thread
-    /// keeps the few it sees instead of formatting and allocating them again.
-    static LIMIT_VALUES: std::cell::RefCell<Vec<(u64, HeaderValue)>> =
-        const { std::cell::RefCell::new(Vec::new()) };
-}
-
-fn limit_value(limit: u64) -> HeaderValue {
-    LIMIT_VALUES.with(|cache| {
-        let mut cache = cache.borrow_mut();
-        if let Some((_, v)) = cache.iter().find(|(l, _)| *l == limit) {
-            return v.clone();
-        }
-        let v = HeaderValue::from(limit);
-        if cache.len() >= 32 {
-            cache.clear();
-        }
-        cache.push((limit, v.clone()));
-        v
-    })
 }
 
 /// `x-ratelimit-{limit,remaining,reset}-*` for requests, tokens (input), input and output tokens.
