@@ -66,9 +66,9 @@ pub struct ServerFile {
 pub struct StorageFile {
     pub database_url: Option<String>,
     pub redis_url: Option<String>,
-    /// Usage events are written in batches of at most this many rows.
+    /// Usage events are written in batches of at most this many rows (default 5,000).
     pub usage_batch_size: Option<usize>,
-    /// ... or at least this often, in milliseconds.
+    /// ... or at least this often, in milliseconds (default 200).
     pub usage_flush_ms: Option<u64>,
 }
 

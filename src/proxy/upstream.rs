@@ -15,7 +15,7 @@ use dashmap::DashMap;
 use pingora_core::connectors::TransportConnector;
 use pingora_core::protocols::http::v1::client::HttpSession;
 use pingora_core::protocols::Stream;
-use pingora_core::upstreams::peer::{HttpPeer, Peer};
+use pingora_core::upstreams::peer::HttpPeer;
 use pingora_http::ResponseHeader;
 use tokio::io::AsyncWriteExt;
 
@@ -64,9 +64,12 @@ pub struct ProviderRequest<'a> {
 }
 
 /// An exchange whose response header has arrived; the body is read with `next_chunk`.
+///
+/// The session is boxed: an exchange is moved out of `start` and through the caller's futures,
+/// and Pingora's session inline is large enough for those moves to show up in profiles.
 pub struct Exchange {
-    session: HttpSession,
-    peer: HttpPeer,
+    session: Box<HttpSession>,
+    pool_key: u64,
     idle_timeout: Duration,
 }
 
@@ -103,29 +106,31 @@ impl UpstreamPool {
         Ok(first)
     }
 
-    async fn peer(&self, p: &Provider) -> Result<HttpPeer, UpstreamError> {
-        let addr = self.resolve(&p.host, p.port).await?;
+    /// The peer to open a new connection to (only needed when none is idle).
+    fn peer(p: &Provider, addr: SocketAddr) -> HttpPeer {
         let sni = if p.tls { p.host.clone() } else { String::new() };
         let mut peer = HttpPeer::new(addr, p.tls, sni);
         peer.options.connection_timeout = Some(p.connect_timeout);
         peer.options.total_connection_timeout = Some(p.connect_timeout + Duration::from_secs(5));
         peer.options.idle_timeout = Some(POOL_IDLE);
-        Ok(peer)
+        peer
     }
 
     /// Sends the request and waits for the response header (first-byte timeout). A pooled
     /// connection that turns out to be dead before any response byte is retried on a fresh one.
     pub async fn start(&self, req: &ProviderRequest<'_>) -> Result<Exchange, UpstreamError> {
-        let peer = self.peer(req.provider).await?;
+        let p = req.provider;
+        let addr = self.resolve(&p.host, p.port).await?;
+        let pool_key = pool_key(p, addr);
         let wire = request_bytes(req)?;
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let (mut stream, reused) = match self.idle.take(peer.reuse_hash()) {
+            let (mut stream, reused) = match self.idle.take(pool_key) {
                 Some(s) => (s, true),
                 None => (
                     self.connector
-                        .new_stream(&peer)
+                        .new_stream(&Self::peer(p, addr))
                         .await
                         .map_err(|e| UpstreamError::Connect(e.to_string()))?,
                     false,
@@ -142,7 +147,7 @@ impl UpstreamPool {
                 Ok(r) => r,
                 Err(_) => Err(UpstreamError::Timeout),
             };
-            let mut session = HttpSession::new_with_options(stream, &peer);
+            let mut session = Box::new(HttpSession::new(stream));
             session.read_timeout = Some(req.provider.first_byte_timeout);
             let answered = match sent {
                 Ok(()) => read_header(&mut session).await,
@@ -153,7 +158,7 @@ impl UpstreamPool {
                     session.read_timeout = Some(req.provider.idle_timeout);
                     return Ok(Exchange {
                         session,
-                        peer,
+                        pool_key,
                         idle_timeout: req.provider.idle_timeout,
                     });
                 }
@@ -177,7 +182,7 @@ impl UpstreamPool {
         if ex.session.is_body_done() {
             ex.session.respect_keepalive();
             if let Some(stream) = ex.session.reuse().await {
-                self.idle.put(ex.peer.reuse_hash(), stream);
+                self.idle.put(ex.pool_key, stream);
             }
         } else {
             ex.session.shutdown().await;
@@ -193,6 +198,19 @@ impl UpstreamPool {
     pub async fn abort(&self, mut ex: Exchange) {
         ex.session.shutdown().await;
     }
+}
+
+/// Which idle connections can serve a provider: same address, same TLS and server name. (Pingora's
+/// `HttpPeer::reuse_hash` says the same, but needs a peer built for every request.)
+fn pool_key(p: &Provider, addr: SocketAddr) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    addr.hash(&mut h);
+    p.tls.hash(&mut h);
+    if p.tls {
+        p.host.hash(&mut h);
+    }
+    h.finish()
 }
 
 /// The request on the wire: header and body in one buffer, written directly (no header map:
