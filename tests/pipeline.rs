@@ -514,6 +514,7 @@ async fn pipelined_and_back_to_back_requests() {
         .pool_max_idle_per_host(1)
         .build()
         .unwrap();
+    let dialled_before = mock.connections().await;
     for _ in 0..50 {
         let r = c
             .post(gw.url("/v1/chat/completions"))
@@ -525,6 +526,14 @@ async fn pipelined_and_back_to_back_requests() {
         assert_eq!(r.status(), 200);
         r.bytes().await.unwrap();
     }
+    // The gateway reuses its provider connections: one client connection is served by one
+    // worker thread, whose idle connection to the mock carries request after request (without
+    // the pool: 50 new connections). The second count's own connection is the `- 1`.
+    let dialled = mock.connections().await - dialled_before - 1;
+    assert!(
+        dialled <= 1,
+        "{dialled} new provider connections for 50 back-to-back requests"
+    );
 
     let events = gw.wait_usage(53).await;
     assert_eq!(events.len(), 53);

@@ -112,6 +112,8 @@ struct State {
     config: Config,
     records: Mutex<Vec<Record>>,
     served: AtomicU64,
+    /// Connections accepted: tests check that the gateway reuses its provider connections.
+    connections: AtomicU64,
     by_path: Mutex<HashMap<String, u64>>,
 }
 
@@ -127,6 +129,7 @@ impl State {
             config,
             records: Mutex::new(Vec::new()),
             served: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
             by_path: Mutex::new(HashMap::new()),
         }
     }
@@ -146,7 +149,11 @@ impl State {
 
     fn stats_json(&self) -> Value {
         let by_path = lock(&self.by_path).clone();
-        json!({ "served": self.served.load(Ordering::Relaxed), "by_path": by_path })
+        json!({
+            "served": self.served.load(Ordering::Relaxed),
+            "connections": self.connections.load(Ordering::Relaxed),
+            "by_path": by_path,
+        })
     }
 }
 
@@ -1207,6 +1214,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
+                state.connections.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(serve_connection(stream, Arc::clone(&state)));
             }
             Err(e) => {

@@ -81,13 +81,22 @@ impl Mock {
     }
 
     pub async fn served(&self) -> u64 {
-        let v: Value = reqwest::get(format!("{}/__mock/stats", self.url()))
+        self.stats().await["served"].as_u64().unwrap_or(0)
+    }
+
+    /// Connections the mock has accepted, this query's own included (each query is made on a
+    /// fresh connection).
+    pub async fn connections(&self) -> u64 {
+        self.stats().await["connections"].as_u64().unwrap_or(0)
+    }
+
+    async fn stats(&self) -> Value {
+        reqwest::get(format!("{}/__mock/stats", self.url()))
             .await
             .expect("mock stats")
             .json()
             .await
-            .expect("mock stats json");
-        v["served"].as_u64().unwrap_or(0)
+            .expect("mock stats json")
     }
 }
 
