@@ -3,171 +3,17 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::site::{Browser, ORIGIN};
 use common::smtp::SmtpSink;
 use common::*;
 use gateway::site::twofactor;
 use gateway::storage::Db;
-use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
-
-/// The harness's `server.site_origin`.
-const ORIGIN: &str = "http://127.0.0.1:8081";
-
-/// One answer, read fully.
-struct Reply {
-    status: u16,
-    headers: HeaderMap,
-    text: String,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.text)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.text))
-    }
-
-    /// `(status, code)` of a `{ok:false, code}` error, after checking its headers.
-    fn error(&self) -> (u16, String) {
-        assert_eq!(
-            self.header("content-type"),
-            "application/json; charset=utf-8"
-        );
-        assert_eq!(self.header("cache-control"), "no-store");
-        let v = self.json();
-        assert_eq!(v["ok"], json!(false), "{v}");
-        (self.status, v["code"].as_str().expect("code").to_string())
-    }
-
-    fn header(&self, name: &str) -> String {
-        self.headers
-            .get_all(name)
-            .iter()
-            .map(|v| v.to_str().expect("ascii header").to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
-    /// The `Set-Cookie` line for cookie `name`, if any.
-    fn set_cookie(&self, name: &str) -> Option<String> {
-        self.headers
-            .get_all("set-cookie")
-            .iter()
-            .map(|v| v.to_str().expect("ascii").to_string())
-            .find(|c| c.starts_with(&format!("{name}=")))
-    }
-
-    fn ok_json(&self) -> Value {
-        assert_eq!(self.status, 200, "{}", self.text);
-        assert_eq!(
-            self.header("content-type"),
-            "application/json; charset=utf-8"
-        );
-        assert_eq!(self.header("cache-control"), "no-store");
-        self.json()
-    }
-}
-
-/// A browser: a cookie jar kept by hand (so the tests see every `Set-Cookie`), the site's
-/// `Origin` on every POST unless told otherwise, redirects not followed.
-struct Browser {
-    client: reqwest::Client,
-    base: String,
-    origin: String,
-    jar: BTreeMap<String, String>,
-}
-
-impl Browser {
-    fn new(gw: &Gateway) -> Browser {
-        Browser::build(gw, ORIGIN, None)
-    }
-
-    fn build(gw: &Gateway, origin: &str, local: Option<IpAddr>) -> Browser {
-        let mut b = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .redirect(reqwest::redirect::Policy::none());
-        if let Some(ip) = local {
-            b = b.local_address(ip);
-        }
-        Browser {
-            client: b.build().expect("client"),
-            base: gw.site.clone(),
-            origin: origin.to_string(),
-            jar: BTreeMap::new(),
-        }
-    }
-
-    fn cookie(&self, name: &str) -> Option<String> {
-        self.jar.get(name).cloned()
-    }
-
-    async fn send(&mut self, mut req: reqwest::RequestBuilder) -> Reply {
-        if !self.jar.is_empty() {
-            let cookie = self
-                .jar
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join("; ");
-            req = req.header("cookie", cookie);
-        }
-        let resp = req.send().await.expect("send");
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        for c in headers.get_all("set-cookie") {
-            let c = c.to_str().expect("ascii");
-            let (pair, attrs) = c.split_once(';').unwrap_or((c, ""));
-            let (name, value) = pair.split_once('=').expect("cookie pair");
-            if attrs.contains("Max-Age=0") {
-                self.jar.remove(name);
-            } else {
-                self.jar.insert(name.to_string(), value.to_string());
-            }
-        }
-        let text = resp.text().await.expect("body");
-        Reply {
-            status,
-            headers,
-            text,
-        }
-    }
-
-    async fn get(&mut self, path: &str) -> Reply {
-        let req = self.client.get(format!("{}{path}", self.base));
-        self.send(req).await
-    }
-
-    async fn post(&mut self, path: &str, body: &Value) -> Reply {
-        self.post_with(path, body, &[]).await
-    }
-
-    /// POST with extra headers; an `("origin", "")` entry means "send no Origin".
-    async fn post_with(&mut self, path: &str, body: &Value, headers: &[(&str, &str)]) -> Reply {
-        let mut req = self.client.post(format!("{}{path}", self.base)).json(body);
-        if !headers.iter().any(|(k, _)| *k == "origin") {
-            req = req.header("origin", &self.origin);
-        }
-        for (k, v) in headers {
-            if !v.is_empty() {
-                req = req.header(*k, *v);
-            }
-        }
-        self.send(req).await
-    }
-
-    async fn post_form(&mut self, path: &str, form: &[(&str, &str)]) -> Reply {
-        let req = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .header("origin", &self.origin)
-            .form(form);
-        self.send(req).await
-    }
-}
 
 /// A sign-in mail from the outbox (or the SMTP sink).
 #[derive(Debug)]

@@ -3,6 +3,7 @@
 //! in, and sign-in through the real email-code flow (the code read from the outbox).
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use reqwest::header::HeaderMap;
@@ -33,6 +34,15 @@ impl Reply {
             .map(|v| v.to_str().expect("ascii header").to_string())
             .collect::<Vec<_>>()
             .join(", ")
+    }
+
+    /// The `Set-Cookie` line for cookie `name`, if any.
+    pub fn set_cookie(&self, name: &str) -> Option<String> {
+        self.headers
+            .get_all("set-cookie")
+            .iter()
+            .map(|v| v.to_str().expect("ascii").to_string())
+            .find(|c| c.starts_with(&format!("{name}=")))
     }
 
     /// `(status, code)` of a `{ok:false, code}` error, after checking its headers and shape.
@@ -78,17 +88,30 @@ pub struct Browser {
 
 impl Browser {
     pub fn new(gw: &Gateway) -> Browser {
+        Browser::build(gw, ORIGIN, None)
+    }
+
+    /// A browser that sends `origin` on mutations and, with `local`, connects from that
+    /// loopback address (per-address limits).
+    pub fn build(gw: &Gateway, origin: &str, local: Option<IpAddr>) -> Browser {
+        let mut b = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .redirect(reqwest::redirect::Policy::none());
+        if let Some(ip) = local {
+            b = b.local_address(ip);
+        }
         Browser {
-            client: reqwest::Client::builder()
-                .timeout(Duration::from_secs(30))
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .expect("client"),
+            client: b.build().expect("client"),
             base: gw.site.clone(),
-            origin: ORIGIN.to_string(),
+            origin: origin.to_string(),
             jar: BTreeMap::new(),
             csrf: None,
         }
+    }
+
+    /// The jar's value of cookie `name`.
+    pub fn cookie(&self, name: &str) -> Option<String> {
+        self.jar.get(name).cloned()
     }
 
     /// The same session (cookies and CSRF token) on another gateway sharing the database.
@@ -148,6 +171,16 @@ impl Browser {
     pub async fn post_with(&mut self, path: &str, body: &Value, headers: &[(&str, &str)]) -> Reply {
         let req = self.client.post(format!("{}{path}", self.base)).json(body);
         let req = self.decorate(req, headers);
+        self.send(req).await
+    }
+
+    /// A form POST (`application/x-www-form-urlencoded`) with the site's `Origin`.
+    pub async fn post_form(&mut self, path: &str, form: &[(&str, &str)]) -> Reply {
+        let req = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("origin", &self.origin)
+            .form(form);
         self.send(req).await
     }
 
