@@ -9,8 +9,7 @@ use crate::error::ApiError;
 
 pub const JSON: &str = "application/json; charset=utf-8";
 
-/// Header names the gateway sets on every answer, parsed once: a name given as `&str` is parsed
-/// (and, when it is not a standard one, copied into a fresh allocation) on every insert.
+/// The request-id header name, built at compile time (a `&str` name is parsed on every use).
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// `content-length: n` without a `String` in between.

@@ -51,10 +51,7 @@ impl Reason {
         } else {
             "counted:"
         };
-        let mut s = String::with_capacity(source.len() + self.as_str().len());
-        s.push_str(source);
-        s.push_str(self.as_str());
-        s
+        [source, self.as_str()].concat()
     }
 }
 
