@@ -17,9 +17,11 @@ use async_trait::async_trait;
 use pingora_core::listeners::{L4BufferSettings, ListenerConfig};
 use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::server::{ExecutionPhase, RunArgs, Server, ShutdownSignal, ShutdownSignalWatch};
+use pingora_core::services::listening::Service;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_proxy::{ProxyHttp, Session};
 
+use crate::affinity::ThreadAffine;
 use crate::config::Config;
 use crate::identity::IdentityCache;
 use crate::proxy::routing::Routing;
@@ -238,19 +240,33 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
         });
     }
 
-    let mut api = pingora_proxy::http_proxy_service_with_name(
+    let dev_api = pingora_proxy::http_proxy(
         &server.configuration,
         DevApi {
             state: state.clone(),
         },
-        "developer-api",
     );
-    api.add_listener(
-        ListenerConfig::tcp(&api_listen).l4_buffer(L4BufferSettings {
-            read: None,
-            write: Some(CLIENT_WRITE_BUFFER),
-        }),
-    );
+    if threads > 1 {
+        // Each connection is moved to the worker that serves it (see `affinity`), with the
+        // write buffer in front of the moved socket; the accepted one needs no buffers.
+        let mut api = Service::new(
+            "developer-api".to_string(),
+            ThreadAffine::new(dev_api, CLIENT_WRITE_BUFFER),
+        );
+        api.add_listener(
+            ListenerConfig::tcp(&api_listen).l4_buffer(L4BufferSettings::unbuffered()),
+        );
+        server.add_service(api);
+    } else {
+        let mut api = Service::new("developer-api".to_string(), dev_api);
+        api.add_listener(
+            ListenerConfig::tcp(&api_listen).l4_buffer(L4BufferSettings {
+                read: None,
+                write: Some(CLIENT_WRITE_BUFFER),
+            }),
+        );
+        server.add_service(api);
+    }
     let mut site = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
         SiteEdge {
@@ -259,7 +275,6 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
         "site",
     );
     site.add_tcp(&site_listen);
-    server.add_service(api);
     server.add_service(site);
 
     if let Some(admin) = &admin_listen {

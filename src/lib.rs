@@ -4,6 +4,7 @@
 //! account service (`site`). Both meet only in `storage`, `quota`, `identity` and `config`.
 
 pub mod accesslog;
+pub mod affinity;
 pub mod apikey;
 pub mod cli;
 pub mod config;
