@@ -205,3 +205,63 @@ impl Peek for Moved {
         self.0.get_mut().try_peek(buf).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use tokio::io::AsyncReadExt;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    /// A connection accepted on one runtime and moved on another keeps working after the first
+    /// runtime is gone, because it is registered with the second one's reactor (left where it
+    /// was accepted, its I/O fails once that reactor has shut down). Its writes wait in the
+    /// buffer until flushed, as with Pingora's own buffered stream.
+    #[test]
+    fn a_moved_connection_lives_on_the_serving_runtime() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let mut client =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (socket, _) = listener.accept().expect("accept");
+        socket.set_nonblocking(true).expect("non-blocking");
+
+        let accepting = runtime();
+        let accepted: Stream = accepting.block_on(async {
+            let socket = tokio::net::TcpStream::from_std(socket).expect("register");
+            Box::new(TcpStream::from(socket))
+        });
+        drop(accepting);
+
+        runtime().block_on(async move {
+            let mut moved = move_here(accepted, 16 * 1024);
+            assert!(moved.as_any().is::<Moved>(), "the stream was not moved");
+
+            client.write_all(b"ping").expect("client write");
+            let mut got = [0u8; 4];
+            moved
+                .read_exact(&mut got)
+                .await
+                .expect("read on the serving runtime");
+            assert_eq!(&got, b"ping");
+
+            moved.write_all(b"pong").await.expect("buffered write");
+            client.set_nonblocking(true).expect("client non-blocking");
+            let early = client.read(&mut got);
+            assert_eq!(
+                early.map_err(|e| e.kind()),
+                Err(std::io::ErrorKind::WouldBlock),
+                "bytes left the buffer before the flush"
+            );
+            moved.flush().await.expect("flush");
+            client.set_nonblocking(false).expect("client blocking");
+            client.read_exact(&mut got).expect("client read");
+            assert_eq!(&got, b"pong");
+        });
+    }
+}
