@@ -58,11 +58,7 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for ThreadAffine<A> {
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         // A kept-alive connection comes back as the `Moved` stream: moved once only.
-        let stream = if stream.as_any().is::<TcpStream>() {
-            move_here(stream, self.write_buffer)
-        } else {
-            stream
-        };
+        let stream = move_here(stream, self.write_buffer);
         self.inner.process_new(stream, shutdown).await
     }
 
@@ -71,37 +67,39 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for ThreadAffine<A> {
     }
 }
 
-/// Re-registers a freshly accepted TCP stream with the current worker's reactor. On any
-/// failure the stream is returned as it was: it still works, through the hand-over.
+/// Re-registers a freshly accepted TCP stream with the current worker's reactor. Any other
+/// stream (one moved already, TLS) and any failure leave the stream as it was: it still works,
+/// through the hand-over.
 fn move_here(stream: Stream, write_buffer: usize) -> Stream {
-    let Ok(accepted) = stream.into_any().downcast::<TcpStream>() else {
-        unreachable!("checked by the caller: a plain TCP stream");
+    let Some(accepted) = stream.as_any().downcast_ref::<TcpStream>() else {
+        return stream;
     };
-    // SAFETY: `accepted` owns this descriptor and outlives the borrow, which ends with the
-    // duplication on the same line.
-    let duplicate =
-        match unsafe { BorrowedFd::borrow_raw(accepted.as_raw_fd()) }.try_clone_to_owned() {
-            Ok(fd) => fd,
-            Err(_) => return accepted,
-        };
+    let fd = accepted.as_raw_fd();
+    let established_ts = accepted.established_ts;
+    let peer = accepted
+        .get_socket_digest()
+        .and_then(|d| d.peer_addr().cloned());
+    // SAFETY: `stream` owns this descriptor and is alive here; the borrow ends with the
+    // duplication.
+    let duplicate = match unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned() {
+        Ok(fd) => fd,
+        Err(_) => return stream,
+    };
     // The duplicate shares the socket's open file description, so it is non-blocking already.
     let socket = match tokio::net::TcpStream::from_std(std::net::TcpStream::from(duplicate)) {
         Ok(s) => s,
-        Err(_) => return accepted,
+        Err(_) => return stream,
     };
     let mut moved = TcpStream::from(socket);
-    moved.established_ts = accepted.established_ts;
+    moved.established_ts = established_ts;
     let digest = SocketDigest::from_raw_fd(moved.as_raw_fd());
-    if let Some(peer) = accepted
-        .get_socket_digest()
-        .and_then(|d| d.peer_addr().cloned())
-    {
+    if let Some(peer) = peer {
         let _ = digest.peer_addr.set(Some(peer));
     }
     moved.set_socket_digest(digest);
     // Dropping the original deregisters it from the accepting reactor and closes its
     // descriptor; the connection lives on in the duplicate.
-    drop(accepted);
+    drop(stream);
     Box::new(Moved(BufWriter::with_capacity(write_buffer, moved)))
 }
 
