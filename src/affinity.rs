@@ -6,8 +6,8 @@
 //! event (each request arriving, each write becoming possible) seen by one thread's epoll and
 //! passed to the other thread with an eventfd write and a wake-up. Measured with
 //! `perf stat -e syscalls:sys_enter_write` on the benchmark: 0.53 eventfd writes per request at
-//! 64 connections, all from one worker; a single worker (no hand-over) answered one connection
-//! ~20% faster.
+//! 64 connections, all from one worker (0.008 after this change; throughput +4.6% at 16
+//! connections, median of paired runs; docs/bench/profile.md, fifth profile).
 //!
 //! [`ThreadAffine`] moves a new connection's socket to the reactor of the worker that serves
 //! it: it duplicates the descriptor, registers the duplicate with the current worker and drops
