@@ -40,8 +40,8 @@ pub struct ThreadAffine<A> {
 
 impl<A> ThreadAffine<A> {
     /// Wraps `inner`; `write_buffer` is the size of the write buffer put in front of each moved
-    /// connection. Only worth it with more than one worker; the listener itself should then
-    /// be unbuffered, as its buffers are dropped with the original stream.
+    /// connection. The listener itself should be unbuffered: its buffers are dropped with the
+    /// original stream.
     pub fn new(inner: A, write_buffer: usize) -> Self {
         ThreadAffine {
             inner: Arc::new(inner),

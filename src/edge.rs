@@ -246,27 +246,16 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
             state: state.clone(),
         },
     );
-    if threads > 1 {
-        // Each connection is moved to the worker that serves it (see `affinity`), with the
-        // write buffer in front of the moved socket; the accepted one needs no buffers.
-        let mut api = Service::new(
-            "developer-api".to_string(),
-            ThreadAffine::new(dev_api, CLIENT_WRITE_BUFFER),
-        );
-        api.add_listener(
-            ListenerConfig::tcp(&api_listen).l4_buffer(L4BufferSettings::unbuffered()),
-        );
-        server.add_service(api);
-    } else {
-        let mut api = Service::new("developer-api".to_string(), dev_api);
-        api.add_listener(
-            ListenerConfig::tcp(&api_listen).l4_buffer(L4BufferSettings {
-                read: None,
-                write: Some(CLIENT_WRITE_BUFFER),
-            }),
-        );
-        server.add_service(api);
-    }
+    // Each connection is moved to the worker that serves it (see `affinity`), with the write
+    // buffer in front of the moved socket; the accepted one needs no buffers. With a single
+    // worker the move is needless but costs only a dup and two epoll_ctl per connection: one
+    // code path for every thread count.
+    let mut api = Service::new(
+        "developer-api".to_string(),
+        ThreadAffine::new(dev_api, CLIENT_WRITE_BUFFER),
+    );
+    api.add_listener(ListenerConfig::tcp(&api_listen).l4_buffer(L4BufferSettings::unbuffered()));
+    server.add_service(api);
     let mut site = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
         SiteEdge {
