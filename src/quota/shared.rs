@@ -30,14 +30,29 @@ pub struct Shared {
     hints: dashmap::DashMap<String, (u64, Option<Tier>)>,
 }
 
-fn keys(prefix: &str, user_id: &str) -> [String; 4] {
+/// The account's keys, in the order the scripts take them: meta, reservations, spend buckets,
+/// lots, reservation start times. One hash tag, so a Redis Cluster keeps them on one node.
+pub fn account_keys(prefix: &str, user_id: &str) -> [String; 5] {
     [
         format!("{prefix}q:{{{user_id}}}"),
         format!("{prefix}q:{{{user_id}}}:res"),
         format!("{prefix}q:{{{user_id}}}:sp"),
         format!("{prefix}q:{{{user_id}}}:lots"),
+        format!("{prefix}q:{{{user_id}}}:rat"),
     ]
 }
+
+/// The scripts' sources; reserve and settle share account.lua (the meta hash, the week's sums,
+/// releasing a reservation).
+pub const RESERVE_LUA: &str = concat!(
+    include_str!("lua/account.lua"),
+    include_str!("lua/reserve.lua")
+);
+pub const SETTLE_LUA: &str = concat!(
+    include_str!("lua/account.lua"),
+    include_str!("lua/settle.lua")
+);
+pub const LOAD_LUA: &str = include_str!("lua/load.lua");
 
 fn rate_key(prefix: &str, scope: &str, minute: i64) -> String {
     format!("{prefix}rl:{scope}:{minute}")
@@ -98,9 +113,9 @@ impl Shared {
             .map_err(|e| format!("redis connect: {e}"))?;
         Ok(Shared {
             conn,
-            reserve: Script::new(include_str!("lua/reserve.lua")),
-            settle: Script::new(include_str!("lua/settle.lua")),
-            load: Script::new(include_str!("lua/load.lua")),
+            reserve: Script::new(RESERVE_LUA),
+            settle: Script::new(SETTLE_LUA),
+            load: Script::new(LOAD_LUA),
             add_lot: Script::new(include_str!("lua/add_lot.lua")),
             prefix: prefix.to_string(),
             hints: dashmap::DashMap::new(),
@@ -125,7 +140,7 @@ impl Shared {
             .sum();
         let top = crate::quota::tiers::entitlement_tier(&lots, now);
         self.hints.insert(user_id.to_string(), (weekly, top));
-        let k = keys(&self.prefix, user_id);
+        let k = account_keys(&self.prefix, user_id);
         let mut inv = self.load.prepare_invoke();
         for key in &k {
             inv.key(key);
@@ -185,7 +200,7 @@ impl Shared {
             let limits = *cfg.limits(tier);
             let plan = RatePlan::for_key(who, &limits);
             let minute = now.div_euclid(WINDOW_MS);
-            let k = keys(&self.prefix, user_id);
+            let k = account_keys(&self.prefix, user_id);
             let mut inv = self.reserve.prepare_invoke();
             for key in &k {
                 inv.key(key);
@@ -307,7 +322,7 @@ impl Shared {
         used: Used,
         now: i64,
     ) -> Result<Option<Breakdown>, String> {
-        let k = keys(&self.prefix, &t.user_id);
+        let k = account_keys(&self.prefix, &t.user_id);
         let mut inv = self.settle.prepare_invoke();
         for key in &k {
             inv.key(key);
@@ -320,7 +335,8 @@ impl Shared {
             .arg(t.limits.weekly_tokens)
             .arg(t.limits.weekly_requests)
             .arg(used.input_tokens as i64 - t.input_cost as i64)
-            .arg(used.output_tokens as i64 - t.output_cost as i64);
+            .arg(used.output_tokens as i64 - t.output_cost as i64)
+            .arg(ACCOUNT_TTL_SECS);
         let mut conn = self.conn.clone();
         let reply: Vec<RedisValue> = inv
             .invoke_async(&mut conn)
@@ -355,7 +371,7 @@ impl Shared {
     }
 
     pub async fn add_lot(&self, lot: Lot) {
-        let k = keys(&self.prefix, &lot.user_id);
+        let k = account_keys(&self.prefix, &lot.user_id);
         let mut conn = self.conn.clone();
         let r: Result<i64, _> = self
             .add_lot
@@ -363,6 +379,7 @@ impl Shared {
             .key(&k[3])
             .arg(&lot.id)
             .arg(lot_value(&lot))
+            .arg(ACCOUNT_TTL_SECS)
             .invoke_async(&mut conn)
             .await;
         if let Err(e) = r {

@@ -1,6 +1,6 @@
--- Reserve quota and per-minute capacity for one request, atomically.
--- KEYS: 1 meta, 2 reservations, 3 spend buckets, 4 lots, 5 rate window (previous minute),
---       6 rate window (current minute)
+-- Reserve quota and per-minute capacity for one request, atomically. account.lua is prepended.
+-- KEYS: 1 meta, 2 reservations, 3 spend buckets, 4 lots, 5 reservation start times,
+--       6 rate window (previous minute), 7 rate window (current minute)
 -- ARGV: 1 now_ms, 2 reservation id, 3 tokens, 4 requests, 5 weekly_tokens, 6 weekly_requests,
 --       7 unlimited (0/1), 8 reservation timeout ms, 9 rpm, 10 itpm, 11 otpm,
 --       12 input cost, 13 output cost, 14 account ttl seconds
@@ -8,36 +8,17 @@
 -- {'quota', views...}; {'ok', weekly_total_tokens, max_lot_tier, views...}.
 -- views = for each of requests, input, output: limit, remaining, reset_s.
 local now = tonumber(ARGV[1])
-if redis.call('HEXISTS', KEYS[1], 'loaded') == 0 then return {'load'} end
+local m = read_account(KEYS[1])
+if not m then return {'load'} end
 
-local rt = tonumber(redis.call('HGET', KEYS[1], 'rt') or '0')
-local rr = tonumber(redis.call('HGET', KEYS[1], 'rr') or '0')
+local rebuilt = spend_window(m, KEYS[3], KEYS[2], KEYS[5], now)
+
+-- Reservations older than the timeout (their request died with its instance) are released
+-- here, whatever this request's outcome.
 local timeout = tonumber(ARGV[8])
-local held = redis.call('HGETALL', KEYS[2])
-for i = 1, #held, 2 do
-  local t, r, at = string.match(held[i + 1], '(%d+),(%d+),(%d+)')
-  if now - tonumber(at) > timeout then
-    rt = rt - tonumber(t)
-    rr = rr - tonumber(r)
-    redis.call('HDEL', KEYS[2], held[i])
-  end
-end
-if rt < 0 then rt = 0 end
-if rr < 0 then rr = 0 end
-
-local from = math.floor(now / 3600000) - 167
-local spend = redis.call('HGETALL', KEYS[3])
-local at, ar, lt = 0, 0, 0
-for i = 1, #spend, 2 do
-  if tonumber(spend[i]) < from then
-    redis.call('HDEL', KEYS[3], spend[i])
-  else
-    local a, b, c = string.match(spend[i + 1], '(%d+),(%d+),(%d+),(%d+)')
-    at = at + tonumber(a)
-    ar = ar + tonumber(b)
-    lt = lt + tonumber(c)
-  end
-end
+local stale = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', '(' .. (now - timeout))
+for _, id in ipairs(stale) do release(m, KEYS[2], KEYS[5], id) end
+if rebuilt or #stale > 0 then write_account(KEYS[1], m) end
 
 local lots = redis.call('HGETALL', KEYS[4])
 local lot_t, lot_r, max_tier = 0, 0, -1
@@ -57,8 +38,8 @@ local reset = math.ceil((60000 - elapsed) / 1000)
 local caps = {tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])}
 local costs = {1, tonumber(ARGV[12]), tonumber(ARGV[13])}
 local fields = {'r', 'i', 'o'}
-local prev = redis.call('HMGET', KEYS[5], 'r', 'i', 'o')
-local curr = redis.call('HMGET', KEYS[6], 'r', 'i', 'o')
+local prev = redis.call('HMGET', KEYS[6], 'r', 'i', 'o')
+local curr = redis.call('HMGET', KEYS[7], 'r', 'i', 'o')
 local counts = {}
 for d = 1, 3 do
   local p = tonumber(prev[d] or '0') or 0
@@ -104,11 +85,11 @@ local tokens = tonumber(ARGV[3])
 local requests = tonumber(ARGV[4])
 if ARGV[7] == '0' then
   local wt = tonumber(ARGV[5])
-  local avail_t = math.max(0, wt - at) + lot_t - rt
+  local avail_t = math.max(0, wt - m.sa) + lot_t - m.rt
   local short = tokens > avail_t
   local wr = tonumber(ARGV[6])
   if wr > 0 then
-    local avail_r = math.max(0, wr - ar) + lot_r - rr
+    local avail_r = math.max(0, wr - m.sr) + lot_r - m.rr
     if requests > avail_r then short = true end
   end
   if short then
@@ -119,13 +100,26 @@ if ARGV[7] == '0' then
 end
 
 redis.call('HSET', KEYS[2], ARGV[2], tokens .. ',' .. requests .. ',' .. now)
-redis.call('HSET', KEYS[1], 'rt', rt + tokens, 'rr', rr + requests)
-for d = 1, 3 do
-  if costs[d] > 0 then redis.call('HINCRBY', KEYS[6], fields[d], costs[d]) end
-end
-redis.call('EXPIRE', KEYS[6], 150)
+redis.call('ZADD', KEYS[5], now, ARGV[2])
+m.rt = m.rt + tokens
+m.rr = m.rr + requests
+-- Every key's expiry is pushed back at most once an hour; the two reservation keys, which
+-- vanish when emptied and come back with the next reservation, every time.
 local ttl = tonumber(ARGV[14])
-for k = 1, 4 do redis.call('EXPIRE', KEYS[k], ttl) end
-local r = {'ok', at + lt, max_tier}
+if now - m.x >= HOUR_MS then
+  m.x = now
+  for k = 1, 4 do redis.call('EXPIRE', KEYS[k], ttl) end
+end
+redis.call('EXPIRE', KEYS[2], ttl)
+redis.call('EXPIRE', KEYS[5], ttl)
+write_account(KEYS[1], m)
+for d = 1, 3 do
+  if costs[d] > 0 then
+    local n = redis.call('HINCRBY', KEYS[7], fields[d], costs[d])
+    -- The request count goes up on every reservation: a first count is a new window.
+    if d == 1 and n == costs[d] then redis.call('EXPIRE', KEYS[7], 150) end
+  end
+end
+local r = {'ok', m.sa + m.sl, max_tier}
 for _, v in ipairs(views(true)) do table.insert(r, v) end
 return r

@@ -1,0 +1,327 @@
+//! The Redis quota scripts driven directly, with the clock as an argument: the rolling week's
+//! running sums as hours leave it, stale reservations released whatever the request's outcome,
+//! and accounts written by the previous key layout. Runs when `GATEWAY_TEST_REDIS` is set (CI's
+//! Postgres + Redis run); the gateway-level quota tests (tests/quota.rs) run these scripts too.
+
+use gateway::quota::shared::{account_keys, LOAD_LUA, RESERVE_LUA, SETTLE_LUA};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncCommands, Script, Value};
+
+const HOUR: i64 = 3_600_000;
+/// An hour well inside the Unix era, so `hour - 170` is still positive.
+const H: i64 = 490_000;
+const NO_TIMEOUT: i64 = 1_000_000_000;
+
+struct Account {
+    conn: MultiplexedConnection,
+    keys: [String; 5],
+    rate: [String; 2],
+}
+
+/// What a reserve call answered.
+#[derive(Debug, PartialEq)]
+enum Reply {
+    /// Reserved; the account's weekly total (allowance + lot tokens in the window).
+    Ok {
+        weekly_tokens: i64,
+    },
+    Quota,
+    Load,
+    Other(String),
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(n) => n.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+impl Account {
+    async fn new() -> Option<Account> {
+        let url = std::env::var("GATEWAY_TEST_REDIS").ok()?;
+        let client = redis::Client::open(url).expect("redis url");
+        let conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis connect");
+        let prefix = format!("test:{}:", gateway::util::random_base62(12));
+        let user = "usr_scripts";
+        Some(Account {
+            conn,
+            keys: account_keys(&prefix, user),
+            rate: [format!("{prefix}rl:a"), format!("{prefix}rl:b")],
+        })
+    }
+
+    async fn load(&mut self, buckets: &[(i64, &str)]) {
+        let script = Script::new(LOAD_LUA);
+        let mut inv = script.prepare_invoke();
+        for k in &self.keys {
+            inv.key(k);
+        }
+        inv.arg(3600).arg(buckets.len());
+        for (hour, v) in buckets {
+            inv.arg(*hour).arg(*v);
+        }
+        let loaded: i64 = inv.invoke_async(&mut self.conn).await.unwrap();
+        assert_eq!(loaded, 1);
+    }
+
+    /// Reserves `tokens` (and one request) against a weekly allowance of `weekly` tokens, with
+    /// no per-minute caps.
+    async fn reserve(
+        &mut self,
+        now: i64,
+        id: &str,
+        tokens: i64,
+        weekly: i64,
+        timeout: i64,
+    ) -> Reply {
+        let script = Script::new(RESERVE_LUA);
+        let mut inv = script.prepare_invoke();
+        for k in self.keys.iter().chain(&self.rate) {
+            inv.key(k);
+        }
+        inv.arg(now)
+            .arg(id)
+            .arg(tokens)
+            .arg(1)
+            .arg(weekly)
+            .arg(0)
+            .arg("0")
+            .arg(timeout)
+            .arg(0)
+            .arg(0)
+            .arg(0)
+            .arg(tokens)
+            .arg(0)
+            .arg(3600);
+        let reply: Vec<Value> = inv.invoke_async(&mut self.conn).await.unwrap();
+        match text(&reply[0]).as_str() {
+            "ok" => Reply::Ok {
+                weekly_tokens: text(&reply[1]).parse().unwrap(),
+            },
+            "quota" => Reply::Quota,
+            "load" => Reply::Load,
+            other => Reply::Other(other.to_string()),
+        }
+    }
+
+    /// Settles `id` for `tokens` against a weekly allowance of `weekly` tokens; returns the
+    /// tokens booked on the allowance.
+    async fn settle(&mut self, now: i64, id: &str, tokens: i64, weekly: i64) -> i64 {
+        let script = Script::new(SETTLE_LUA);
+        let mut inv = script.prepare_invoke();
+        for k in &self.keys {
+            inv.key(k);
+        }
+        inv.key(&self.rate[1]);
+        inv.arg(now)
+            .arg(id)
+            .arg(tokens)
+            .arg(1)
+            .arg(weekly)
+            .arg(0)
+            .arg(0)
+            .arg(0)
+            .arg(3600);
+        let reply: Vec<Value> = inv.invoke_async(&mut self.conn).await.unwrap();
+        assert_eq!(text(&reply[0]), "ok", "{reply:?}");
+        text(&reply[1]).parse().unwrap()
+    }
+
+    async fn meta(&mut self, field: &str) -> Option<i64> {
+        let v: Option<i64> = self.conn.hget(&self.keys[0], field).await.unwrap();
+        v
+    }
+
+    async fn has_bucket(&mut self, hour: i64) -> bool {
+        self.conn.hexists(&self.keys[2], hour).await.unwrap()
+    }
+
+    /// Open reservations: (entries in the hash, entries in the start-time index).
+    async fn open(&mut self) -> (i64, i64) {
+        let held: i64 = self.conn.hlen(&self.keys[1]).await.unwrap();
+        let indexed: i64 = self.conn.zcard(&self.keys[4]).await.unwrap();
+        (held, indexed)
+    }
+
+    /// Seconds until key `k` (index into `keys`) expires: -2 missing, -1 never.
+    async fn ttl(&mut self, k: usize) -> i64 {
+        self.conn.ttl(&self.keys[k]).await.unwrap()
+    }
+
+    async fn cleanup(mut self) {
+        let mut all: Vec<String> = self.keys.to_vec();
+        all.extend(self.rate.iter().cloned());
+        let _: i64 = self.conn.del(all).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_week_slides_hour_by_hour() {
+    let Some(mut a) = Account::new().await else {
+        eprintln!("GATEWAY_TEST_REDIS not set: skipped");
+        return;
+    };
+    let now = H * HOUR + 1_000;
+    a.load(&[
+        (H - 170, "1000,1,0,0"),
+        (H - 167, "100,1,50,0"),
+        (H - 1, "10,1,0,0"),
+    ])
+    .await;
+    // The window is hours H-167 ..= H: allowance 110 plus lot tokens 50.
+    let r = a.reserve(now, "r1", 5, 1_000_000, NO_TIMEOUT).await;
+    assert_eq!(r, Reply::Ok { weekly_tokens: 160 });
+    assert!(
+        !a.has_bucket(H - 170).await,
+        "a bucket outside the week is dropped"
+    );
+    assert_eq!(a.meta("so").await, Some(H - 167));
+    assert_eq!(a.meta("sa").await, Some(110));
+
+    // An hour later the oldest bucket has left the week.
+    let later = now + HOUR;
+    let r = a.reserve(later, "r2", 5, 1_000_000, NO_TIMEOUT).await;
+    assert_eq!(r, Reply::Ok { weekly_tokens: 10 });
+    assert!(!a.has_bucket(H - 167).await);
+    assert_eq!(a.meta("so").await, Some(H - 1));
+
+    // Settling books into the current hour's bucket and into the sums.
+    assert_eq!(a.settle(later, "r1", 7, 1_000_000).await, 7);
+    assert_eq!(a.settle(later, "r2", 3, 1_000_000).await, 3);
+    assert_eq!(
+        a.open().await,
+        (0, 0),
+        "settled reservations are gone from both"
+    );
+    assert!(a.has_bucket(H + 1).await);
+    let r = a.reserve(later, "r3", 5, 1_000_000, NO_TIMEOUT).await;
+    assert_eq!(r, Reply::Ok { weekly_tokens: 20 });
+    // Meta, reservations, buckets and the start-time index all expire with the account.
+    for k in [0, 1, 2, 4] {
+        let ttl = a.ttl(k).await;
+        assert!(ttl > 0 && ttl <= 3600, "key {k}: ttl {ttl}");
+    }
+
+    // A week after the last spend nothing is left in the window, and no oldest hour either.
+    let r = a
+        .reserve(later + 168 * HOUR, "r4", 5, 1_000_000, NO_TIMEOUT)
+        .await;
+    assert_eq!(r, Reply::Ok { weekly_tokens: 0 });
+    assert_eq!(a.meta("so").await, None);
+    assert_eq!(a.meta("sa").await, Some(0));
+    a.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_allowance_is_checked_against_the_sums() {
+    let Some(mut a) = Account::new().await else {
+        eprintln!("GATEWAY_TEST_REDIS not set: skipped");
+        return;
+    };
+    let now = H * HOUR;
+    a.load(&[(H - 1, "150,1,0,0")]).await;
+    assert_eq!(
+        a.reserve(now, "big", 51, 200, NO_TIMEOUT).await,
+        Reply::Quota
+    );
+    assert_eq!(
+        a.reserve(now, "fits", 50, 200, NO_TIMEOUT).await,
+        Reply::Ok { weekly_tokens: 150 }
+    );
+    assert_eq!(
+        a.reserve(now, "more", 1, 200, NO_TIMEOUT).await,
+        Reply::Quota
+    );
+    assert_eq!(a.settle(now, "fits", 20, 200).await, 20);
+    // 170 spent, nothing held: 30 left.
+    assert_eq!(
+        a.reserve(now, "r31", 31, 200, NO_TIMEOUT).await,
+        Reply::Quota
+    );
+    assert_eq!(
+        a.reserve(now, "r30", 30, 200, NO_TIMEOUT).await,
+        Reply::Ok { weekly_tokens: 170 }
+    );
+    a.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_refused_request_still_releases_stale_reservations() {
+    let Some(mut a) = Account::new().await else {
+        eprintln!("GATEWAY_TEST_REDIS not set: skipped");
+        return;
+    };
+    let t0 = H * HOUR;
+    a.load(&[]).await;
+    // A request reserves 80 of 100 and its instance dies: nothing ever settles it.
+    assert_eq!(
+        a.reserve(t0, "lost", 80, 100, 1_000).await,
+        Reply::Ok { weekly_tokens: 0 }
+    );
+    assert_eq!(a.meta("rt").await, Some(80));
+    // Past the timeout a request too large for the whole allowance is refused, and the lost
+    // reservation is released all the same.
+    assert_eq!(
+        a.reserve(t0 + 2_000, "huge", 101, 100, 1_000).await,
+        Reply::Quota
+    );
+    assert_eq!(a.meta("rt").await, Some(0));
+    assert_eq!(a.open().await, (0, 0));
+    assert_eq!(
+        a.reserve(t0 + 2_000, "all", 100, 100, 1_000).await,
+        Reply::Ok { weekly_tokens: 0 }
+    );
+    a.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_account_in_the_previous_layout_is_carried_over() {
+    let Some(mut a) = Account::new().await else {
+        eprintln!("GATEWAY_TEST_REDIS not set: skipped");
+        return;
+    };
+    let t0 = H * HOUR;
+    // What the earlier scripts left: totals and reservations, no sums, no start-time index.
+    let _: () = a
+        .conn
+        .hset_multiple(&a.keys[0], &[("loaded", 1), ("rt", 80), ("rr", 1)])
+        .await
+        .unwrap();
+    let _: () = a
+        .conn
+        .hset(&a.keys[1], "old", format!("80,1,{t0}"))
+        .await
+        .unwrap();
+    let _: () = a.conn.hset(&a.keys[2], H - 1, "30,1,0,0").await.unwrap();
+
+    // The old reservation is found by its start time and released: 100 - 30 spent = 70 left.
+    assert_eq!(
+        a.reserve(t0 + 2_000, "r71", 71, 100, 1_000).await,
+        Reply::Quota
+    );
+    assert_eq!(a.open().await, (0, 0));
+    assert_eq!(
+        a.reserve(t0 + 2_000, "r70", 70, 100, 1_000).await,
+        Reply::Ok { weekly_tokens: 30 }
+    );
+    assert_eq!(a.meta("v").await, Some(2));
+    assert_eq!(a.meta("sa").await, Some(30));
+    assert_eq!(a.meta("rt").await, Some(70));
+    a.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_account_not_in_redis_asks_to_be_loaded() {
+    let Some(mut a) = Account::new().await else {
+        eprintln!("GATEWAY_TEST_REDIS not set: skipped");
+        return;
+    };
+    assert_eq!(a.reserve(H * HOUR, "r", 1, 100, 1_000).await, Reply::Load);
+    a.cleanup().await;
+}
