@@ -128,9 +128,10 @@ impl UpstreamPool {
             attempts += 1;
             let (mut stream, reused) = match self.idle.take(pool_key) {
                 Some(s) => (s, true),
+                // Boxed: dialing (TCP, TLS) is a ~8 KiB future, and inline it would make this
+                // whole future that large, copied on every request that reuses a connection.
                 None => (
-                    self.connector
-                        .new_stream(&Self::peer(p, addr))
+                    Box::pin(self.connector.new_stream(&Self::peer(p, addr)))
                         .await
                         .map_err(|e| UpstreamError::Connect(e.to_string()))?,
                     false,
