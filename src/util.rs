@@ -1,5 +1,6 @@
 //! Small shared helpers: clock, timestamps, random identifiers.
 
+use rand::distr::Alphanumeric;
 use rand::Rng;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -45,9 +46,12 @@ pub fn random_base62(n: usize) -> String {
     s
 }
 
+/// Uniform over the 62 alphanumerics: `Alphanumeric` draws 6 bits and rejects the two values
+/// past 61, one `u32` per character, against a `random_range` multiply-and-reject per
+/// character before (ids are made for every request).
 fn push_random_base62(s: &mut String, n: usize) {
-    let mut rng = rand::rng();
-    s.extend((0..n).map(|_| BASE62[rng.random_range(0..BASE62.len())] as char));
+    let rng = rand::rng();
+    s.extend(rng.sample_iter(Alphanumeric).take(n).map(char::from));
 }
 
 /// A resource id such as `usr_3fK…`: prefix, underscore, 20 base62 characters (~119 bits).

@@ -75,7 +75,10 @@ const OPAQUE_KEYS: &[&str] = &[
 const SEEN_SLICES_MAX: usize = 16_384;
 
 thread_local! {
-    static SEEN_SLICES: RefCell<HashMap<(u64, usize), u64>> = RefCell::new(HashMap::new());
+    /// The keys are already the output of a secret-keyed hash, so the map itself needs only a
+    /// fast one (std's SipHash here was a second full hash of every lookup).
+    static SEEN_SLICES: RefCell<HashMap<(u64, usize), u64, foldhash::fast::RandomState>> =
+        RefCell::new(HashMap::with_hasher(foldhash::fast::RandomState::default()));
 }
 
 static SLICE_HASH_KEYS: LazyLock<RandomState> = LazyLock::new(RandomState::new);
