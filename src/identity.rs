@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 
 use crate::storage::{Db, KeyRecord, StoreResult, UserRecord};
-use crate::util::now_ms;
+use crate::util::{now_ms, FastHash};
 
 pub const FEED_INTERVAL: Duration = Duration::from_millis(250);
 const NEGATIVE_TTL: Duration = Duration::from_secs(30);
@@ -35,9 +35,9 @@ pub struct Identity {
 
 #[derive(Default)]
 pub struct IdentityCache {
-    keys: DashMap<String, Arc<KeyRecord>>,
-    users: DashMap<String, Arc<UserRecord>>,
-    negative: DashMap<String, Instant>,
+    keys: DashMap<String, Arc<KeyRecord>, FastHash>,
+    users: DashMap<String, Arc<UserRecord>, FastHash>,
+    negative: DashMap<String, Instant, FastHash>,
     feed_cursor: AtomicI64,
 }
 

@@ -17,25 +17,29 @@ use futures::FutureExt;
 use pingora_core::protocols::Stream;
 use tokio::io::AsyncReadExt;
 
+use crate::util::FastHash;
+
 /// Most idle connections kept per provider address and thread.
 const MAX_IDLE_PER_KEY: usize = 256;
 
 type Key = (u64, ThreadId);
+/// Idle connections per key, most recently used last.
+type IdleMap = HashMap<Key, Vec<(Stream, Instant)>, FastHash>;
 
 pub struct IdlePool {
-    idle: Mutex<HashMap<Key, Vec<(Stream, Instant)>>>,
+    idle: Mutex<IdleMap>,
     max_idle: Duration,
 }
 
 impl IdlePool {
     pub fn new(max_idle: Duration) -> Self {
         IdlePool {
-            idle: Mutex::new(HashMap::new()),
+            idle: Mutex::new(HashMap::default()),
             max_idle,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Vec<(Stream, Instant)>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, IdleMap> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 

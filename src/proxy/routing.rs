@@ -8,6 +8,7 @@ use dashmap::DashMap;
 use rand::Rng;
 
 use crate::config::{Deployment, Model, Provider};
+use crate::util::FastHash;
 
 /// One place a request can be sent.
 #[derive(Clone, Debug)]
@@ -29,7 +30,7 @@ impl Target {
 /// Cool-down bookkeeping, shared by all requests of this instance.
 #[derive(Default)]
 pub struct Routing {
-    cooling_until: DashMap<Arc<str>, Instant>,
+    cooling_until: DashMap<Arc<str>, Instant, FastHash>,
 }
 
 impl Routing {

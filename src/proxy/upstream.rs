@@ -21,6 +21,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::config::Provider;
 use crate::proxy::pool::IdlePool;
+use crate::util::FastHash;
 
 const DNS_TTL: Duration = Duration::from_secs(60);
 /// How long an idle pooled upstream connection is kept.
@@ -45,7 +46,7 @@ pub struct UpstreamPool {
     /// Dials new connections (TCP, TLS with SNI); idle ones are kept in `idle`.
     connector: TransportConnector,
     idle: IdlePool,
-    dns: DashMap<(String, u16), (Vec<SocketAddr>, Instant)>,
+    dns: DashMap<(String, u16), (Vec<SocketAddr>, Instant), FastHash>,
 }
 
 impl Default for UpstreamPool {
@@ -78,7 +79,7 @@ impl UpstreamPool {
         UpstreamPool {
             connector: TransportConnector::new(None),
             idle: IdlePool::new(POOL_IDLE),
-            dns: DashMap::new(),
+            dns: DashMap::default(),
         }
     }
 

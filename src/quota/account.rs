@@ -9,6 +9,7 @@ use crate::config::{QuotaConfig, Tier};
 use crate::quota::tiers::{entitlement_tier, lot_remaining, usage_tier, window_sums};
 use crate::quota::Denied;
 use crate::storage::quota::{Breakdown, Lot, LotKind, SpendBucket, HOUR_MS, WINDOW_HOURS};
+use crate::util::FastHash;
 
 /// A reservation held by an account.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +26,7 @@ pub struct AccountState {
     pub lots: Vec<Lot>,
     pub reserved_tokens: u64,
     pub reserved_requests: u64,
-    pub held: HashMap<String, Held>,
+    pub held: HashMap<String, Held, FastHash>,
 }
 
 impl AccountState {

@@ -15,6 +15,7 @@ use crate::config::QuotaConfig;
 use crate::identity::Identity;
 use crate::storage::quota::{Breakdown, Lot};
 use crate::storage::Db;
+use crate::util::FastHash;
 
 /// Requests, input tokens, output tokens.
 const DIMS: usize = 3;
@@ -46,8 +47,8 @@ type Cell = Arc<OnceCell<Mutex<AccountState>>>;
 
 #[derive(Default)]
 pub struct Local {
-    accounts: DashMap<String, Cell>,
-    windows: DashMap<String, Windows>,
+    accounts: DashMap<String, Cell, FastHash>,
+    windows: DashMap<String, Windows, FastHash>,
 }
 
 impl Local {

@@ -14,6 +14,7 @@ use crate::identity::Identity;
 use crate::quota::tiers::{effective_tier, usage_tier};
 use crate::storage::quota::{Breakdown, Lot, LotKind};
 use crate::storage::Db;
+use crate::util::FastHash;
 
 /// Hot account state expires after this long unused; it reloads from the database.
 const ACCOUNT_TTL_SECS: u64 = 8 * 24 * 3600;
@@ -27,7 +28,7 @@ pub struct Shared {
     /// Key prefix, so tests (and several gateways) can share one Redis.
     prefix: String,
     /// Last seen (weekly token usage, highest lot tier) per account: the tier hint.
-    hints: dashmap::DashMap<String, (u64, Option<Tier>)>,
+    hints: dashmap::DashMap<String, (u64, Option<Tier>), FastHash>,
 }
 
 /// The account's keys, in the order the scripts take them: meta, reservations, spend buckets,
@@ -118,7 +119,7 @@ impl Shared {
             load: Script::new(LOAD_LUA),
             add_lot: Script::new(include_str!("lua/add_lot.lua")),
             prefix: prefix.to_string(),
-            hints: dashmap::DashMap::new(),
+            hints: dashmap::DashMap::default(),
         })
     }
 
