@@ -13,6 +13,8 @@
 -- were never built (an account written by an earlier version of these scripts).
 -- Reservations are a hash id -> "tokens,requests,at_ms" plus a sorted set id -> at_ms, so the
 -- stale ones are found by score instead of by reading every open reservation.
+-- Gateways sharing one Redis must run the same version of these scripts: an earlier version
+-- would book spend without updating the sums. Keys left by one are carried over (v absent).
 
 local HOUR_MS = 3600000
 
