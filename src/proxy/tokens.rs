@@ -16,6 +16,8 @@ use std::sync::LazyLock;
 use serde_json::{Map, Value};
 use tiktoken_rs::CoreBPE;
 
+use crate::util::FastHash;
+
 /// Flat charge for an image (or other binary attachment) part. Counting the
 /// base64 payload as text would overestimate by orders of magnitude, and the
 /// real cost depends on resolution and model; 85 is OpenAI's "low detail" cost
@@ -77,8 +79,8 @@ const SEEN_SLICES_MAX: usize = 16_384;
 thread_local! {
     /// The keys are already the output of a secret-keyed hash, so the map itself needs only a
     /// fast one (std's SipHash here was a second full hash of every lookup).
-    static SEEN_SLICES: RefCell<HashMap<(u64, usize), u64, foldhash::fast::RandomState>> =
-        RefCell::new(HashMap::with_hasher(foldhash::fast::RandomState::default()));
+    static SEEN_SLICES: RefCell<HashMap<(u64, usize), u64, FastHash>> =
+        RefCell::new(HashMap::default());
 }
 
 static SLICE_HASH_KEYS: LazyLock<RandomState> = LazyLock::new(RandomState::new);
