@@ -185,7 +185,7 @@ async fn connect(
             continue;
         };
         let endpoint = crossing.provider_endpoint(adm.endpoint);
-        let path = format!("{}{}", target.provider.base_path, endpoint.path());
+        let path = [target.provider.base_path.as_str(), endpoint.path()].concat();
         let req = ProviderRequest {
             provider: &target.provider,
             method: if endpoint.is_get() { "GET" } else { "POST" },
