@@ -1,9 +1,9 @@
 //! The floor the project's shape puts under the developer API: a Pingora proxy with none of the
 //! gateway's logic, to bench beside nginx and the gateway in one run (scripts/bench_floor).
 //!
-//! Issue 3 asks for 70% of nginx's throughput. Whether that is reachable at all with a
-//! `pingora-proxy` service on the bench machine is a property of Pingora, not of the gateway's
-//! code; this binary measures it. Two modes:
+//! Issue 3 asks for 70% of nginx's throughput. This binary separates what comes with a
+//! `pingora-proxy` service on the bench machine from what the gateway's own work costs. Two
+//! modes:
 //!
 //! - `proxy`: the stock `ProxyHttp` path, `upstream_peer` returning the mock provider and
 //!   nothing else (Pingora's own upstream pool, its request and response filters);
