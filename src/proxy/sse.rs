@@ -12,6 +12,7 @@
 use std::borrow::Cow;
 
 use bytes::Bytes;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 /// A single event larger than this is not a real model event; buffering it
@@ -287,7 +288,7 @@ struct AnthropicParts {
 }
 
 impl AnthropicParts {
-    fn update(&mut self, usage: &Value) -> bool {
+    fn update<U: UsageObject + ?Sized>(&mut self, usage: &U) -> bool {
         let mut any = false;
         for (key, slot) in [
             ("input_tokens", &mut self.input),
@@ -702,48 +703,124 @@ impl StreamUsageTracker {
 /// decides that an `input_tokens` total excludes cache fields (Anthropic),
 /// which is also assumed whenever the Anthropic cache fields are present.
 pub fn usage_from_body(kind: StreamKind, body: &[u8]) -> Option<Usage> {
-    // Only `usage` (or `response.usage`) is materialised: the rest of the answer is skipped
-    // while parsing instead of being built into a tree. Bodies this shape does not fit
-    // (duplicate keys, a non-object `response`) take the general path.
+    // Only `usage` (or `response.usage`) is read: the rest of the answer is skipped while
+    // parsing, and the usage object is read field by field (`UsageFields`) instead of being
+    // built into a tree. Bodies this shape does not fit (duplicate keys, a non-object
+    // `response`) take the general path, which reads the same fields out of the tree.
     #[derive(serde::Deserialize)]
-    struct Carrier {
-        #[serde(default)]
-        usage: Option<Value>,
-        #[serde(default)]
-        response: Option<Inner>,
+    struct Carrier<'a> {
+        #[serde(default, borrow)]
+        usage: Option<&'a RawValue>,
+        #[serde(default, borrow)]
+        response: Option<Inner<'a>>,
     }
     #[derive(serde::Deserialize)]
-    struct Inner {
-        #[serde(default)]
-        usage: Option<Value>,
+    struct Inner<'a> {
+        #[serde(default, borrow)]
+        usage: Option<&'a RawValue>,
     }
-    let usage = match serde_json::from_slice::<Carrier>(body) {
-        Ok(c) => c
-            .usage
-            .filter(Value::is_object)
-            .or_else(|| c.response.and_then(|r| r.usage).filter(Value::is_object))?,
-        Err(_) => {
-            let json: Value = serde_json::from_slice(body).ok()?;
-            json.get("usage")
-                .filter(|u| u.is_object())
-                .or_else(|| {
-                    json.get("response")
-                        .and_then(|r| r.get("usage"))
-                        .filter(|u| u.is_object())
-                })?
-                .clone()
-        }
+    // A raw value starts at its first byte (whitespace before it is skipped).
+    let is_object = |raw: &&RawValue| raw.get().starts_with('{');
+    let Ok(carrier) = serde_json::from_slice::<Carrier>(body) else {
+        return usage_from_tree(kind, &serde_json::from_slice(body).ok()?);
     };
-    let usage = &usage;
-    let anthropic_style = usage.get("prompt_tokens").is_none()
+    let raw = carrier
+        .usage
+        .filter(is_object)
+        .or_else(|| carrier.response.and_then(|r| r.usage).filter(is_object))?;
+    match serde_json::from_str::<UsageFields>(raw.get()) {
+        Ok(fields) => usage_of(kind, &fields),
+        // Duplicate keys: the tree keeps the last, as the general path does.
+        Err(_) => usage_of(kind, &serde_json::from_str::<Value>(raw.get()).ok()?),
+    }
+}
+
+/// [`usage_from_body`] over a parsed answer: its `usage`, else `response.usage`.
+fn usage_from_tree(kind: StreamKind, json: &Value) -> Option<Usage> {
+    let usage = json.get("usage").filter(|u| u.is_object()).or_else(|| {
+        json.get("response")
+            .and_then(|r| r.get("usage"))
+            .filter(|u| u.is_object())
+    })?;
+    usage_of(kind, usage)
+}
+
+/// The usage of a usage object, in whichever naming scheme it uses.
+fn usage_of<U: UsageObject + ?Sized>(kind: StreamKind, usage: &U) -> Option<Usage> {
+    let anthropic_style = usage.field("prompt_tokens").is_none()
         && (kind == StreamKind::Anthropic
-            || usage.get("cache_read_input_tokens").is_some()
-            || usage.get("cache_creation_input_tokens").is_some());
+            || usage.field("cache_read_input_tokens").is_some()
+            || usage.field("cache_creation_input_tokens").is_some());
     if anthropic_style {
         let mut parts = AnthropicParts::default();
         return parts.update(usage).then(|| parts.usage());
     }
     openai_usage(usage)
+}
+
+/// A usage object as the readers see it: a JSON tree, or [`UsageFields`].
+trait UsageObject {
+    /// The value at `key`; `Some(Null)` for a key present with `null`, as in a tree.
+    fn field(&self, key: &str) -> Option<&Value>;
+}
+
+impl UsageObject for Value {
+    fn field(&self, key: &str) -> Option<&Value> {
+        self.get(key)
+    }
+}
+
+/// The fields of a usage object that [`openai_usage`] and [`AnthropicParts`] read, and only
+/// those, read without building the object's tree (numbers need no allocation). Only ever read
+/// from text that starts with `{`, so serde's sequence form of a struct cannot apply.
+#[derive(serde::Deserialize)]
+struct UsageFields {
+    #[serde(default, deserialize_with = "present")]
+    prompt_tokens: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    completion_tokens: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    input_tokens: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    output_tokens: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    cache_read_input_tokens: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    cache_creation_input_tokens: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    prompt_tokens_details: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    input_tokens_details: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    completion_tokens_details: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    output_tokens_details: Option<Value>,
+}
+
+/// A field that is there, even as `null` (`Option<Value>` alone reads `null` as absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    <Value as serde::Deserialize>::deserialize(d).map(Some)
+}
+
+impl UsageObject for UsageFields {
+    fn field(&self, key: &str) -> Option<&Value> {
+        match key {
+            "prompt_tokens" => self.prompt_tokens.as_ref(),
+            "completion_tokens" => self.completion_tokens.as_ref(),
+            "input_tokens" => self.input_tokens.as_ref(),
+            "output_tokens" => self.output_tokens.as_ref(),
+            "cache_read_input_tokens" => self.cache_read_input_tokens.as_ref(),
+            "cache_creation_input_tokens" => self.cache_creation_input_tokens.as_ref(),
+            "prompt_tokens_details" => self.prompt_tokens_details.as_ref(),
+            "input_tokens_details" => self.input_tokens_details.as_ref(),
+            "completion_tokens_details" => self.completion_tokens_details.as_ref(),
+            "output_tokens_details" => self.output_tokens_details.as_ref(),
+            _ => {
+                debug_assert!(false, "usage field {key} is not read by UsageFields");
+                None
+            }
+        }
+    }
 }
 
 /// The parts of an OpenAI chat stream chunk the tracker reads, borrowing the text from the
@@ -792,7 +869,7 @@ struct ChatDelta<'a> {
 
 /// Both OpenAI schemes: chat/embeddings (`prompt_tokens`, ...) and
 /// responses/images (`input_tokens`, ...). `None` if neither total is there.
-fn openai_usage(usage: &Value) -> Option<Usage> {
+fn openai_usage<U: UsageObject + ?Sized>(usage: &U) -> Option<Usage> {
     let input = count_at(usage, &["prompt_tokens"]).or_else(|| count_at(usage, &["input_tokens"]));
     let output =
         count_at(usage, &["completion_tokens"]).or_else(|| count_at(usage, &["output_tokens"]));
@@ -817,9 +894,10 @@ fn openai_usage(usage: &Value) -> Option<Usage> {
 /// A token count at `path`. Some providers send integral floats (`12.0`);
 /// negative, fractional or absurd values are treated as absent rather than
 /// wrapped or saturated into a bill.
-fn count_at(v: &Value, path: &[&str]) -> Option<u64> {
-    let mut cur = v;
-    for key in path {
+fn count_at<U: UsageObject + ?Sized>(usage: &U, path: &[&str]) -> Option<u64> {
+    let (first, rest) = path.split_first()?;
+    let mut cur = usage.field(first)?;
+    for key in rest {
         cur = cur.get(*key)?;
     }
     if let Some(n) = cur.as_u64() {
@@ -1412,6 +1490,114 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
         t.observe(&ev(None, &data));
         let got = t.error_event().unwrap_or_default();
         assert!(got.len() <= MAX_ERROR_MESSAGE_BYTES && got.len() > 4000);
+    }
+
+    /// Every answer, read field by field, gives what the general path (the whole tree) gives:
+    /// `null` fields, numbers of every shape, non-object usage and details, duplicate keys,
+    /// `response.usage`, whitespace, both naming schemes.
+    #[test]
+    fn body_usage_fast_path_agrees_with_the_tree() {
+        let values = [
+            "7",
+            "7.0",
+            "7.5",
+            "-3",
+            "1e300",
+            "null",
+            "\"7\"",
+            "true",
+            "{}",
+            "[]",
+            "{\"cached_tokens\":2,\"reasoning_tokens\":3}",
+            "{\"cached_tokens\":null}",
+        ];
+        let keys = [
+            "prompt_tokens",
+            "completion_tokens",
+            "input_tokens",
+            "output_tokens",
+            "cache_read_input_tokens",
+            "cache_creation_input_tokens",
+            "prompt_tokens_details",
+            "input_tokens_details",
+            "completion_tokens_details",
+            "output_tokens_details",
+            "total_tokens",
+        ];
+        let mut usages = vec![
+            "null".to_string(),
+            "[]".to_string(),
+            "[1,2]".to_string(),
+            "\"x\"".to_string(),
+            "{}".to_string(),
+            r#"{"prompt_tokens":1,"prompt_tokens":2}"#.to_string(),
+            r#"{"input_tokens":4,"output_tokens":5,"input_tokens":6}"#.to_string(),
+        ];
+        // Each key with each value; pairs of keys; every key at once.
+        for (i, k) in keys.iter().enumerate() {
+            for v in values {
+                usages.push(format!("{{\"{k}\":{v}}}"));
+                let other = keys[(i + 3) % keys.len()];
+                usages.push(format!(
+                    "{{ \"{k}\" : {v} , \"{other}\":{v}, \"x\":[{{}}] }}"
+                ));
+            }
+        }
+        for v in values {
+            let all: Vec<String> = keys.iter().map(|k| format!("\"{k}\":{v}")).collect();
+            usages.push(format!("{{{}}}", all.join(",")));
+        }
+        // One key null or absent, the others distinct numbers: presence decides the scheme.
+        for (i, k) in keys.iter().enumerate() {
+            for odd in ["null", ""] {
+                let mut fields: Vec<String> = keys
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i && j % 2 == i % 2)
+                    .map(|(j, other)| format!("\"{other}\":{}", j + 1))
+                    .collect();
+                if !odd.is_empty() {
+                    fields.push(format!("\"{k}\":{odd}"));
+                }
+                usages.push(format!("{{{}}}", fields.join(",")));
+                let all: Vec<String> = keys
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .map(|(j, other)| format!("\"{other}\":{}", j + 1))
+                    .chain((!odd.is_empty()).then(|| format!("\"{k}\":{odd}")))
+                    .collect();
+                usages.push(format!("{{{}}}", all.join(",")));
+            }
+        }
+        let mut bodies = Vec::new();
+        for u in &usages {
+            bodies.push(format!(
+                r#"{{"id":"x","choices":[{{"text":"usage"}}],"usage":{u}}}"#
+            ));
+            bodies.push(format!(
+                r#"{{"type":"response.completed","response":{{"usage":{u}}}}}"#
+            ));
+            bodies.push(format!(
+                r#"{{"usage":null,"response":{{"usage":{u},"id":1}}}}"#
+            ));
+            bodies.push(format!(r#"{{"usage":{u},"usage":{{"prompt_tokens":1}}}}"#));
+            bodies.push(format!(r#"{{"response":"text","usage":{u}}}"#));
+        }
+        for body in &bodies {
+            let tree: Value = serde_json::from_str(body).expect("test bodies are JSON");
+            for kind in [
+                StreamKind::OpenAiChat,
+                StreamKind::OpenAiResponses,
+                StreamKind::Anthropic,
+            ] {
+                assert_eq!(
+                    usage_from_body(kind, body.as_bytes()),
+                    usage_from_tree(kind, &tree),
+                    "{kind:?} {body}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -126,7 +126,9 @@ fn apply<K: Ord>(map: &mut BTreeMap<K, UsageTotals>, key: K, t: &UsageTotals, ad
 }
 
 /// The rollup key of an event: account, Unix hour, model.
-type RollupKey = (String, i64, String);
+/// Borrowed from the batch's events: a batch has thousands of events and a handful of keys, so
+/// no per-event copies of the user id and model.
+type RollupKey<'a> = (&'a str, i64, &'a str);
 
 const DAY_HOURS: i64 = 24;
 
@@ -258,9 +260,9 @@ impl UsageStore<'_> {
             for e in chunk {
                 let total = e.input_tokens.saturating_add(e.output_tokens);
                 let key = (
-                    e.user_id.clone(),
+                    e.user_id.as_str(),
                     e.created_at.div_euclid(HOUR_MS),
-                    e.model.clone(),
+                    e.model.as_str(),
                 );
                 rollup.entry(key).or_default().add(&UsageTotals {
                     requests: 1,
@@ -284,9 +286,9 @@ impl UsageStore<'_> {
                  output_tokens = usage_rollup.output_tokens + excluded.output_tokens, \
                  total_tokens = usage_rollup.total_tokens + excluded.total_tokens",
             )
-            .bind(user_id)
+            .bind(*user_id)
             .bind(*hour)
-            .bind(model)
+            .bind(*model)
             .bind(i(t.requests))
             .bind(i(t.input_tokens))
             .bind(i(t.output_tokens))
