@@ -1583,6 +1583,9 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
             ));
             bodies.push(format!(r#"{{"usage":{u},"usage":{{"prompt_tokens":1}}}}"#));
             bodies.push(format!(r#"{{"response":"text","usage":{u}}}"#));
+            // Pretty-printed answers: whitespace before the usage value.
+            bodies.push(format!("{{\n  \"usage\" :\n\t {u}\n}}"));
+            bodies.push(format!("{{\"response\": {{\"usage\":  {u} }} }}"));
         }
         for body in &bodies {
             let tree: Value = serde_json::from_str(body).expect("test bodies are JSON");
