@@ -181,15 +181,17 @@ async fn insert_events(
         sql.push(')');
     }
     sql.push_str(" ON CONFLICT (id) DO NOTHING");
+    // Text bound as `&str`, not `&String`: sqlx's `Any` layer keeps a `&str` borrowed but
+    // clones a `String` into the argument list (nine copies per event).
     let mut q = sqlx::query(&sql);
     for e in chunk {
         q = q
-            .bind(&e.id)
-            .bind(&e.user_id)
-            .bind(&e.key_id)
-            .bind(&e.model)
-            .bind(&e.endpoint)
-            .bind(&e.reasoning_effort)
+            .bind(e.id.as_str())
+            .bind(e.user_id.as_str())
+            .bind(e.key_id.as_str())
+            .bind(e.model.as_str())
+            .bind(e.endpoint.as_str())
+            .bind(e.reasoning_effort.as_deref())
             .bind(i(e.input_tokens))
             .bind(i(e.output_tokens))
             .bind(i(e.input_tokens.saturating_add(e.output_tokens)))
@@ -197,9 +199,9 @@ async fn insert_events(
             .bind(e.status as i64)
             .bind(i(e.latency_ms))
             .bind(e.ttfb_ms.map(i))
-            .bind(&e.settlement)
-            .bind(&e.deployment)
-            .bind(&e.error_code)
+            .bind(e.settlement.as_str())
+            .bind(e.deployment.as_deref())
+            .bind(e.error_code.as_deref())
             .bind(e.created_at);
     }
     Ok(q.execute(&mut **tx).await?.rows_affected())
