@@ -177,18 +177,18 @@ impl ProxyHttp for Floor {
     fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
     async fn request_filter(&self, session: &mut Session, _ctx: &mut ()) -> Result<bool> {
+        if !self.spin.is_zero() {
+            let start = std::time::Instant::now();
+            while start.elapsed() < self.spin {
+                std::hint::spin_loop();
+            }
+        }
         if self.mode == Mode::Proxy {
             return Ok(false);
         }
         let mut body = bytes::BytesMut::new();
         while let Some(chunk) = session.read_request_body().await? {
             body.extend_from_slice(&chunk);
-        }
-        if !self.spin.is_zero() {
-            let start = std::time::Instant::now();
-            while start.elapsed() < self.spin {
-                std::hint::spin_loop();
-            }
         }
         let answer = match self.mode {
             Mode::Lean => lean_exchange(&self.upstream, &body).await.map_err(|e| {
@@ -224,7 +224,13 @@ fn main() {
         std::process::exit(2);
     };
     let (mode, spin_us) = match mode.split_once('+') {
-        Some((mode, us)) => (mode, us.parse::<u64>().unwrap_or(0)),
+        Some((mode, us)) => match us.parse::<u64>() {
+            Ok(us) => (mode, us),
+            Err(_) => {
+                eprintln!("busy work {us:?} is not a whole number of µs; {usage}");
+                std::process::exit(2);
+            }
+        },
         None => (mode.as_str(), 0),
     };
     let mode = match mode {
