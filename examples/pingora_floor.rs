@@ -1,9 +1,9 @@
-//! The floor the project's shape puts under the developer API: a Pingora proxy with none of the
-//! gateway's logic, to bench beside nginx and the gateway in one run (scripts/bench_floor).
+//! What the project's shape allows the developer API: Pingora proxies with none of the gateway's
+//! logic, to bench beside nginx and the gateway in one run (scripts/bench_floor).
 //!
 //! Issue 3 asks for 70% of nginx's throughput. This binary separates what comes with a
-//! `pingora-proxy` service on the bench machine from what the gateway's own work costs. Two
-//! modes:
+//! `pingora-proxy` service on the bench machine from what the gateway's own work costs
+//! (docs/bench/profile.md, eighth profile). Its modes:
 //!
 //! - `proxy`: the stock `ProxyHttp` path, `upstream_peer` returning the mock provider and
 //!   nothing else (Pingora's own upstream pool, its request and response filters);
@@ -22,7 +22,7 @@
 //! standing in for a gateway's own work, to find how much of it a throughput ratio leaves room
 //! for once the machine's other processes react to the slower proxy.
 //!
-//! Both run as the gateway runs: one single-threaded event loop per worker (`work_stealing =
+//! All run as the gateway runs: one single-threaded event loop per worker (`work_stealing =
 //! false`), the connection moved to the reactor of the thread serving it (`ThreadAffine`), no
 //! downstream modules, jemalloc with the gateway's thread-cache setting.
 //!
