@@ -30,18 +30,41 @@ pub fn generate() -> GeneratedKey {
 /// would add latency to every request without adding security; the pepper keeps a stolen
 /// database useless on its own.
 pub fn hash(pepper: &[u8], key: &str) -> String {
-    // HMAC accepts keys of any length, so this cannot fail.
-    let mut mac = match Hmac::<Sha256>::new_from_slice(pepper) {
-        Ok(m) => m,
-        Err(_) => return String::new(),
-    };
-    mac.update(key.as_bytes());
-    // Into a stack buffer first: `hex::encode` collects a `String` one `char` at a time, which
-    // cost more than the HMAC itself on every request.
-    let mut out = [0u8; 64];
-    match hex::encode_to_slice(mac.finalize().into_bytes(), &mut out) {
-        Ok(()) => String::from_utf8(out.to_vec()).unwrap_or_default(),
-        Err(_) => String::new(),
+    KeyHasher::new(pepper)
+        .map(|h| h.hash(key))
+        .unwrap_or_default()
+}
+
+/// [`hash`] with the pepper's HMAC state computed once. Keying an HMAC hashes the padded key
+/// twice (inner and outer pad), half of the four SHA-256 blocks a key's hash takes; the
+/// developer API hashes the presented key on every request, so it keeps one of these.
+#[derive(Clone)]
+pub struct KeyHasher(Hmac<Sha256>);
+
+impl KeyHasher {
+    /// `None` never happens for HMAC, which accepts keys of any length; the type allows it.
+    pub fn new(pepper: &[u8]) -> Option<KeyHasher> {
+        <Hmac<Sha256> as hmac::digest::KeyInit>::new_from_slice(pepper)
+            .ok()
+            .map(KeyHasher)
+    }
+
+    pub fn hash(&self, key: &str) -> String {
+        let mut mac = self.0.clone();
+        mac.update(key.as_bytes());
+        // Into a stack buffer first: `hex::encode` collects a `String` one `char` at a time,
+        // which cost more than the HMAC itself on every request.
+        let mut out = [0u8; 64];
+        match hex::encode_to_slice(mac.finalize().into_bytes(), &mut out) {
+            Ok(()) => String::from_utf8(out.to_vec()).unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyHasher(<keyed>)")
     }
 }
 
@@ -83,5 +106,15 @@ mod tests {
             hash(b"Jefe", "what do ya want for nothing?"),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
+    }
+
+    #[test]
+    fn a_kept_hasher_gives_every_key_its_own_hash() {
+        let hasher = KeyHasher::new(b"Jefe").expect("HMAC takes any key");
+        let expected = "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843";
+        assert_eq!(hasher.hash("what do ya want for nothing?"), expected);
+        // The keyed state is not consumed or changed by a hash.
+        assert_eq!(hasher.hash("sk-other"), hash(b"Jefe", "sk-other"));
+        assert_eq!(hasher.hash("what do ya want for nothing?"), expected);
     }
 }

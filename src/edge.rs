@@ -151,6 +151,10 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
         config: ArcSwap::from_pointee(cfg),
         db,
         rt: rt.handle().clone(),
+        key_hasher: secrets
+            .key_pepper
+            .as_ref()
+            .and_then(|p| crate::apikey::KeyHasher::new(p.expose())),
         secrets,
         identity,
         tokens,

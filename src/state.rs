@@ -22,6 +22,8 @@ pub struct AppState {
     /// their own runtimes, so database work is spawned here.
     pub rt: tokio::runtime::Handle,
     pub secrets: Secrets,
+    /// The key pepper's HMAC, keyed once (`None` without a pepper).
+    pub key_hasher: Option<crate::apikey::KeyHasher>,
     pub identity: Arc<IdentityCache>,
     pub tokens: Arc<TokenCounter>,
     pub usage: UsageSink,

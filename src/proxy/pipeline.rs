@@ -63,7 +63,7 @@ impl Admitted {
 
 /// Check 1: key validation.
 pub async fn authenticate(state: &SharedState, session: &Session) -> Result<Identity, ApiError> {
-    let Some(pepper) = state.secrets.key_pepper.as_ref() else {
+    let Some(hasher) = state.key_hasher.as_ref() else {
         return Err(ApiError::KeySecretNotConfigured);
     };
     let candidate = match presented_key(session.req_header()) {
@@ -73,7 +73,7 @@ pub async fn authenticate(state: &SharedState, session: &Session) -> Result<Iden
     if !apikey::looks_like_key(candidate) {
         return Err(ApiError::InvalidApiKey);
     }
-    let hash = apikey::hash(pepper.expose(), candidate);
+    let hash = hasher.hash(candidate);
     match state.identity.lookup(&state.db, &state.rt, &hash).await {
         Ok(Some(identity)) => Ok(identity),
         Ok(None) => Err(ApiError::InvalidApiKey),
