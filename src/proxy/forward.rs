@@ -240,7 +240,7 @@ fn client_header(
     let (mut parts, ()) = http::Response::new(()).into_parts();
     parts.status = http::StatusCode::from_u16(status).ok()?;
     let headers = &mut parts.headers;
-    headers.reserve(up.headers.len() + reply.extra_headers.len() + 4);
+    headers.reserve(up.headers.len() + 16);
     for (name, value) in up.headers.iter() {
         let replaced = content_type.is_some() && name == CONTENT_TYPE;
         if !drop_response_header(name.as_str()) && !replaced {
@@ -265,9 +265,7 @@ fn client_header(
         respond::X_REQUEST_ID,
         http::HeaderValue::from_str(reply.request_id).ok()?,
     );
-    for (k, v) in reply.extra_headers {
-        headers.insert(k.clone(), v.clone());
-    }
+    reply.rate.append_to(headers);
     Some(Box::new(ResponseHeader::from(parts)))
 }
 
@@ -348,7 +346,7 @@ fn content_type(ex: &Exchange) -> Option<&str> {
 pub struct Reply<'a> {
     pub request_id: &'a str,
     pub style_b: bool,
-    pub extra_headers: &'a [(http::HeaderName, http::HeaderValue)],
+    pub rate: &'a crate::quota::RateView,
 }
 
 /// Forwards `adm` to the first target that answers and relays the response.

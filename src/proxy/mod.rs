@@ -40,7 +40,7 @@ use crate::identity::Identity;
 use crate::proxy::pipeline::{Admitted, Stop};
 use crate::proxy::route::{Endpoint, Route};
 use crate::proxy::settle::{new_event, InFlight, Reason};
-use crate::quota::Denied;
+use crate::quota::{Denied, RateView};
 use crate::state::SharedState;
 use crate::util::new_id;
 
@@ -62,8 +62,8 @@ pub struct RequestCtx {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub deployment: Option<String>,
-    /// `x-ratelimit-*` headers for this request's key, once known.
-    pub rate_headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// The key's per-minute windows once known, for the `x-ratelimit-*` headers.
+    pub rate: RateView,
     /// Time to the first response byte, for forwarded requests.
     pub ttfb_ms: Option<u64>,
 }
@@ -85,7 +85,7 @@ impl ProxyHttp for DevApi {
             input_tokens: 0,
             output_tokens: 0,
             deployment: None,
-            rate_headers: Vec::new(),
+            rate: RateView::default(),
             ttfb_ms: None,
         }
     }
@@ -122,7 +122,7 @@ impl ProxyHttp for DevApi {
             Err((Stop::Api(err), style_b)) => {
                 ctx.status = err.status();
                 ctx.error_code = Some(err.code());
-                respond::error(session, &err, style_b, &ctx.request_id, &ctx.rate_headers).await;
+                respond::error(session, &err, style_b, &ctx.request_id, &ctx.rate).await;
             }
         }
         Ok(true)
@@ -216,7 +216,7 @@ impl DevApi {
         {
             Ok(r) => r,
             Err((denied, rate)) => {
-                ctx.rate_headers = rate.headers();
+                ctx.rate = rate;
                 return Err(fail(match denied {
                     Denied::InsufficientQuota => ApiError::InsufficientQuota,
                     Denied::RateLimited {
@@ -230,7 +230,7 @@ impl DevApi {
                 }));
             }
         };
-        ctx.rate_headers = reservation.rate.headers();
+        ctx.rate = reservation.rate;
         let mut event = new_event(
             &identity.user.id,
             &identity.key.id,
@@ -257,7 +257,7 @@ impl DevApi {
                 let reply = forward::Reply {
                     request_id: &ctx.request_id,
                     style_b,
-                    extra_headers: &ctx.rate_headers,
+                    rate: &ctx.rate,
                 };
                 Box::pin(forward::forward(
                     &self.state,

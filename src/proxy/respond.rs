@@ -6,6 +6,7 @@ use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
 use crate::error::ApiError;
+use crate::quota::RateView;
 
 pub const JSON: &str = "application/json; charset=utf-8";
 
@@ -61,9 +62,9 @@ pub async fn error(
     err: &ApiError,
     style_b: bool,
     request_id: &str,
-    extra: &[(HeaderName, HeaderValue)],
+    rate: &RateView,
 ) {
-    let mut extra = extra.to_vec();
+    let mut extra = rate.headers();
     if let ApiError::RateLimited {
         retry_after_secs, ..
     } = err

@@ -55,9 +55,27 @@ pub struct RateView {
 
 impl RateView {
     /// OpenAI-style headers (`x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, where
-    /// tokens are input tokens) plus explicit input/output token headers. Names are static
-    /// and values formatted without `format!`: twelve headers on every response.
+    /// tokens are input tokens) plus explicit input/output token headers, as a list (for the
+    /// gateway's own answers; a relayed answer gets them through [`RateView::append_to`]).
     pub fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
+        let mut h = Vec::with_capacity(12);
+        self.each(|name, value| h.push((name.clone(), value)));
+        h
+    }
+
+    /// Appends the headers of [`RateView::headers`] to `map`, which must not have them yet.
+    /// Every relayed answer carries twelve of these: the values go straight into the map,
+    /// with no list in between whose every value would be cloned (and its buffer made
+    /// shared, one more allocation each) and dropped.
+    pub fn append_to(&self, map: &mut http::HeaderMap) {
+        self.each(|name, value| {
+            map.append(name.clone(), value);
+        });
+    }
+
+    /// Calls `f` with each header. `tokens` and `input-tokens` describe the same window, so
+    /// its values are rendered once (the second use is a reference-count increment).
+    fn each(&self, mut f: impl FnMut(&'static HeaderName, HeaderValue)) {
         let render = |view: &Option<WindowView>| {
             view.map(|v| {
                 [
@@ -67,22 +85,21 @@ impl RateView {
                 ]
             })
         };
-        let requests = render(&self.requests);
-        // `tokens` and `input-tokens` describe the same window: rendered once.
-        let input = render(&self.input_tokens);
-        let output = render(&self.output_tokens);
-        let mut h = Vec::with_capacity(12);
-        for (names, values) in [
-            (&RATE_HEADERS[0], &requests),
-            (&RATE_HEADERS[1], &input),
-            (&RATE_HEADERS[2], &input),
-            (&RATE_HEADERS[3], &output),
-        ] {
-            for (name, value) in names.iter().zip(values.iter().flatten()) {
-                h.push((name.clone(), value.clone()));
+        let mut emit = |names: &'static [HeaderName; 3], values: [HeaderValue; 3]| {
+            for (name, value) in names.iter().zip(values) {
+                f(name, value);
             }
+        };
+        if let Some(values) = render(&self.requests) {
+            emit(&RATE_HEADERS[0], values);
         }
-        h
+        if let Some(values) = render(&self.input_tokens) {
+            emit(&RATE_HEADERS[1], values.clone());
+            emit(&RATE_HEADERS[2], values);
+        }
+        if let Some(values) = render(&self.output_tokens) {
+            emit(&RATE_HEADERS[3], values);
+        }
     }
 }
 
