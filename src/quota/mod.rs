@@ -73,32 +73,42 @@ impl RateView {
         });
     }
 
-    /// Calls `f` with each header. `tokens` and `input-tokens` describe the same window, so
-    /// its values are rendered once (the second use is a reference-count increment).
+    /// Calls `f` with each header. The limit and remaining numbers are written into one
+    /// buffer that every value is a slice of: two allocations per answer instead of one per
+    /// number, plus one more for each value shared by two headers. `tokens` and
+    /// `input-tokens` describe the same window: its values are rendered once and shared.
     fn each(&self, mut f: impl FnMut(&'static HeaderName, HeaderValue)) {
-        let render = |view: &Option<WindowView>| {
-            view.map(|v| {
-                [
-                    HeaderValue::from(v.limit),
-                    HeaderValue::from(v.remaining),
-                    reset_value(v.reset_secs),
-                ]
-            })
-        };
-        let mut emit = |names: &'static [HeaderName; 3], values: [HeaderValue; 3]| {
-            for (name, value) in names.iter().zip(values) {
-                f(name, value);
+        let windows = [self.requests, self.input_tokens, self.output_tokens];
+        let mut text = Vec::with_capacity(6 * 20);
+        let mut spans = [(0usize, 0usize, 0usize); 3];
+        for (window, span) in windows.iter().zip(spans.iter_mut()) {
+            if let Some(v) = window {
+                let start = text.len();
+                text.extend_from_slice(itoa::Buffer::new().format(v.limit).as_bytes());
+                let mid = text.len();
+                text.extend_from_slice(itoa::Buffer::new().format(v.remaining).as_bytes());
+                *span = (start, mid, text.len());
             }
-        };
-        if let Some(values) = render(&self.requests) {
-            emit(&RATE_HEADERS[0], values);
         }
-        if let Some(values) = render(&self.input_tokens) {
-            emit(&RATE_HEADERS[1], values.clone());
-            emit(&RATE_HEADERS[2], values);
-        }
-        if let Some(values) = render(&self.output_tokens) {
-            emit(&RATE_HEADERS[3], values);
+        let text = bytes::Bytes::from(text);
+        // Digits only: a slice is always a valid header value.
+        let value = |from: usize, to: usize| HeaderValue::from_maybe_shared(text.slice(from..to));
+        let names = [
+            &RATE_HEADERS[0..1],
+            &RATE_HEADERS[1..3],
+            &RATE_HEADERS[3..4],
+        ];
+        for ((window, (start, mid, end)), names) in windows.iter().zip(spans).zip(names) {
+            let Some(v) = window else { continue };
+            let (Ok(limit), Ok(remaining)) = (value(start, mid), value(mid, end)) else {
+                continue;
+            };
+            let reset = reset_value(v.reset_secs);
+            for [limit_name, remaining_name, reset_name] in names {
+                f(limit_name, limit.clone());
+                f(remaining_name, remaining.clone());
+                f(reset_name, reset.clone());
+            }
         }
     }
 }
@@ -293,5 +303,78 @@ impl Engine {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(limit: u64, remaining: u64, reset_secs: u64) -> Option<WindowView> {
+        Some(WindowView {
+            limit,
+            remaining,
+            reset_secs,
+        })
+    }
+
+    #[test]
+    fn rate_headers_carry_each_windows_numbers() {
+        let view = RateView {
+            requests: window(60, 59, 12),
+            input_tokens: window(100_000, 98_765, 7),
+            output_tokens: window(u64::MAX, 0, 75),
+        };
+        let list: Vec<(String, String)> = view
+            .headers()
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("?").to_string()))
+            .collect();
+        let expected = [
+            ("x-ratelimit-limit-requests", "60"),
+            ("x-ratelimit-remaining-requests", "59"),
+            ("x-ratelimit-reset-requests", "12s"),
+            ("x-ratelimit-limit-tokens", "100000"),
+            ("x-ratelimit-remaining-tokens", "98765"),
+            ("x-ratelimit-reset-tokens", "7s"),
+            ("x-ratelimit-limit-input-tokens", "100000"),
+            ("x-ratelimit-remaining-input-tokens", "98765"),
+            ("x-ratelimit-reset-input-tokens", "7s"),
+            ("x-ratelimit-limit-output-tokens", "18446744073709551615"),
+            ("x-ratelimit-remaining-output-tokens", "0"),
+            ("x-ratelimit-reset-output-tokens", "75s"),
+        ];
+        let expected: Vec<(String, String)> = expected
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(list, expected);
+
+        // The map form holds the same headers.
+        let mut map = http::HeaderMap::new();
+        view.append_to(&mut map);
+        assert_eq!(map.len(), 12);
+        for (name, value) in &expected {
+            assert_eq!(map[name.as_str()], value.as_str(), "{name}");
+        }
+    }
+
+    #[test]
+    fn windows_without_limits_add_no_headers() {
+        let view = RateView {
+            requests: None,
+            input_tokens: None,
+            output_tokens: window(5, 4, 1),
+        };
+        let names: Vec<String> = view.headers().iter().map(|(n, _)| n.to_string()).collect();
+        assert_eq!(
+            names,
+            [
+                "x-ratelimit-limit-output-tokens",
+                "x-ratelimit-remaining-output-tokens",
+                "x-ratelimit-reset-output-tokens"
+            ]
+        );
+        assert!(RateView::default().headers().is_empty());
     }
 }
