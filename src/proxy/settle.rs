@@ -5,6 +5,7 @@
 //! panic unwinding), `Drop` settles with what was counted up to that point. Either way one usage
 //! event is recorded and the reservation is settled once.
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use crate::proxy::sse::{StreamUsageTracker, Usage};
@@ -32,26 +33,24 @@ pub enum Reason {
 }
 
 impl Reason {
-    fn as_str(self) -> &'static str {
-        match self {
-            Reason::Complete => "complete",
-            Reason::ClientDisconnect => "client_disconnect",
-            Reason::UpstreamError => "upstream_error",
-            Reason::ProviderError => "provider_error",
-            Reason::Unrouted => "unrouted",
-            Reason::Aborted => "aborted",
-        }
-    }
-
     /// How the numbers were obtained and why the request ended, as recorded in the event:
-    /// `provider:<reason>` or `counted:<reason>`, in one allocation (made for every request).
-    fn settlement(self, provider_reported: bool) -> String {
-        let source = if provider_reported {
-            "provider:"
-        } else {
-            "counted:"
-        };
-        [source, self.as_str()].concat()
+    /// `provider:<reason>` or `counted:<reason>`. Static text: this is made for every request
+    /// and read on the usage writer's thread.
+    fn settlement(self, provider_reported: bool) -> &'static str {
+        match (provider_reported, self) {
+            (true, Reason::Complete) => "provider:complete",
+            (true, Reason::ClientDisconnect) => "provider:client_disconnect",
+            (true, Reason::UpstreamError) => "provider:upstream_error",
+            (true, Reason::ProviderError) => "provider:provider_error",
+            (true, Reason::Unrouted) => "provider:unrouted",
+            (true, Reason::Aborted) => "provider:aborted",
+            (false, Reason::Complete) => "counted:complete",
+            (false, Reason::ClientDisconnect) => "counted:client_disconnect",
+            (false, Reason::UpstreamError) => "counted:upstream_error",
+            (false, Reason::ProviderError) => "counted:provider_error",
+            (false, Reason::Unrouted) => "counted:unrouted",
+            (false, Reason::Aborted) => "counted:aborted",
+        }
     }
 }
 
@@ -107,10 +106,15 @@ impl InFlight {
     }
 
     /// Settles and records. Consumes the guard so it cannot run twice.
-    pub fn finish(mut self, status: u16, reason: Reason, error_code: Option<&str>) -> Usage {
+    pub fn finish(
+        mut self,
+        status: u16,
+        reason: Reason,
+        error_code: Option<&'static str>,
+    ) -> Usage {
         self.event.status = status;
         if let Some(code) = error_code {
-            self.event.error_code = Some(code.to_string());
+            self.event.error_code = Some(code.into());
         }
         self.complete(reason)
     }
@@ -118,7 +122,7 @@ impl InFlight {
     fn complete(&mut self, reason: Reason) -> Usage {
         self.done = true;
         let usage = self.final_usage();
-        self.event.settlement = reason.settlement(self.provider_usage.is_some());
+        self.event.settlement = reason.settlement(self.provider_usage.is_some()).into();
         self.event.input_tokens = usage.input_tokens;
         self.event.output_tokens = usage.output_tokens;
         self.event.cached_tokens = usage.cached_tokens;
@@ -191,13 +195,13 @@ impl Drop for InFlight {
 }
 
 /// A fresh usage event for an admitted request.
-pub fn new_event(user_id: &str, key_id: &str, model: &str, endpoint: &str) -> UsageEvent {
+pub fn new_event(user_id: &str, key_id: &str, model: &str, endpoint: &'static str) -> UsageEvent {
     UsageEvent {
         id: new_time_ordered_id("evt"),
         user_id: user_id.to_string(),
         key_id: key_id.to_string(),
         model: model.to_string(),
-        endpoint: endpoint.to_string(),
+        endpoint: endpoint.into(),
         reasoning_effort: None,
         input_tokens: 0,
         output_tokens: 0,
@@ -205,7 +209,7 @@ pub fn new_event(user_id: &str, key_id: &str, model: &str, endpoint: &str) -> Us
         status: 0,
         latency_ms: 0,
         ttfb_ms: None,
-        settlement: String::new(),
+        settlement: Cow::Borrowed(""),
         deployment: None,
         error_code: None,
         created_at: now_ms(),
@@ -232,6 +236,27 @@ fn settle_and_record(state: &SharedState, r: Reservation, used: Used, mut event:
                 sink.record(event);
                 drop(pending);
             });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reason;
+
+    #[test]
+    fn settlement_names_the_source_and_the_reason() {
+        let reasons = [
+            (Reason::Complete, "complete"),
+            (Reason::ClientDisconnect, "client_disconnect"),
+            (Reason::UpstreamError, "upstream_error"),
+            (Reason::ProviderError, "provider_error"),
+            (Reason::Unrouted, "unrouted"),
+            (Reason::Aborted, "aborted"),
+        ];
+        for (reason, name) in reasons {
+            assert_eq!(reason.settlement(true), format!("provider:{name}"));
+            assert_eq!(reason.settlement(false), format!("counted:{name}"));
         }
     }
 }
