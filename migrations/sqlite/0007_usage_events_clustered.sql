@@ -4,6 +4,9 @@
 -- + random), so the table itself grows at its right edge as the rowid table did, and the
 -- unique index is gone. Rows are ~150 bytes, well inside SQLite's advice for WITHOUT ROWID
 -- tables (under a twentieth of a page). Postgres keeps its heap table: it has no rowid tree.
+-- The rebuild runs once, at the first start after upgrading: 4.0 s for 708,746 events on a
+-- 2-core host (~6 s per million), before the gateway serves (new connections wait in the
+-- listen queue meanwhile).
 CREATE TABLE usage_events_clustered (
     id TEXT PRIMARY KEY,
     user_id TEXT NOT NULL,

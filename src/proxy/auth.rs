@@ -1,7 +1,10 @@
 //! Check 1: finding the API key in a request. Style A sends `Authorization: Bearer`, style B
 //! `x-api-key`; both are accepted everywhere (CONTRACT §3).
 
+use http::HeaderName;
 use pingora_http::RequestHeader;
+
+static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
 /// What the request offered as a credential.
 #[derive(Debug, PartialEq, Eq)]
@@ -24,13 +27,16 @@ pub fn presented_key(req: &RequestHeader) -> Presented<'_> {
         .and_then(|v| v.to_str().ok())
         .and_then(bearer)
         .filter(|k| k.starts_with("sk-"));
-    let from_x_api_key = req
-        .headers
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|k| k.starts_with("sk-"));
-    match from_bearer.or(from_x_api_key) {
+    // Looked up only without a bearer key, by a name built at compile time (a `&str` name is
+    // parsed on every lookup).
+    let from_x_api_key = || {
+        req.headers
+            .get(&X_API_KEY)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|k| k.starts_with("sk-"))
+    };
+    match from_bearer.or_else(from_x_api_key) {
         Some(k) => Presented::Key(k),
         None => Presented::Missing,
     }

@@ -11,6 +11,7 @@ use std::borrow::Cow;
 
 use bytes::{Bytes, BytesMut};
 use futures::FutureExt;
+use http::HeaderName;
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 use serde_json::Value;
@@ -46,8 +47,16 @@ pub struct Outcome {
 }
 
 /// Client headers worth passing on. Everything else (credentials, cookies, hop-by-hop,
-/// encodings we could not parse) stays behind.
-const PASS_REQUEST_HEADERS: [&str; 3] = ["accept", "user-agent", "openai-beta"];
+/// encodings we could not parse) stays behind. Names built at compile time: a `&str` name is
+/// parsed on every lookup, and these are looked up for every request.
+static PASS_REQUEST_HEADERS: [(HeaderName, &str); 3] = [
+    (http::header::ACCEPT, "accept"),
+    (http::header::USER_AGENT, "user-agent"),
+    (HeaderName::from_static("openai-beta"), "openai-beta"),
+];
+static ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+static COMPAT_VERSION: HeaderName = HeaderName::from_static("compat-version");
+static ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
 
 /// Provider headers never shown to clients.
 fn drop_response_header(name: &str) -> bool {
@@ -135,14 +144,14 @@ fn upstream_headers<'a>(
     adm: &Admitted,
 ) -> Vec<(&'static str, Cow<'a, str>)> {
     let req = session.req_header();
-    let get = |n: &str| req.headers.get(n).and_then(|v| v.to_str().ok());
+    let get = |n: &HeaderName| req.headers.get(n).and_then(|v| v.to_str().ok());
     let mut h: Vec<(&'static str, Cow<'a, str>)> = Vec::with_capacity(8);
     if !adm.endpoint.is_get() {
         h.push(("content-type", Cow::Borrowed("application/json")));
     }
-    for name in PASS_REQUEST_HEADERS {
+    for (name, text) in &PASS_REQUEST_HEADERS {
         if let Some(v) = get(name) {
-            h.push((name, Cow::Borrowed(v)));
+            h.push((*text, Cow::Borrowed(v)));
         }
     }
     h.push(("accept-encoding", Cow::Borrowed("identity")));
@@ -157,11 +166,11 @@ fn upstream_headers<'a>(
             if let Some(k) = &p.api_key {
                 h.push(("x-api-key", Cow::Borrowed(k.as_str())));
             }
-            let version = get("anthropic-version")
-                .or_else(|| get("compat-version"))
+            let version = get(&ANTHROPIC_VERSION)
+                .or_else(|| get(&COMPAT_VERSION))
                 .unwrap_or("2023-06-01");
             h.push(("anthropic-version", Cow::Borrowed(version)));
-            if let Some(beta) = get("anthropic-beta") {
+            if let Some(beta) = get(&ANTHROPIC_BETA) {
                 h.push(("anthropic-beta", Cow::Borrowed(beta)));
             }
         }

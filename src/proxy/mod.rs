@@ -148,11 +148,16 @@ impl DevApi {
             h1.set_pipelining_enabled(true);
         }
         let cfg = self.state.config();
-        let method = session.req_header().method.as_str().to_string();
-        let uri = &session.req_header().uri;
-        let path = uri.path().to_string();
-        let query = uri.query().map(str::to_string);
-        let (endpoint, method_ok, style_b) = match route::classify(&method, &path) {
+        // Read while the request header is borrowed: no copies of the method, path or query.
+        // The query is judged here but refused in check 2's place, after the key.
+        let (route, sensitive_query) = {
+            let req = session.req_header();
+            (
+                route::classify(req.method.as_str(), req.uri.path()),
+                req.uri.query().is_some_and(query::has_sensitive_param),
+            )
+        };
+        let (endpoint, method_ok, style_b) = match route {
             Route::Health => {
                 ctx.status = 200;
                 respond::json(
@@ -181,7 +186,7 @@ impl DevApi {
         ctx.key_id = Some(identity.key.id.clone());
         ctx.user_id = Some(identity.user.id.clone());
         let endpoint =
-            pipeline::gate(&identity, query.as_deref(), endpoint, method_ok).map_err(fail)?;
+            pipeline::gate(&identity, sensitive_query, endpoint, method_ok).map_err(fail)?;
         ctx.endpoint = Some(endpoint);
 
         // Checks 6–8 need the body.

@@ -12,7 +12,6 @@ use crate::config::{Config, Model};
 use crate::error::ApiError;
 use crate::identity::Identity;
 use crate::proxy::auth::{presented_key, Presented};
-use crate::proxy::query::has_sensitive_param;
 use crate::proxy::route::Endpoint;
 use crate::proxy::tokens;
 use crate::state::SharedState;
@@ -84,14 +83,15 @@ pub async fn authenticate(state: &SharedState, session: &Session) -> Result<Iden
     }
 }
 
-/// Checks 2–5: query string, route allowlist, scope, suspension.
+/// Checks 2–5: query string (`sensitive_query`: it carries a credential-like parameter),
+/// route allowlist, scope, suspension.
 pub fn gate(
     identity: &Identity,
-    query: Option<&str>,
+    sensitive_query: bool,
     endpoint: Option<Endpoint>,
     method_ok: bool,
 ) -> Result<Endpoint, ApiError> {
-    if query.is_some_and(has_sensitive_param) {
+    if sensitive_query {
         return Err(ApiError::SensitiveQueryParam);
     }
     let endpoint = endpoint.ok_or(ApiError::EndpointNotEnabled)?;
