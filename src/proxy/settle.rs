@@ -32,24 +32,29 @@ pub enum Reason {
     Aborted,
 }
 
+/// The reason names, written once: [`Reason::settlement`] prefixes them at compile time.
+macro_rules! reason_name {
+    ($reason:expr, $prefix:literal) => {
+        match $reason {
+            Reason::Complete => concat!($prefix, "complete"),
+            Reason::ClientDisconnect => concat!($prefix, "client_disconnect"),
+            Reason::UpstreamError => concat!($prefix, "upstream_error"),
+            Reason::ProviderError => concat!($prefix, "provider_error"),
+            Reason::Unrouted => concat!($prefix, "unrouted"),
+            Reason::Aborted => concat!($prefix, "aborted"),
+        }
+    };
+}
+
 impl Reason {
     /// How the numbers were obtained and why the request ended, as recorded in the event:
     /// `provider:<reason>` or `counted:<reason>`. Static text: this is made for every request
     /// and read on the usage writer's thread.
     fn settlement(self, provider_reported: bool) -> &'static str {
-        match (provider_reported, self) {
-            (true, Reason::Complete) => "provider:complete",
-            (true, Reason::ClientDisconnect) => "provider:client_disconnect",
-            (true, Reason::UpstreamError) => "provider:upstream_error",
-            (true, Reason::ProviderError) => "provider:provider_error",
-            (true, Reason::Unrouted) => "provider:unrouted",
-            (true, Reason::Aborted) => "provider:aborted",
-            (false, Reason::Complete) => "counted:complete",
-            (false, Reason::ClientDisconnect) => "counted:client_disconnect",
-            (false, Reason::UpstreamError) => "counted:upstream_error",
-            (false, Reason::ProviderError) => "counted:provider_error",
-            (false, Reason::Unrouted) => "counted:unrouted",
-            (false, Reason::Aborted) => "counted:aborted",
+        if provider_reported {
+            reason_name!(self, "provider:")
+        } else {
+            reason_name!(self, "counted:")
         }
     }
 }
