@@ -249,7 +249,9 @@ fn client_header(
     let (mut parts, ()) = http::Response::new(()).into_parts();
     parts.status = http::StatusCode::from_u16(status).ok()?;
     let headers = &mut parts.headers;
-    headers.reserve(up.headers.len() + 16);
+    // The provider's headers and at most 15 of the gateway's own: 12 `x-ratelimit-*`, the
+    // request id, the content type and the length (or chunking).
+    headers.reserve(up.headers.len() + 15);
     for (name, value) in up.headers.iter() {
         let replaced = content_type.is_some() && name == CONTENT_TYPE;
         if !drop_response_header(name.as_str()) && !replaced {

@@ -5,7 +5,6 @@
 //! panic unwinding), `Drop` settles with what was counted up to that point. Either way one usage
 //! event is recorded and the reservation is settled once.
 
-use std::borrow::Cow;
 use std::time::Instant;
 
 use crate::proxy::sse::{StreamUsageTracker, Usage};
@@ -119,7 +118,7 @@ impl InFlight {
     ) -> Usage {
         self.event.status = status;
         if let Some(code) = error_code {
-            self.event.error_code = Some(code.into());
+            self.event.error_code = Some(code);
         }
         self.complete(reason)
     }
@@ -127,7 +126,7 @@ impl InFlight {
     fn complete(&mut self, reason: Reason) -> Usage {
         self.done = true;
         let usage = self.final_usage();
-        self.event.settlement = reason.settlement(self.provider_usage.is_some()).into();
+        self.event.settlement = reason.settlement(self.provider_usage.is_some());
         self.event.input_tokens = usage.input_tokens;
         self.event.output_tokens = usage.output_tokens;
         self.event.cached_tokens = usage.cached_tokens;
@@ -206,7 +205,7 @@ pub fn new_event(user_id: &str, key_id: &str, model: &str, endpoint: &'static st
         user_id: user_id.to_string(),
         key_id: key_id.to_string(),
         model: model.to_string(),
-        endpoint: endpoint.into(),
+        endpoint,
         reasoning_effort: None,
         input_tokens: 0,
         output_tokens: 0,
@@ -214,7 +213,7 @@ pub fn new_event(user_id: &str, key_id: &str, model: &str, endpoint: &'static st
         status: 0,
         latency_ms: 0,
         ttfb_ms: None,
-        settlement: Cow::Borrowed(""),
+        settlement: "",
         deployment: None,
         error_code: None,
         created_at: now_ms(),

@@ -425,9 +425,8 @@ async fn delete_key(
 /// (`rate_limited`), active keys afterwards (`active_key_limit_reached`).
 async fn rotate(state: &AppState, session: &SessionInfo) -> Result<Response, SiteError> {
     let cfg = state.config();
-    let pepper = state
-        .secrets
-        .key_pepper
+    let hasher = state
+        .key_hasher
         .as_ref()
         .ok_or(SiteError::Code("key_secret_not_configured"))?;
     let bucket = format!("rotate:{}", session.user_id);
@@ -441,7 +440,7 @@ async fn rotate(state: &AppState, session: &SessionInfo) -> Result<Response, Sit
     let new = NewKey {
         user_id: session.user_id.clone(),
         name: GLOBAL_KEY_NAME.to_string(),
-        key_hash: apikey::hash(pepper.expose(), &generated.secret),
+        key_hash: hasher.hash(&generated.secret),
         key_prefix: generated.prefix,
         key_suffix: generated.suffix,
         scopes: vec!["*".to_string()],

@@ -6,7 +6,6 @@
 //! 30-day report then reads at most 721 hours x models rollup rows, plus the raw events of at
 //! most half an hour at the window's ragged start, whatever the account's volume.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 
 use sqlx::Row;
@@ -22,7 +21,7 @@ pub struct UsageEvent {
     pub key_id: String,
     pub model: String,
     /// The endpoint's name (static for every request the gateway records).
-    pub endpoint: Cow<'static, str>,
+    pub endpoint: &'static str,
     pub reasoning_effort: Option<String>,
     pub input_tokens: u64,
     pub output_tokens: u64,
@@ -31,9 +30,9 @@ pub struct UsageEvent {
     pub latency_ms: u64,
     pub ttfb_ms: Option<u64>,
     /// How the numbers were obtained: `provider`, `counted`, plus why (`client_disconnect`, …).
-    pub settlement: Cow<'static, str>,
+    pub settlement: &'static str,
     pub deployment: Option<String>,
-    pub error_code: Option<Cow<'static, str>>,
+    pub error_code: Option<&'static str>,
     pub created_at: i64,
     /// How the settlement was paid; written with the event in one transaction so balances
     /// always add up to the recorded usage.
@@ -192,7 +191,7 @@ async fn insert_events(
             .bind(e.user_id.as_str())
             .bind(e.key_id.as_str())
             .bind(e.model.as_str())
-            .bind(e.endpoint.as_ref())
+            .bind(e.endpoint)
             .bind(e.reasoning_effort.as_deref())
             .bind(i(e.input_tokens))
             .bind(i(e.output_tokens))
@@ -201,9 +200,9 @@ async fn insert_events(
             .bind(e.status as i64)
             .bind(i(e.latency_ms))
             .bind(e.ttfb_ms.map(i))
-            .bind(e.settlement.as_ref())
+            .bind(e.settlement)
             .bind(e.deployment.as_deref())
-            .bind(e.error_code.as_deref())
+            .bind(e.error_code)
             .bind(e.created_at);
     }
     Ok(q.execute(&mut **tx).await?.rows_affected())
