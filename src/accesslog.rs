@@ -6,10 +6,12 @@
 //! under the stderr lock cost ~13% of the gateway's CPU at a few thousand requests a second.
 //! [`flush`] writes what is buffered; the graceful stop calls it, so no line is lost there.
 
+use std::cell::RefCell;
 use std::io::Write;
 use std::sync::{Mutex, Once};
 use std::time::Duration;
 
+use prometheus::{Histogram, IntCounter};
 use serde::Serialize;
 
 use crate::metrics;
@@ -42,7 +44,8 @@ struct AccessLine<'a> {
 /// Called once per request from the proxy's `logging` phase. The access line does not go
 /// through `log`, so it does not depend on `RUST_LOG`.
 pub fn developer_request(ctx: &RequestCtx, enabled: bool) {
-    record_metrics(ctx);
+    let elapsed = ctx.started.elapsed();
+    record_metrics(ctx, elapsed);
     if !enabled {
         return;
     }
@@ -51,13 +54,13 @@ pub fn developer_request(ctx: &RequestCtx, enabled: bool) {
         request_id: &ctx.request_id,
         route: ctx.endpoint.map(|e| e.name()),
         model: ctx.model.as_deref(),
-        key_id: ctx.key_id.as_deref(),
-        user_id: ctx.user_id.as_deref(),
+        key_id: ctx.identity.as_ref().map(|i| i.key.id.as_str()),
+        user_id: ctx.identity.as_ref().map(|i| i.user.id.as_str()),
         status: ctx.status,
         error_code: ctx.error_code,
         input_tokens: ctx.input_tokens,
         output_tokens: ctx.output_tokens,
-        latency_ms: ctx.started.elapsed().as_secs_f64() * 1000.0,
+        latency_ms: elapsed.as_secs_f64() * 1000.0,
         deployment: ctx.deployment.as_deref(),
     };
     append(&line);
@@ -107,7 +110,66 @@ fn write_stderr(bytes: &[u8]) {
     let _ = err.write_all(bytes);
 }
 
-fn record_metrics(ctx: &RequestCtx) {
+/// The metric series one kind of request counts into, resolved once per worker thread.
+/// `with_label_values` hashes every label and takes the vector's lock on each call (five calls a
+/// request); a worker sees few kinds of request, so it keeps the handles it resolved.
+struct Series {
+    route: &'static str,
+    model: Box<str>,
+    status: u16,
+    code: Option<&'static str>,
+    requests: IntCounter,
+    latency: Histogram,
+    /// Resolved on first use: a kind that never settles tokens exports no token series.
+    input: Option<IntCounter>,
+    output: Option<IntCounter>,
+}
+
+/// Most kinds of request a worker keeps handles for; past it, the oldest is dropped (its
+/// series stay registered, only the shortcut goes).
+const SERIES_PER_THREAD: usize = 64;
+
+thread_local! {
+    static SERIES: RefCell<Vec<Series>> = const { RefCell::new(Vec::new()) };
+    static FIRST_BYTE: RefCell<Vec<(Box<str>, Histogram)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The cached entry at `series[index]`, or a newly resolved one for these labels.
+fn series_index(
+    series: &mut Vec<Series>,
+    route: &'static str,
+    model: &str,
+    status: u16,
+    code: Option<&'static str>,
+) -> usize {
+    if let Some(i) = series.iter().position(|s| {
+        s.status == status && s.code == code && s.route == route && &*s.model == model
+    }) {
+        return i;
+    }
+    if series.len() >= SERIES_PER_THREAD {
+        series.remove(0);
+    }
+    let mut status_buf = itoa::Buffer::new();
+    series.push(Series {
+        route,
+        model: model.into(),
+        status,
+        code,
+        requests: metrics::REQUESTS.with_label_values(&[
+            route,
+            model,
+            status_buf.format(status),
+            code.unwrap_or(""),
+        ]),
+        latency: metrics::LATENCY.with_label_values(&[route]),
+        input: None,
+        output: None,
+    });
+    series.len() - 1
+}
+
+fn record_metrics(ctx: &RequestCtx, elapsed: Duration) {
     let route = ctx.endpoint.map(|e| e.name()).unwrap_or("other");
     // Only configured model names become labels (unknown names would grow the series).
     let model = if ctx.deployment.is_some() || ctx.status == 200 {
@@ -115,27 +177,113 @@ fn record_metrics(ctx: &RequestCtx) {
     } else {
         ""
     };
-    let mut status_buf = itoa::Buffer::new();
-    let status = status_buf.format(ctx.status);
-    metrics::REQUESTS
-        .with_label_values(&[route, model, status, ctx.error_code.unwrap_or("")])
-        .inc();
-    metrics::LATENCY
-        .with_label_values(&[route])
-        .observe(ctx.started.elapsed().as_secs_f64());
+    SERIES.with_borrow_mut(|series| {
+        let i = series_index(series, route, model, ctx.status, ctx.error_code);
+        let s = &mut series[i];
+        s.requests.inc();
+        s.latency.observe(elapsed.as_secs_f64());
+        if ctx.input_tokens > 0 {
+            s.input
+                .get_or_insert_with(|| metrics::TOKENS.with_label_values(&["input", model]))
+                .inc_by(ctx.input_tokens);
+        }
+        if ctx.output_tokens > 0 {
+            s.output
+                .get_or_insert_with(|| metrics::TOKENS.with_label_values(&["output", model]))
+                .inc_by(ctx.output_tokens);
+        }
+    });
     if let (Some(d), Some(ms)) = (&ctx.deployment, ctx.ttfb_ms) {
-        metrics::TTFB
-            .with_label_values(&[d.as_str()])
-            .observe(ms as f64 / 1000.0);
+        FIRST_BYTE.with_borrow_mut(|known| {
+            let i = match known.iter().position(|(name, _)| **name == **d) {
+                Some(i) => i,
+                None => {
+                    if known.len() >= SERIES_PER_THREAD {
+                        known.remove(0);
+                    }
+                    known.push((d.as_str().into(), metrics::TTFB.with_label_values(&[d])));
+                    known.len() - 1
+                }
+            };
+            known[i].1.observe(ms as f64 / 1000.0);
+        });
     }
-    if ctx.input_tokens > 0 {
-        metrics::TOKENS
-            .with_label_values(&["input", model])
-            .inc_by(ctx.input_tokens);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::proxy::route::Endpoint;
+    use crate::quota::RateView;
+
+    fn ctx(model: &str, status: u16, code: Option<&'static str>, tokens: u64) -> RequestCtx {
+        RequestCtx {
+            request_id: "req_test".into(),
+            started: Instant::now(),
+            endpoint: Some(Endpoint::Embeddings),
+            model: Some(model.into()),
+            identity: None,
+            status,
+            error_code: code,
+            input_tokens: tokens,
+            output_tokens: tokens * 2,
+            deployment: Some("metrics-test-deployment".into()),
+            rate: RateView::default(),
+            ttfb_ms: Some(3),
+        }
     }
-    if ctx.output_tokens > 0 {
-        metrics::TOKENS
-            .with_label_values(&["output", model])
-            .inc_by(ctx.output_tokens);
+
+    fn requests(model: &str, status: &str, code: &str) -> u64 {
+        metrics::REQUESTS
+            .with_label_values(&["embeddings", model, status, code])
+            .get()
+    }
+
+    fn tokens(direction: &str, model: &str) -> u64 {
+        metrics::TOKENS.with_label_values(&[direction, model]).get()
+    }
+
+    /// The handles a worker keeps count into the same series `with_label_values` names, one
+    /// per kind of request, and token series only once tokens are settled.
+    #[test]
+    fn kept_handles_count_into_the_named_series() {
+        let model = "metrics-test-model";
+        for _ in 0..3 {
+            record_metrics(&ctx(model, 200, None, 5), Duration::from_millis(2));
+        }
+        record_metrics(
+            &ctx(model, 502, Some("routing_unavailable"), 0),
+            Duration::from_millis(2),
+        );
+        assert_eq!(requests(model, "200", ""), 3);
+        assert_eq!(requests(model, "502", "routing_unavailable"), 1);
+        assert_eq!(tokens("input", model), 15);
+        assert_eq!(tokens("output", model), 30);
+        // A model whose requests never settled tokens exports no token series.
+        let quiet = "metrics-test-quiet-model";
+        record_metrics(&ctx(quiet, 200, None, 0), Duration::from_millis(1));
+        assert_eq!(requests(quiet, "200", ""), 1);
+        let exported = metrics::REGISTRY.gather();
+        let token_series = exported
+            .iter()
+            .filter(|f| f.name() == "gateway_tokens_total")
+            .flat_map(|f| f.get_metric())
+            .filter(|m| m.get_label().iter().any(|l| l.value() == quiet))
+            .count();
+        assert_eq!(token_series, 0);
+        let first_byte = metrics::TTFB
+            .with_label_values(&["metrics-test-deployment"])
+            .get_sample_count();
+        assert_eq!(first_byte, 5);
+        // Past the per-thread bound the oldest handles go; counting goes on.
+        for n in 0..(SERIES_PER_THREAD + 5) {
+            let m = format!("metrics-test-many-{n}");
+            record_metrics(&ctx(&m, 200, None, 0), Duration::from_millis(1));
+        }
+        record_metrics(&ctx(model, 200, None, 5), Duration::from_millis(2));
+        assert_eq!(requests(model, "200", ""), 4);
+        assert_eq!(requests("metrics-test-many-0", "200", ""), 1);
     }
 }

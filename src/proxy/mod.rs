@@ -55,8 +55,8 @@ pub struct RequestCtx {
     pub started: Instant,
     pub endpoint: Option<Endpoint>,
     pub model: Option<String>,
-    pub key_id: Option<String>,
-    pub user_id: Option<String>,
+    /// The caller once its key is known (shared, not copied: the access line reads the ids).
+    pub identity: Option<Identity>,
     pub status: u16,
     pub error_code: Option<&'static str>,
     pub input_tokens: u64,
@@ -78,8 +78,7 @@ impl ProxyHttp for DevApi {
             started: Instant::now(),
             endpoint: None,
             model: None,
-            key_id: None,
-            user_id: None,
+            identity: None,
             status: 0,
             error_code: None,
             input_tokens: 0,
@@ -183,8 +182,7 @@ impl DevApi {
         let identity = pipeline::authenticate(&self.state, session)
             .await
             .map_err(fail)?;
-        ctx.key_id = Some(identity.key.id.clone());
-        ctx.user_id = Some(identity.user.id.clone());
+        ctx.identity = Some(identity.clone());
         let endpoint =
             pipeline::gate(&identity, sensitive_query, endpoint, method_ok).map_err(fail)?;
         ctx.endpoint = Some(endpoint);
