@@ -124,31 +124,46 @@ impl TokenCounter {
         let Some(obj) = body.as_object() else {
             return 0;
         };
+        // One walk over the body's keys (a lookup per key would search the map once for each
+        // of the seven names), then the parts in their fixed order: the exact-count budget is
+        // spent in the same order whatever order the client wrote the keys in.
+        let mut parts = TopLevel::default();
+        for (key, value) in obj {
+            match key.as_str() {
+                "messages" => parts.messages = Some(value),
+                "system" => parts.system = Some(value),
+                "tools" => parts.tools = Some(value),
+                "functions" => parts.functions = Some(value),
+                "instructions" => parts.instructions = Some(value),
+                "input" => parts.input = Some(value),
+                "prompt" => parts.prompt = Some(value),
+                _ => {}
+            }
+        }
         let mut t = Tally::new(self);
-        if let Some(messages) = obj.get("messages") {
+        if let Some(messages) = parts.messages {
             t.messages(messages, 0);
         }
-        if let Some(system) = obj.get("system") {
+        if let Some(system) = parts.system {
             t.content(system, 0);
         }
-        for key in ["tools", "functions"] {
-            match obj.get(key) {
-                Some(Value::Array(defs)) => {
+        for defs in [parts.tools, parts.functions].into_iter().flatten() {
+            match defs {
+                Value::Array(defs) => {
                     for def in defs {
                         t.serialized(def, 1);
                     }
                 }
-                Some(other) => t.generic(other, 1),
-                None => {}
+                other => t.generic(other, 1),
             }
         }
-        if let Some(instructions) = obj.get("instructions") {
+        if let Some(instructions) = parts.instructions {
             t.content(instructions, 0);
         }
-        if let Some(input) = obj.get("input") {
+        if let Some(input) = parts.input {
             t.input(input, 0);
         }
-        if let Some(prompt) = obj.get("prompt") {
+        if let Some(prompt) = parts.prompt {
             t.input(prompt, 0);
         }
         t.total()
@@ -180,6 +195,30 @@ fn non_negative_integer(v: &Value) -> Option<u64> {
     } else {
         None
     }
+}
+
+/// The top-level parts of a request body that carry input text.
+#[derive(Default)]
+struct TopLevel<'a> {
+    messages: Option<&'a Value>,
+    system: Option<&'a Value>,
+    tools: Option<&'a Value>,
+    functions: Option<&'a Value>,
+    instructions: Option<&'a Value>,
+    input: Option<&'a Value>,
+    prompt: Option<&'a Value>,
+}
+
+/// The parts of one chat message that carry input text; `extra` holds `reasoning_content`,
+/// `refusal` and `tool_call_id`, counted as they are.
+#[derive(Default)]
+struct MessageFields<'a> {
+    role: Option<&'a Value>,
+    name: Option<&'a Value>,
+    content: Option<&'a Value>,
+    extra: [Option<&'a Value>; 3],
+    tool_calls: Option<&'a Value>,
+    function_call: Option<&'a Value>,
 }
 
 /// Accumulates one estimate, spending the exact-count budget across every
@@ -300,22 +339,36 @@ impl<'a> Tally<'a> {
     }
 
     fn message(&mut self, m: &Map<String, Value>, depth: u32) {
-        if let Some(Value::String(role)) = m.get("role") {
+        // One walk over the message's keys, then its parts in a fixed order (see
+        // `estimate_input`).
+        let mut f = MessageFields::default();
+        for (key, value) in m {
+            match key.as_str() {
+                "role" => f.role = Some(value),
+                "name" => f.name = Some(value),
+                "content" => f.content = Some(value),
+                "reasoning_content" => f.extra[0] = Some(value),
+                "refusal" => f.extra[1] = Some(value),
+                "tool_call_id" => f.extra[2] = Some(value),
+                "tool_calls" => f.tool_calls = Some(value),
+                "function_call" => f.function_call = Some(value),
+                _ => {}
+            }
+        }
+        if let Some(Value::String(role)) = f.role {
             self.text(role);
         }
-        if let Some(name) = m.get("name") {
+        if let Some(name) = f.name {
             self.fixed(TOKENS_PER_NAME);
             self.generic(name, depth + 1);
         }
-        if let Some(content) = m.get("content") {
+        if let Some(content) = f.content {
             self.content(content, depth + 1);
         }
-        for key in ["reasoning_content", "refusal", "tool_call_id"] {
-            if let Some(v) = m.get(key) {
-                self.generic(v, depth + 1);
-            }
+        for v in f.extra.into_iter().flatten() {
+            self.generic(v, depth + 1);
         }
-        if let Some(Value::Array(calls)) = m.get("tool_calls") {
+        if let Some(Value::Array(calls)) = f.tool_calls {
             for call in calls {
                 match call.get("function") {
                     Some(f) => self.function_call(f, depth + 2),
@@ -323,7 +376,7 @@ impl<'a> Tally<'a> {
                 }
             }
         }
-        if let Some(f) = m.get("function_call") {
+        if let Some(f) = f.function_call {
             self.function_call(f, depth + 1);
         }
     }
