@@ -103,9 +103,9 @@ fn upstream_body(
             .map(Bytes::from)
             .map_err(|_| ApiError::ServerError);
     }
-    let Some(json) = &adm.json else {
+    if adm.endpoint.is_get() {
         return Ok(adm.body.clone());
-    };
+    }
     let rename = target
         .upstream_model
         .as_deref()
@@ -117,7 +117,10 @@ fn upstream_body(
     if rename.is_none() && !want_usage {
         return Ok(adm.body.clone());
     }
-    let mut j = json.clone();
+    let Some(tree) = adm.tree() else {
+        return Ok(adm.body.clone());
+    };
+    let mut j = tree.into_owned();
     if let (Some(m), Some(obj)) = (rename, j.as_object_mut()) {
         obj.insert("model".into(), Value::String(m.to_string()));
     }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use pingora_proxy::Session;
+use serde::de::IgnoredAny;
 use serde_json::Value;
 
 use crate::apikey;
@@ -35,6 +36,9 @@ pub struct Admitted {
     pub endpoint: Endpoint,
     pub identity: Identity,
     pub body: Bytes,
+    /// The body's tree when admission built one; a plain chat body has none (see [`tree`]).
+    ///
+    /// [`tree`]: Admitted::tree
     pub json: Option<Value>,
     /// The configured model, for model endpoints.
     pub model: Option<Arc<Model>>,
@@ -50,6 +54,21 @@ pub struct Admitted {
 }
 
 impl Admitted {
+    /// The body as a JSON object: the tree admission built, else read now (only rewrites and
+    /// translations need one). `None` for requests without a body.
+    pub fn tree(&self) -> Option<std::borrow::Cow<'_, Value>> {
+        if let Some(j) = &self.json {
+            return Some(std::borrow::Cow::Borrowed(j));
+        }
+        if self.endpoint.is_get() {
+            return None;
+        }
+        match serde_json::from_slice::<Value>(&self.body) {
+            Ok(v @ Value::Object(_)) => Some(std::borrow::Cow::Owned(v)),
+            _ => None,
+        }
+    }
+
     /// Input tokens to reserve: the estimate, except for token counting, which is free.
     pub fn reserved_input(&self) -> u64 {
         if self.endpoint == Endpoint::CountTokens {
@@ -149,6 +168,117 @@ pub async fn read_body(session: &mut Session, limit: u64) -> Result<Bytes, Stop>
     Ok(buf.freeze())
 }
 
+/// Bodies up to this size may be read as plain chat bodies (larger ones are counted off the
+/// async workers, from a tree).
+const PLAIN_BODY_MAX: usize = 256 * 1024;
+
+/// The fields admission reads, borrowed from a tree or from a [`PlainBody`]. `Some(Null)` is a
+/// field present with `null`, as a tree lookup gives it.
+#[derive(Default)]
+struct Head<'a> {
+    model: Option<&'a Value>,
+    stream: Option<&'a Value>,
+    stream_options: Option<&'a Value>,
+    reasoning_effort: Option<&'a Value>,
+    reasoning: Option<&'a Value>,
+    /// The values of [`tokens::OUTPUT_FIELDS`].
+    output: [Option<&'a Value>; 3],
+}
+
+impl<'a> Head<'a> {
+    fn of_tree(j: &'a Value) -> Self {
+        Head {
+            model: j.get("model"),
+            stream: j.get("stream"),
+            stream_options: j.get("stream_options"),
+            reasoning_effort: j.get("reasoning_effort"),
+            reasoning: j.get("reasoning"),
+            output: tokens::OUTPUT_FIELDS.map(|k| j.get(k)),
+        }
+    }
+}
+
+/// A chat body whose only text is `messages` of plain `{role, content}` strings: the shape of
+/// most chat traffic, read field by field with the text borrowed. Reading fails (and the body
+/// is read as a tree) on anything else: another message shape, one of the other text-carrying
+/// fields (present at all, `null` included), a repeated field, invalid JSON.
+#[derive(serde::Deserialize)]
+struct PlainBody<'a> {
+    #[serde(default, deserialize_with = "present")]
+    model: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    stream: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    stream_options: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    reasoning_effort: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    reasoning: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    max_tokens: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    max_completion_tokens: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    max_output_tokens: Option<Value>,
+    /// `null` counts nothing, as in a tree.
+    #[serde(default, borrow)]
+    messages: Option<Vec<tokens::PlainMessage<'a>>>,
+    #[serde(default, deserialize_with = "present")]
+    system: Option<IgnoredAny>,
+    #[serde(default, deserialize_with = "present")]
+    tools: Option<IgnoredAny>,
+    #[serde(default, deserialize_with = "present")]
+    functions: Option<IgnoredAny>,
+    #[serde(default, deserialize_with = "present")]
+    instructions: Option<IgnoredAny>,
+    #[serde(default, deserialize_with = "present")]
+    input: Option<IgnoredAny>,
+    #[serde(default, deserialize_with = "present")]
+    prompt: Option<IgnoredAny>,
+}
+
+/// A field that is there, `null` included: serde's `Option` reads `null` as absent, and the
+/// checks tell the two apart.
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
+impl<'a> PlainBody<'a> {
+    fn read(body: &'a [u8]) -> Option<Self> {
+        // Only an object: serde would also read a struct from an array, by position.
+        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return None;
+        }
+        let plain: PlainBody = serde_json::from_slice(body).ok()?;
+        let other_text = plain.system.is_some()
+            || plain.tools.is_some()
+            || plain.functions.is_some()
+            || plain.instructions.is_some()
+            || plain.input.is_some()
+            || plain.prompt.is_some();
+        (!other_text).then_some(plain)
+    }
+
+    fn head(&self) -> Head<'_> {
+        Head {
+            model: self.model.as_ref(),
+            stream: self.stream.as_ref(),
+            stream_options: self.stream_options.as_ref(),
+            reasoning_effort: self.reasoning_effort.as_ref(),
+            reasoning: self.reasoning.as_ref(),
+            output: [
+                self.max_tokens.as_ref(),
+                self.max_completion_tokens.as_ref(),
+                self.max_output_tokens.as_ref(),
+            ],
+        }
+    }
+}
+
 /// Parses the JSON body and runs checks 6–8 (model allowlist, per-key token limits, model
 /// limits). Token estimation of large bodies runs off the async workers.
 pub async fn admit(
@@ -158,7 +288,15 @@ pub async fn admit(
     identity: Identity,
     body: Bytes,
 ) -> Result<Admitted, ApiError> {
-    let json: Option<Value> = if endpoint.is_get() {
+    // A plain chat body is read for its fields without building a tree (most of admission's
+    // parsing cost was allocating one); any other body, and a body that is not valid JSON, is
+    // read as a tree, which also words the error.
+    let plain = if endpoint.is_get() || body.len() > PLAIN_BODY_MAX {
+        None
+    } else {
+        PlainBody::read(&body)
+    };
+    let json: Option<Value> = if endpoint.is_get() || plain.is_some() {
         None
     } else {
         match serde_json::from_slice::<Value>(&body) {
@@ -177,8 +315,12 @@ pub async fn admit(
             }
         }
     };
-    let field = |name: &str| json.as_ref().and_then(|j| j.get(name));
-    let model_name = match field("model") {
+    let head = match (&plain, &json) {
+        (Some(p), _) => p.head(),
+        (None, Some(j)) => Head::of_tree(j),
+        (None, None) => Head::default(),
+    };
+    let model_name = match head.model {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
         Some(Value::String(_)) | None if endpoint.needs_model() => {
             return Err(ApiError::invalid(
@@ -194,15 +336,17 @@ pub async fn admit(
         }
         _ => String::new(),
     };
-    let stream = matches!(field("stream"), Some(Value::Bool(true)));
-    let client_wants_usage = field("stream_options")
+    let stream = matches!(head.stream, Some(Value::Bool(true)));
+    let client_wants_usage = head
+        .stream_options
         .and_then(|o| o.get("include_usage"))
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let reasoning_effort = field("reasoning_effort")
+    let reasoning_effort = head
+        .reasoning_effort
         .and_then(Value::as_str)
         .or_else(|| {
-            field("reasoning")
+            head.reasoning
                 .and_then(|r| r.get("effort"))
                 .and_then(Value::as_str)
         })
@@ -227,8 +371,14 @@ pub async fn admit(
         None
     };
 
-    let (input_estimate, requested_output) = match &json {
-        Some(j) => {
+    let (input_estimate, requested_output) = match (&plain, &json) {
+        (Some(p), _) => (
+            state
+                .tokens
+                .estimate_plain(p.messages.as_deref().unwrap_or_default()),
+            tokens::requested_output_of(head.output),
+        ),
+        (None, Some(j)) => {
             let requested = tokens::requested_output(j);
             let estimate = if body.len() > 256 * 1024 {
                 let counter = state.tokens.clone();
@@ -241,8 +391,9 @@ pub async fn admit(
             };
             (estimate, requested)
         }
-        None => (0, None),
+        (None, None) => (0, None),
     };
+    drop(plain);
 
     // Check 7: per-key maximums.
     if let Some(limit) = key.max_input_tokens {
@@ -307,4 +458,98 @@ pub async fn admit(
         client_wants_usage,
         reasoning_effort,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::OnceLock;
+
+    use super::*;
+    use crate::proxy::tokens::TokenCounter;
+
+    fn counter() -> &'static TokenCounter {
+        static TC: OnceLock<TokenCounter> = OnceLock::new();
+        TC.get_or_init(|| TokenCounter::new().expect("o200k_base loads"))
+    }
+
+    /// What admission reads from a body, by either path.
+    fn reading(head: &Head<'_>) -> Vec<Option<Value>> {
+        let mut v = vec![
+            head.model.cloned(),
+            head.stream.cloned(),
+            head.stream_options.cloned(),
+            head.reasoning_effort.cloned(),
+            head.reasoning.cloned(),
+        ];
+        v.extend(head.output.iter().map(|o| o.cloned()));
+        v
+    }
+
+    /// Every body read without a tree gives what the tree gives: the fields the checks read,
+    /// the requested output and the input estimate.
+    #[test]
+    fn plain_bodies_read_as_their_trees() {
+        let long = "word ".repeat(20_000);
+        let bodies = [
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#.to_string(),
+            r#" {"messages":[{"content":"a\"b\u00e9","role":"system"},{"role":"user","content":""}],"model":"m","max_tokens":64}"#.to_string(),
+            r#"{"model":null,"stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":7.0,"max_tokens":-1}"#.to_string(),
+            r#"{"model":"","messages":[],"reasoning_effort":"high","reasoning":{"effort":"low"},"max_output_tokens":1e300}"#.to_string(),
+            r#"{"model":5,"messages":null,"stream":"yes","temperature":0.2,"user":"u","user":"v"}"#.to_string(),
+            r#"{"model":"m","messages":[["user","hello"]]}"#.to_string(),
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{long}"}}]}}"#),
+            "{}".to_string(),
+        ];
+        for body in &bodies {
+            let plain = PlainBody::read(body.as_bytes())
+                .unwrap_or_else(|| panic!("not read as plain: {body}"));
+            let tree: Value = serde_json::from_str(body).expect("valid JSON");
+            assert_eq!(
+                reading(&plain.head()),
+                reading(&Head::of_tree(&tree)),
+                "{body}"
+            );
+            assert_eq!(
+                tokens::requested_output_of(plain.head().output),
+                tokens::requested_output(&tree),
+                "{body}"
+            );
+            assert_eq!(
+                counter().estimate_plain(plain.messages.as_deref().unwrap_or_default()),
+                counter().estimate_input(&tree),
+                "{body}"
+            );
+        }
+    }
+
+    /// Bodies of any other shape are read as trees: other message shapes, other text, repeated
+    /// fields, arrays, invalid JSON.
+    #[test]
+    fn other_bodies_take_the_tree() {
+        let bodies = [
+            r#"[{"model":"m"}]"#,
+            r#"["m",null]"#,
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#,
+            r#"{"model":"m","messages":[{"role":"user","content":"hi","name":"n"}]}"#,
+            r#"{"model":"m","messages":[{"role":"user"}]}"#,
+            r#"{"model":"m","messages":[{"role":"user","content":"a","content":"b"}]}"#,
+            r#"{"model":"m","messages":{"role":"user","content":"hi"}}"#,
+            r#"{"model":"m","system":null}"#,
+            r#"{"model":"m","system":"be brief","messages":[]}"#,
+            r#"{"model":"m","tools":[]}"#,
+            r#"{"model":"m","functions":[]}"#,
+            r#"{"model":"m","instructions":"x"}"#,
+            r#"{"model":"m","input":"x"}"#,
+            r#"{"model":"m","prompt":"x"}"#,
+            r#"{"model":"a","model":"b"}"#,
+            r#"{"model":"m""#,
+            "",
+        ];
+        for body in bodies {
+            assert!(
+                PlainBody::read(body.as_bytes()).is_none(),
+                "read as plain: {body}"
+            );
+        }
+    }
 }

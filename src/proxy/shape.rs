@@ -95,7 +95,8 @@ pub fn translate_request(adm: &Admitted, targets: &[Target]) -> Result<Option<Va
     let Some(crossing) = crossing else {
         return Ok(None);
     };
-    let Some(json) = adm.json.as_ref() else {
+    let tree = adm.tree();
+    let Some(json) = tree.as_deref() else {
         log::error!("a translated endpoint was admitted without a JSON body");
         return Err(ApiError::ServerError);
     };

@@ -120,6 +120,21 @@ impl TokenCounter {
     /// images and speech bodies. A body of unknown shape still yields a count
     /// of the strings found under the keys that usually carry text, so a
     /// provider-specific variant is underestimated rather than rejected.
+    /// [`estimate_input`](Self::estimate_input) of a body whose only text is `messages` of
+    /// plain `{role, content}` strings: the same count, from a body read without a tree.
+    pub fn estimate_plain(&self, messages: &[PlainMessage<'_>]) -> u64 {
+        let mut t = Tally::new(self);
+        for m in messages {
+            t.fixed(TOKENS_PER_MESSAGE);
+            t.text(&m.role);
+            t.text(&m.content);
+        }
+        if !messages.is_empty() {
+            t.fixed(REPLY_PRIMING_TOKENS);
+        }
+        t.total()
+    }
+
     pub fn estimate_input(&self, body: &Value) -> u64 {
         let Some(obj) = body.as_object() else {
             return 0;
@@ -175,12 +190,32 @@ impl TokenCounter {
 /// trusted, so a hostile `-1` or `1e300` cannot turn into a huge reservation.
 pub fn requested_output(body: &Value) -> Option<u64> {
     let obj = body.as_object()?;
-    // The largest of the fields: a provider may honour any of them, so checking only the first
-    // would let `max_tokens: 10, max_completion_tokens: 100000` slip past the output limits.
-    ["max_tokens", "max_completion_tokens", "max_output_tokens"]
-        .iter()
-        .filter_map(|key| obj.get(*key).and_then(non_negative_integer))
+    requested_output_of(OUTPUT_FIELDS.map(|key| obj.get(key)))
+}
+
+/// The names a request's output ceiling goes by, in the APIs the gateway serves.
+pub const OUTPUT_FIELDS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
+
+/// [`requested_output`] of the values of [`OUTPUT_FIELDS`], however they were read. The
+/// largest of them: a provider may honour any, so checking only the first would let
+/// `max_tokens: 10, max_completion_tokens: 100000` slip past the output limits.
+pub fn requested_output_of(values: [Option<&Value>; 3]) -> Option<u64> {
+    values
+        .into_iter()
+        .filter_map(|v| v.and_then(non_negative_integer))
         .max()
+}
+
+/// A chat message that is a role and a string content and nothing else, borrowed from the
+/// body where it has no escapes. Any other shape (content parts, tool calls, a name, a
+/// repeated key) fails to read as one, and the body is read as a tree instead.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlainMessage<'a> {
+    #[serde(borrow)]
+    pub role: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    pub content: std::borrow::Cow<'a, str>,
 }
 
 fn non_negative_integer(v: &Value) -> Option<u64> {
