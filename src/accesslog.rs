@@ -134,39 +134,20 @@ thread_local! {
     static FIRST_BYTE: RefCell<Vec<(Box<str>, Histogram)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The cached entry at `series[index]`, or a newly resolved one for these labels.
-fn series_index(
-    series: &mut Vec<Series>,
-    route: &'static str,
-    model: &str,
-    status: u16,
-    code: Option<&'static str>,
-) -> usize {
-    if let Some(i) = series.iter().position(|s| {
-        s.status == status && s.code == code && s.route == route && &*s.model == model
-    }) {
-        return i;
-    }
-    if series.len() >= SERIES_PER_THREAD {
-        series.remove(0);
-    }
-    let mut status_buf = itoa::Buffer::new();
-    series.push(Series {
-        route,
-        model: model.into(),
-        status,
-        code,
-        requests: metrics::REQUESTS.with_label_values(&[
-            route,
-            model,
-            status_buf.format(status),
-            code.unwrap_or(""),
-        ]),
-        latency: metrics::LATENCY.with_label_values(&[route]),
-        input: None,
-        output: None,
-    });
-    series.len() - 1
+/// The kept entry `matches` picks, or one `make` resolves, kept in its place (the oldest goes
+/// once [`SERIES_PER_THREAD`] are kept).
+fn kept<T>(list: &mut Vec<T>, matches: impl Fn(&T) -> bool, make: impl FnOnce() -> T) -> &mut T {
+    let i = match list.iter().position(matches) {
+        Some(i) => i,
+        None => {
+            if list.len() >= SERIES_PER_THREAD {
+                list.remove(0);
+            }
+            list.push(make());
+            list.len() - 1
+        }
+    };
+    &mut list[i]
 }
 
 fn record_metrics(ctx: &RequestCtx, elapsed: Duration) {
@@ -178,8 +159,26 @@ fn record_metrics(ctx: &RequestCtx, elapsed: Duration) {
         ""
     };
     SERIES.with_borrow_mut(|series| {
-        let i = series_index(series, route, model, ctx.status, ctx.error_code);
-        let s = &mut series[i];
+        let (status, code) = (ctx.status, ctx.error_code);
+        let s = kept(
+            series,
+            |s| s.status == status && s.code == code && s.route == route && &*s.model == model,
+            || Series {
+                route,
+                model: model.into(),
+                status,
+                code,
+                requests: metrics::REQUESTS.with_label_values(&[
+                    route,
+                    model,
+                    itoa::Buffer::new().format(status),
+                    code.unwrap_or(""),
+                ]),
+                latency: metrics::LATENCY.with_label_values(&[route]),
+                input: None,
+                output: None,
+            },
+        );
         s.requests.inc();
         s.latency.observe(elapsed.as_secs_f64());
         if ctx.input_tokens > 0 {
@@ -195,17 +194,12 @@ fn record_metrics(ctx: &RequestCtx, elapsed: Duration) {
     });
     if let (Some(d), Some(ms)) = (&ctx.deployment, ctx.ttfb_ms) {
         FIRST_BYTE.with_borrow_mut(|known| {
-            let i = match known.iter().position(|(name, _)| **name == **d) {
-                Some(i) => i,
-                None => {
-                    if known.len() >= SERIES_PER_THREAD {
-                        known.remove(0);
-                    }
-                    known.push((d.as_str().into(), metrics::TTFB.with_label_values(&[d])));
-                    known.len() - 1
-                }
-            };
-            known[i].1.observe(ms as f64 / 1000.0);
+            let (_, first_byte) = kept(
+                known,
+                |(name, _)| **name == **d,
+                || (d.as_str().into(), metrics::TTFB.with_label_values(&[d])),
+            );
+            first_byte.observe(ms as f64 / 1000.0);
         });
     }
 }
