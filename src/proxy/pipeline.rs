@@ -393,6 +393,7 @@ pub async fn admit(
         }
         (None, None) => (0, None),
     };
+    // The plain reading borrows the body, which the admitted request takes below.
     drop(plain);
 
     // Check 7: per-key maximums.
