@@ -98,6 +98,17 @@ pub fn is_valid_id(prefix: &str, id: &str) -> bool {
     }
 }
 
+/// For `#[serde(default, deserialize_with = "present")]`: a field that is there, `null`
+/// included. `Option` alone reads `null` as absent; readers that must agree with a JSON tree's
+/// lookups (where `null` is `Some(Null)`) tell the two apart.
+pub fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -49,10 +49,10 @@ pub struct Outcome {
 /// Client headers worth passing on. Everything else (credentials, cookies, hop-by-hop,
 /// encodings we could not parse) stays behind. Names built at compile time: a `&str` name is
 /// parsed on every lookup, and these are looked up for every request.
-static PASS_REQUEST_HEADERS: [(HeaderName, &str); 3] = [
-    (http::header::ACCEPT, "accept"),
-    (http::header::USER_AGENT, "user-agent"),
-    (HeaderName::from_static("openai-beta"), "openai-beta"),
+static PASS_REQUEST_HEADERS: [HeaderName; 3] = [
+    http::header::ACCEPT,
+    http::header::USER_AGENT,
+    HeaderName::from_static("openai-beta"),
 ];
 static ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
 static COMPAT_VERSION: HeaderName = HeaderName::from_static("compat-version");
@@ -152,9 +152,9 @@ fn upstream_headers<'a>(
     if !adm.endpoint.is_get() {
         h.push(("content-type", Cow::Borrowed("application/json")));
     }
-    for (name, text) in &PASS_REQUEST_HEADERS {
+    for name in &PASS_REQUEST_HEADERS {
         if let Some(v) = get(name) {
-            h.push((*text, Cow::Borrowed(v)));
+            h.push((name.as_str(), Cow::Borrowed(v)));
         }
     }
     h.push(("accept-encoding", Cow::Borrowed("identity")));

@@ -204,47 +204,37 @@ impl<'a> Head<'a> {
 /// fields (present at all, `null` included), a repeated field, invalid JSON.
 #[derive(serde::Deserialize)]
 struct PlainBody<'a> {
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     model: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     stream: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     stream_options: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     reasoning_effort: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     reasoning: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     max_tokens: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     max_completion_tokens: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     max_output_tokens: Option<Value>,
     /// `null` counts nothing, as in a tree.
     #[serde(default, borrow)]
     messages: Option<Vec<tokens::PlainMessage<'a>>>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     system: Option<IgnoredAny>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     tools: Option<IgnoredAny>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     functions: Option<IgnoredAny>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     instructions: Option<IgnoredAny>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     input: Option<IgnoredAny>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     prompt: Option<IgnoredAny>,
-}
-
-/// A field that is there, `null` included: serde's `Option` reads `null` as absent, and the
-/// checks tell the two apart.
-fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: serde::Deserialize<'de>,
-{
-    T::deserialize(d).map(Some)
 }
 
 impl<'a> PlainBody<'a> {

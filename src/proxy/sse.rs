@@ -775,31 +775,26 @@ impl UsageObject for Value {
 /// from text that starts with `{`, so serde's sequence form of a struct cannot apply.
 #[derive(serde::Deserialize)]
 struct UsageFields {
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     prompt_tokens: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     completion_tokens: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     input_tokens: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     output_tokens: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     cache_read_input_tokens: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     cache_creation_input_tokens: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     prompt_tokens_details: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     input_tokens_details: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     completion_tokens_details: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::util::present")]
     output_tokens_details: Option<Value>,
-}
-
-/// A field that is there, even as `null` (`Option<Value>` alone reads `null` as absent).
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    <Value as serde::Deserialize>::deserialize(d).map(Some)
 }
 
 impl UsageObject for UsageFields {
