@@ -180,6 +180,25 @@ async fn key_secret_not_configured_is_503() {
     );
 }
 
+/// The mock answers like a real provider, with a cookie, its account's organization and its
+/// account's rate-limit headers: none of them may reach the client, and the client's
+/// `x-ratelimit-*` are the gateway's own, one value each.
+fn assert_no_provider_account_headers(h: &reqwest::header::HeaderMap) {
+    for name in [
+        "set-cookie",
+        "openai-organization",
+        "anthropic-ratelimit-requests-limit",
+    ] {
+        assert!(h.get(name).is_none(), "{name} reached the client: {h:?}");
+    }
+    let limits: Vec<_> = h.get_all("x-ratelimit-limit-requests").iter().collect();
+    assert_eq!(limits.len(), 1, "{h:?}");
+    assert_ne!(limits[0], "5000", "{h:?}");
+    let remaining: Vec<_> = h.get_all("x-ratelimit-remaining-requests").iter().collect();
+    assert_eq!(remaining.len(), 1, "{h:?}");
+    assert_ne!(remaining[0], "4999", "{h:?}");
+}
+
 #[tokio::test]
 async fn forwards_both_styles_without_client_credentials() {
     let mock = Mock::start(&[]);
@@ -198,7 +217,7 @@ async fn forwards_both_styles_without_client_credentials() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    assert!(r.headers().get("set-cookie").is_none());
+    assert_no_provider_account_headers(r.headers());
     // A delimited body (chunked or sized), so the client connection stays reusable.
     assert!(
         r.headers()
@@ -223,6 +242,7 @@ async fn forwards_both_styles_without_client_credentials() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    assert_no_provider_account_headers(r.headers());
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["type"], "message");
 
@@ -288,6 +308,7 @@ async fn streams_chunk_by_chunk() {
         .to_str()
         .unwrap()
         .starts_with("text/event-stream"));
+    assert_no_provider_account_headers(r.headers());
     let first = r.chunk().await.unwrap().expect("first chunk");
     let first_at = started.elapsed();
     let mut all = first.to_vec();

@@ -1004,7 +1004,17 @@ fn render(
     b: &Behaviour,
     chunk_delay: Duration,
 ) -> Result<Response<BoxedBody>, http::Error> {
-    let mut builder = Response::builder();
+    // What real providers add to their answers, none of which may reach a gateway's client:
+    // a cookie, the provider account's organization and its own rate-limit state.
+    let mut builder = Response::builder()
+        .header(
+            "set-cookie",
+            "__cf_bm=mock-provider-cookie; path=/; HttpOnly",
+        )
+        .header("openai-organization", "org-mock")
+        .header("x-ratelimit-limit-requests", "5000")
+        .header("x-ratelimit-remaining-requests", "4999")
+        .header("anthropic-ratelimit-requests-limit", "4000");
     let body = match reply {
         Reply::Json {
             status,

@@ -58,26 +58,30 @@ static ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-versio
 static COMPAT_VERSION: HeaderName = HeaderName::from_static("compat-version");
 static ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
 
-/// Provider headers never shown to clients.
+/// Provider headers never shown to clients. The provider's rate-limit headers describe the
+/// operator's provider account, not the developer's key: the answer carries the gateway's own
+/// `x-ratelimit-*` instead, and two values under one name would be read joined by clients.
 fn drop_response_header(name: &str) -> bool {
-    matches!(
-        name,
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "transfer-encoding"
-            | "te"
-            | "trailer"
-            | "upgrade"
-            | "set-cookie"
-            | "set-cookie2"
-            | "content-length"
-            | "x-request-id"
-            | "openai-organization"
-            | "openai-project"
-            | "anthropic-organization-id"
-            | "request-id"
-    )
+    name.starts_with("x-ratelimit-")
+        || name.starts_with("anthropic-ratelimit-")
+        || matches!(
+            name,
+            "connection"
+                | "keep-alive"
+                | "proxy-connection"
+                | "transfer-encoding"
+                | "te"
+                | "trailer"
+                | "upgrade"
+                | "set-cookie"
+                | "set-cookie2"
+                | "content-length"
+                | "x-request-id"
+                | "openai-organization"
+                | "openai-project"
+                | "anthropic-organization-id"
+                | "request-id"
+        )
 }
 
 /// The body to send to one target. Same style: the client's bytes untouched unless the model is
@@ -251,10 +255,12 @@ fn client_header(
     use http::header::{CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
     let (mut parts, ()) = http::Response::new(()).into_parts();
     parts.status = http::StatusCode::from_u16(status).ok()?;
+    // The rate-limit headers first: the map comes with their names already hashed.
+    parts.headers = reply.rate.header_map();
     let headers = &mut parts.headers;
-    // The provider's headers and at most 15 of the gateway's own: 12 `x-ratelimit-*`, the
-    // request id, the content type and the length (or chunking).
-    headers.reserve(up.headers.len() + 15);
+    // The provider's headers and at most 3 more of the gateway's own: the request id, the
+    // content type and the length (or chunking).
+    headers.reserve(up.headers.len() + 3);
     for (name, value) in up.headers.iter() {
         let replaced = content_type.is_some() && name == CONTENT_TYPE;
         if !drop_response_header(name.as_str()) && !replaced {
@@ -279,7 +285,6 @@ fn client_header(
         respond::X_REQUEST_ID,
         http::HeaderValue::from_str(reply.request_id).ok()?,
     );
-    reply.rate.append_to(headers);
     Some(Box::new(ResponseHeader::from(parts)))
 }
 
