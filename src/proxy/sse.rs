@@ -719,6 +719,9 @@ pub fn usage_from_body(kind: StreamKind, body: &[u8]) -> Option<Usage> {
         #[serde(default, borrow)]
         usage: Option<&'a RawValue>,
     }
+    if let Some(raw) = trailing_usage(body) {
+        return usage_of_raw(kind, raw);
+    }
     // A raw value starts at its first byte (whitespace before it is skipped).
     let is_object = |raw: &&RawValue| raw.get().starts_with('{');
     let Ok(carrier) = serde_json::from_slice::<Carrier>(body) else {
@@ -728,11 +731,55 @@ pub fn usage_from_body(kind: StreamKind, body: &[u8]) -> Option<Usage> {
         .usage
         .filter(is_object)
         .or_else(|| carrier.response.and_then(|r| r.usage).filter(is_object))?;
+    usage_of_raw(kind, raw)
+}
+
+/// The usage of a raw usage object (text starting with `{`).
+fn usage_of_raw(kind: StreamKind, raw: &RawValue) -> Option<Usage> {
     match serde_json::from_str::<UsageFields>(raw.get()) {
         Ok(fields) => usage_of(kind, &fields),
         // Duplicate keys: the tree keeps the last, as the general path does.
         Err(_) => usage_of(kind, &serde_json::from_str::<Value>(raw.get()).ok()?),
     }
+}
+
+/// The answer's top-level `usage` object when it is the answer's last member, found from the
+/// end: chat completions, embeddings and Anthropic messages put it there, and the text before
+/// it (the whole generated answer) then need not be read at all. Reading the answer from the
+/// start to reach it was ~4 ns a byte.
+///
+/// The last `"usage"` in the body is the top-level key when it is followed by `:` and an
+/// object, that object by the body's final `}` alone, and it is preceded by `{` or `,`.
+/// Within a JSON string every `"` is escaped, so a quote preceded by `{` or `,` is a real
+/// opening quote; a string followed by `:` is a key; and the object its value closes, with
+/// nothing after it, is the outermost one. Any other shape (usage elsewhere, `null`, nested
+/// in `response`, something after it) returns `None` and the body is read from the start.
+/// The bytes before the key are not checked to be JSON: the provider's statement of usage is
+/// taken as it is written, as it is when a stream's usage event is read on its own.
+fn trailing_usage(body: &[u8]) -> Option<&RawValue> {
+    const KEY: &[u8] = b"\"usage\"";
+    let is_space = |b: &u8| matches!(b, b' ' | b'\n' | b'\r' | b'\t');
+    let at = memchr::memmem::rfind(body, KEY)?;
+    let before = body[..at].iter().rev().find(|b| !is_space(b))?;
+    if !matches!(before, b'{' | b',') {
+        return None;
+    }
+    let after_key = &body[at + KEY.len()..];
+    let colon = after_key.iter().position(|b| !is_space(b))?;
+    if after_key[colon] != b':' {
+        return None;
+    }
+    let value = &after_key[colon + 1..];
+    let start = value.iter().position(|b| !is_space(b))?;
+    if value[start] != b'{' {
+        return None;
+    }
+    let mut values = serde_json::Deserializer::from_slice(value).into_iter::<&RawValue>();
+    let raw = values.next()?.ok()?;
+    let mut rest = value[values.byte_offset()..]
+        .iter()
+        .filter(|b| !is_space(b));
+    (rest.next() == Some(&b'}') && rest.next().is_none()).then_some(raw)
 }
 
 /// [`usage_from_body`] over a parsed answer: its `usage`, else `response.usage`.
@@ -1578,12 +1625,24 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
             ));
             bodies.push(format!(r#"{{"usage":{u},"usage":{{"prompt_tokens":1}}}}"#));
             bodies.push(format!(r#"{{"response":"text","usage":{u}}}"#));
+            // Found from the end: usage not last, nested, quoted inside a string, after an
+            // escaped quote, or followed by more than the closing brace.
+            bodies.push(format!(r#"{{"usage":{u},"id":"x"}}"#));
+            bodies.push(format!(r#"{{"a":{{"usage":{u}}}}}"#));
+            bodies.push(format!(r#"{{"a":[{{"usage":{u}}}],"b":{{}}}}"#));
+            bodies.push(format!(
+                r#"{{"usage":{u},"text":"\"usage\":{{\"prompt_tokens\":7}}"}}"#
+            ));
+            bodies.push(format!(r#"{{"text":"\\","usage":{u} , "x":[1,"usage"]}}"#));
+            bodies.push(format!("{{\"choices\":[],\"usage\":{u}  \n}}\n"));
+            bodies.push(format!(r#"{{"usage":{u}}}"#));
+            bodies.push(format!(r#"{{"text":"\\","usage":{u}}}"#));
             // Pretty-printed answers: whitespace before the usage value.
             bodies.push(format!("{{\n  \"usage\" :\n\t {u}\n}}"));
             bodies.push(format!("{{\"response\": {{\"usage\":  {u} }} }}"));
         }
         for body in &bodies {
-            let tree: Value = serde_json::from_str(body).expect("test bodies are JSON");
+            let tree: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{body}: {e}"));
             for kind in [
                 StreamKind::OpenAiChat,
                 StreamKind::OpenAiResponses,
@@ -1595,6 +1654,35 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
                     "{kind:?} {body}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn trailing_usage_is_taken_only_as_the_last_top_level_member() {
+        let found = |body: &str| trailing_usage(body.as_bytes()).map(|r| r.get().to_string());
+        let u = r#"{"prompt_tokens":2}"#;
+        assert_eq!(
+            found(&format!(r#"{{"a":"b","usage":{u}}}"#)).as_deref(),
+            Some(u)
+        );
+        assert_eq!(
+            found(&format!("{{\"usage\" :\n {u}\n}}\r\n")).as_deref(),
+            Some(u)
+        );
+        for body in [
+            format!(r#"{{"usage":{u},"id":1}}"#),
+            format!(r#"{{"a":{{"usage":{u}}}}}"#),
+            format!(r#"{{"usage":{u}}}}}"#),
+            format!(r#"[{{"usage":{u}}}]"#),
+            r#"{"usage":null}"#.to_string(),
+            r#"{"usage":[1]}"#.to_string(),
+            format!(r#"{{"x":"a\"usage\":{u}}}"}}"#),
+            format!(r#"{{"x":"a"usage":{u}}}"#),
+            format!(r#"{{"usage":{u}"#),
+            r#"{"usage":{"prompt_tokens":2}"#.to_string(),
+            r#"{"usage":{"prompt_tokens":}}"#.to_string(),
+        ] {
+            assert_eq!(found(&body), None, "{body}");
         }
     }
 
