@@ -75,7 +75,9 @@ impl RateView {
             | usize::from(self.input_tokens.is_some()) << 1
             | usize::from(self.output_tokens.is_some()) << 2;
         let template = TEMPLATES[set].get_or_init(|| {
-            let mut map = http::HeaderMap::new();
+            // Room for the provider's headers too: a clone keeps the index table's size, so
+            // adding them does not rebuild it.
+            let mut map = http::HeaderMap::with_capacity(32);
             self.each(|name, value| {
                 map.append(name.clone(), value);
             });
