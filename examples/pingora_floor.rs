@@ -47,7 +47,7 @@ static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// The gateway's jemalloc setting (src/main.rs), so allocation costs compare like for like.
 #[allow(non_upper_case_globals)]
-#[export_name = "_rjem_malloc_conf"]
+#[export_name = "malloc_conf"]
 pub static malloc_conf: &[u8; 18] = b"tcache_max:131072\0";
 
 /// What the mock provider answers for a non-streamed chat completion, near enough in size.
