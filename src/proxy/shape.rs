@@ -236,8 +236,17 @@ impl Shaper {
         status: u16,
         content_type: Option<&str>,
     ) -> Shaper {
-        let sse = content_type.is_some_and(|v| v.starts_with("text/event-stream"));
-        let json = content_type.is_some_and(|v| v.contains("json"));
+        // Media types are case-insensitive. A byte window, not `str::contains`: that builds a
+        // substring searcher on every call, ~0.3% of a request's CPU here.
+        let sse = content_type.is_some_and(|v| {
+            v.get(..17)
+                .is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
+        });
+        let json = content_type.is_some_and(|v| {
+            v.as_bytes()
+                .windows(4)
+                .any(|w| w.eq_ignore_ascii_case(b"json"))
+        });
         let provider_endpoint = crossing.provider_endpoint(client.endpoint);
         let body = match crossing {
             // An error is translated whole, whatever its content type claims.
@@ -772,6 +781,27 @@ mod tests {
             json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}})
         );
         assert_eq!(s.provider_body(), None);
+
+        // Content types in any case: an SSE answer is shaped by event, a JSON one is kept to
+        // read its usage.
+        let chat = client(Endpoint::ChatCompletions, true);
+        let s = Shaper::new(Crossing::Native, chat, 200, Some("Text/Event-Stream"));
+        assert!(s.tracker().is_some());
+        for json in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            "x/y+Json",
+        ] {
+            let mut s = Shaper::new(Crossing::Native, chat, 200, Some(json));
+            s.feed(Bytes::from_static(b"{}"), None);
+            assert_eq!(s.provider_body(), Some(&b"{}"[..]), "{json}");
+        }
+        for other in ["text/plain", "text/event", "js", ""] {
+            let mut s = Shaper::new(Crossing::Native, chat, 200, Some(other));
+            s.feed(Bytes::from_static(b"{}"), None);
+            assert_eq!(s.provider_body(), None, "{other}");
+            assert!(s.tracker().is_none(), "{other}");
+        }
 
         // A success that is not JSON cannot be translated.
         let mut s = Shaper::new(Crossing::MessagesToChat, messages, 200, Some("text/html"));
