@@ -168,9 +168,9 @@ pub async fn read_body(session: &mut Session, limit: u64) -> Result<Bytes, Stop>
     Ok(buf.freeze())
 }
 
-/// Bodies up to this size may be read as plain chat bodies (larger ones are counted off the
-/// async workers, from a tree).
-const PLAIN_BODY_MAX: usize = 256 * 1024;
+/// Bodies up to this size are counted on the async worker, and may be read as plain chat
+/// bodies; larger ones are read as a tree and counted off the async workers.
+const INLINE_COUNT_MAX: usize = 256 * 1024;
 
 /// The fields admission reads, borrowed from a tree or from a [`PlainBody`]. `Some(Null)` is a
 /// field present with `null`, as a tree lookup gives it.
@@ -182,7 +182,7 @@ struct Head<'a> {
     reasoning_effort: Option<&'a Value>,
     reasoning: Option<&'a Value>,
     /// The values of [`tokens::OUTPUT_FIELDS`].
-    output: [Option<&'a Value>; 3],
+    output: [Option<&'a Value>; tokens::OUTPUT_FIELDS.len()],
 }
 
 impl<'a> Head<'a> {
@@ -281,7 +281,7 @@ pub async fn admit(
     // A plain chat body is read for its fields without building a tree (most of admission's
     // parsing cost was allocating one); any other body, and a body that is not valid JSON, is
     // read as a tree, which also words the error.
-    let plain = if endpoint.is_get() || body.len() > PLAIN_BODY_MAX {
+    let plain = if endpoint.is_get() || body.len() > INLINE_COUNT_MAX {
         None
     } else {
         PlainBody::read(&body)
@@ -370,7 +370,7 @@ pub async fn admit(
         ),
         (None, Some(j)) => {
             let requested = tokens::requested_output(j);
-            let estimate = if body.len() > 256 * 1024 {
+            let estimate = if body.len() > INLINE_COUNT_MAX {
                 let counter = state.tokens.clone();
                 let j = j.clone();
                 tokio::task::spawn_blocking(move || counter.estimate_input(&j))

@@ -120,21 +120,6 @@ impl TokenCounter {
     /// images and speech bodies. A body of unknown shape still yields a count
     /// of the strings found under the keys that usually carry text, so a
     /// provider-specific variant is underestimated rather than rejected.
-    /// [`estimate_input`](Self::estimate_input) of a body whose only text is `messages` of
-    /// plain `{role, content}` strings: the same count, from a body read without a tree.
-    pub fn estimate_plain(&self, messages: &[PlainMessage<'_>]) -> u64 {
-        let mut t = Tally::new(self);
-        for m in messages {
-            t.fixed(TOKENS_PER_MESSAGE);
-            t.text(&m.role);
-            t.text(&m.content);
-        }
-        if !messages.is_empty() {
-            t.fixed(REPLY_PRIMING_TOKENS);
-        }
-        t.total()
-    }
-
     pub fn estimate_input(&self, body: &Value) -> u64 {
         let Some(obj) = body.as_object() else {
             return 0;
@@ -183,6 +168,21 @@ impl TokenCounter {
         }
         t.total()
     }
+
+    /// [`estimate_input`](Self::estimate_input) of a body whose only text is `messages` of
+    /// plain `{role, content}` strings: the same count, from a body read without a tree.
+    pub fn estimate_plain(&self, messages: &[PlainMessage<'_>]) -> u64 {
+        let mut t = Tally::new(self);
+        for m in messages {
+            t.fixed(TOKENS_PER_MESSAGE);
+            t.text(&m.role);
+            t.text(&m.content);
+        }
+        if !messages.is_empty() {
+            t.fixed(REPLY_PRIMING_TOKENS);
+        }
+        t.total()
+    }
 }
 
 /// The output ceiling the client asked for, under whichever name its API
@@ -199,7 +199,7 @@ pub const OUTPUT_FIELDS: [&str; 3] = ["max_tokens", "max_completion_tokens", "ma
 /// [`requested_output`] of the values of [`OUTPUT_FIELDS`], however they were read. The
 /// largest of them: a provider may honour any, so checking only the first would let
 /// `max_tokens: 10, max_completion_tokens: 100000` slip past the output limits.
-pub fn requested_output_of(values: [Option<&Value>; 3]) -> Option<u64> {
+pub fn requested_output_of(values: [Option<&Value>; OUTPUT_FIELDS.len()]) -> Option<u64> {
     values
         .into_iter()
         .filter_map(|v| v.and_then(non_negative_integer))
