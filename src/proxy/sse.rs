@@ -10,8 +10,10 @@
 //! is bounded by the input, and every buffer has a cap.
 
 use std::borrow::Cow;
+use std::sync::LazyLock;
 
 use bytes::Bytes;
+use memchr::memmem;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -719,8 +721,8 @@ pub fn usage_from_body(kind: StreamKind, body: &[u8]) -> Option<Usage> {
         #[serde(default, borrow)]
         usage: Option<&'a RawValue>,
     }
-    if let Some(raw) = trailing_usage(body) {
-        return usage_of_raw(kind, raw);
+    if let Some(usage) = trailing_usage(kind, body) {
+        return usage;
     }
     // A raw value starts at its first byte (whitespace before it is skipped).
     let is_object = |raw: &&RawValue| raw.get().starts_with('{');
@@ -743,10 +745,11 @@ fn usage_of_raw(kind: StreamKind, raw: &RawValue) -> Option<Usage> {
     }
 }
 
-/// The answer's top-level `usage` object when it is the answer's last member, found from the
-/// end: chat completions, embeddings and Anthropic messages put it there, and the text before
-/// it (the whole generated answer) then need not be read at all. Reading the answer from the
-/// start to reach it was ~4 ns a byte.
+/// The usage of the answer's top-level `usage` object when it is the answer's last member,
+/// found from the end: chat completions, embeddings and Anthropic messages put it there, and
+/// the text before it (the whole generated answer) then need not be read at all. Reading the
+/// answer from the start to reach it was ~4 ns a byte. `Some` is the object's usage (itself
+/// `None` when the object names no tokens); `None` means the body must be read from the start.
 ///
 /// The last `"usage"` in the body is the top-level key when it is followed by `:` and an
 /// object, that object by the body's final `}` alone, and it is preceded by `{` or `,`.
@@ -756,30 +759,49 @@ fn usage_of_raw(kind: StreamKind, raw: &RawValue) -> Option<Usage> {
 /// in `response`, something after it) returns `None` and the body is read from the start.
 /// The bytes before the key are not checked to be JSON: the provider's statement of usage is
 /// taken as it is written, as it is when a stream's usage event is read on its own.
-fn trailing_usage(body: &[u8]) -> Option<&RawValue> {
-    const KEY: &[u8] = b"\"usage\"";
+///
+/// The object's text is read once, straight into [`UsageFields`]: parsing it checks that it
+/// is exactly one object (anything after it is an error), so it is not first scanned for its
+/// end (that scan, serde's `RawValue` through a stream reader, cost as much as the read).
+fn trailing_usage(kind: StreamKind, body: &[u8]) -> Option<Option<Usage>> {
+    let object = trailing_usage_text(body)?;
+    if let Ok(fields) = serde_json::from_slice::<UsageFields>(object) {
+        return Some(usage_of(kind, &fields));
+    }
+    // Duplicate keys (the tree keeps the last, as the general path does); text that is not
+    // one JSON object fails here too and goes to the general path.
+    let tree = serde_json::from_slice::<Value>(object).ok()?;
+    Some(usage_of(kind, &tree))
+}
+
+/// The text from the `{` that opens the trailing `usage` value to the `}` before the body's
+/// final one, when the body ends in that shape (see [`trailing_usage`]); not checked to be JSON.
+fn trailing_usage_text(body: &[u8]) -> Option<&[u8]> {
+    /// Built once, not for every answer.
+    static KEY: LazyLock<memmem::FinderRev<'static>> =
+        LazyLock::new(|| memmem::FinderRev::new(b"\"usage\""));
     let is_space = |b: &u8| matches!(b, b' ' | b'\n' | b'\r' | b'\t');
-    let at = memchr::memmem::rfind(body, KEY)?;
+    let trim_end =
+        |text: &[u8]| -> usize { text.iter().rposition(|b| !is_space(b)).map_or(0, |i| i + 1) };
+    let at = KEY.rfind(body)?;
     let before = body[..at].iter().rev().find(|b| !is_space(b))?;
     if !matches!(before, b'{' | b',') {
         return None;
     }
-    let after_key = &body[at + KEY.len()..];
+    let after_key = &body[at + KEY.needle().len()..];
     let colon = after_key.iter().position(|b| !is_space(b))?;
     if after_key[colon] != b':' {
         return None;
     }
     let value = &after_key[colon + 1..];
     let start = value.iter().position(|b| !is_space(b))?;
-    if value[start] != b'{' {
+    // The body's final `}` closes the answer; what is left must end with the object's own.
+    let end = trim_end(value);
+    if end <= start + 1 || value[end - 1] != b'}' {
         return None;
     }
-    let mut values = serde_json::Deserializer::from_slice(value).into_iter::<&RawValue>();
-    let raw = values.next()?.ok()?;
-    let mut rest = value[values.byte_offset()..]
-        .iter()
-        .filter(|b| !is_space(b));
-    (rest.next() == Some(&b'}') && rest.next().is_none()).then_some(raw)
+    let inner = &value[..trim_end(&value[..end - 1])];
+    (inner.len() > start && value[start] == b'{' && inner.ends_with(b"}")).then(|| &inner[start..])
 }
 
 /// [`usage_from_body`] over a parsed answer: its `usage`, else `response.usage`.
@@ -1659,16 +1681,20 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
 
     #[test]
     fn trailing_usage_is_taken_only_as_the_last_top_level_member() {
-        let found = |body: &str| trailing_usage(body.as_bytes()).map(|r| r.get().to_string());
+        let found = |body: &str| trailing_usage(StreamKind::OpenAiChat, body.as_bytes());
         let u = r#"{"prompt_tokens":2}"#;
+        let two = Some(Some(Usage {
+            input_tokens: 2,
+            ..Usage::default()
+        }));
+        assert_eq!(found(&format!(r#"{{"a":"b","usage":{u}}}"#)), two);
+        assert_eq!(found(&format!("{{\"usage\" :\n {u}\n}}\r\n")), two);
         assert_eq!(
-            found(&format!(r#"{{"a":"b","usage":{u}}}"#)).as_deref(),
-            Some(u)
+            found(r#"{"usage":{"prompt_tokens":1,"prompt_tokens":2}}"#),
+            two,
+            "a repeated key is read as the tree reads it: the last one"
         );
-        assert_eq!(
-            found(&format!("{{\"usage\" :\n {u}\n}}\r\n")).as_deref(),
-            Some(u)
-        );
+        assert_eq!(found(r#"{"usage":{}}"#), Some(None));
         for body in [
             format!(r#"{{"usage":{u},"id":1}}"#),
             format!(r#"{{"a":{{"usage":{u}}}}}"#),
@@ -1681,6 +1707,11 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
             format!(r#"{{"usage":{u}"#),
             r#"{"usage":{"prompt_tokens":2}"#.to_string(),
             r#"{"usage":{"prompt_tokens":}}"#.to_string(),
+            format!(r#"{{"usage":{u} {u}}}"#),
+            format!(r#"{{"usage":{u}}} }}"#),
+            r#"{"usage":{}"#.to_string(),
+            r#"{"usage":}"#.to_string(),
+            r#""usage":{}}"#.to_string(),
         ] {
             assert_eq!(found(&body), None, "{body}");
         }
