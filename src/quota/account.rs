@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use crate::config::TierLimits;
 use crate::config::{QuotaConfig, Tier};
-use crate::quota::tiers::{entitlement_tier, lot_remaining, usage_tier, window_sums};
+use crate::quota::tiers::{entitlement_tier, lot_remaining, usage_tier};
 use crate::quota::Denied;
 use crate::storage::quota::{Breakdown, Lot, LotKind, SpendBucket, HOUR_MS, WINDOW_HOURS};
 use crate::util::FastHash;
@@ -22,7 +22,12 @@ pub struct Held {
 #[derive(Debug, Default, Clone)]
 pub struct AccountState {
     pub user_id: String,
-    pub spend: Vec<SpendBucket>,
+    /// Hourly spend inside the rolling week, oldest hour first.
+    spend: Vec<SpendBucket>,
+    /// The sum of `spend`, kept as hours are booked and dropped. A week of an account busy
+    /// every hour is 168 buckets, and they were summed three times and searched once for every
+    /// request (~0.5 µs): now the sum only loses the hours that left the window.
+    spent: SpendBucket,
     pub lots: Vec<Lot>,
     pub reserved_tokens: u64,
     pub reserved_requests: u64,
@@ -30,21 +35,42 @@ pub struct AccountState {
 }
 
 impl AccountState {
-    pub fn new(user_id: &str, spend: Vec<SpendBucket>, mut lots: Vec<Lot>) -> Self {
+    pub fn new(user_id: &str, mut spend: Vec<SpendBucket>, mut lots: Vec<Lot>) -> Self {
         lots.sort_by_key(|l| l.expires_at);
+        spend.sort_by_key(|b| b.hour);
+        let spent = spend.iter().fold(SpendBucket::default(), |mut sum, b| {
+            add_spend(&mut sum, b);
+            sum
+        });
         AccountState {
             user_id: user_id.to_string(),
             spend,
+            spent,
             lots,
             ..Default::default()
         }
+    }
+
+    /// The spend of the rolling week ending at `now`: the same sums as
+    /// [`window_sums`](crate::quota::tiers::window_sums) over the buckets, from the kept total
+    /// less the oldest hours that have left the window since the last `prune`.
+    fn window(&self, now: i64) -> SpendBucket {
+        let from = now / HOUR_MS - (WINDOW_HOURS - 1);
+        let mut sums = self.spent;
+        for old in self.spend.iter().take_while(|b| b.hour < from) {
+            sub_spend(&mut sums, old);
+        }
+        sums
     }
 
     /// Drops spend older than the window and releases reservations older than `timeout_ms`
     /// (their requests never settled: the process serving them died).
     pub fn prune(&mut self, now: i64, timeout_ms: i64) -> usize {
         let from = now / HOUR_MS - (WINDOW_HOURS - 1);
-        self.spend.retain(|b| b.hour >= from);
+        let gone = self.spend.iter().take_while(|b| b.hour < from).count();
+        for old in self.spend.drain(..gone) {
+            sub_spend(&mut self.spent, &old);
+        }
         let stale: Vec<String> = self
             .held
             .iter()
@@ -80,14 +106,14 @@ impl AccountState {
         max: Option<Tier>,
         now: i64,
     ) -> Tier {
-        let s = window_sums(&self.spend, now);
+        let s = self.window(now);
         let usage = usage_tier(cfg, s.allowance_tokens + s.lot_tokens);
         crate::quota::tiers::effective_tier(manual, usage, entitlement_tier(&self.lots, now), max)
     }
 
     /// What is still spendable now, after reservations: (tokens, requests or None = no cap).
     pub fn available(&self, limits: &TierLimits, now: i64) -> (u64, Option<u64>) {
-        let s = window_sums(&self.spend, now);
+        let s = self.window(now);
         let tokens = limits.weekly_tokens.saturating_sub(s.allowance_tokens)
             + lot_remaining(&self.lots, LotKind::Token, now);
         let requests = (limits.weekly_requests > 0).then(|| {
@@ -139,7 +165,7 @@ impl AccountState {
         now: i64,
     ) -> Breakdown {
         self.release(id);
-        let s = window_sums(&self.spend, now);
+        let s = self.window(now);
         let mut b = Breakdown {
             user_id: self.user_id.clone(),
             at_ms: now,
@@ -193,31 +219,57 @@ impl AccountState {
     /// Applies a breakdown to the hot state.
     fn book(&mut self, b: &Breakdown) {
         let hour = b.at_ms / HOUR_MS;
-        let idx = match self.spend.iter().position(|x| x.hour == hour) {
-            Some(i) => i,
-            None => {
-                self.spend.push(SpendBucket {
-                    hour,
-                    ..Default::default()
-                });
-                self.spend.len() - 1
+        // The current hour is the last bucket, or a new one after it; an earlier hour (a
+        // clock step back) goes in its place, so the buckets stay in order.
+        let idx = match self.spend.iter().rposition(|x| x.hour <= hour) {
+            Some(i) if self.spend[i].hour == hour => i,
+            found => {
+                let at = found.map_or(0, |i| i + 1);
+                self.spend.insert(
+                    at,
+                    SpendBucket {
+                        hour,
+                        ..Default::default()
+                    },
+                );
+                at
             }
         };
-        let bucket = &mut self.spend[idx];
-        bucket.allowance_tokens += b.allowance_tokens;
-        bucket.allowance_requests += b.allowance_requests;
+        let mut booked = SpendBucket {
+            allowance_tokens: b.allowance_tokens,
+            allowance_requests: b.allowance_requests,
+            ..Default::default()
+        };
         for (_, kind, n) in &b.lots {
             match kind {
-                LotKind::Token => bucket.lot_tokens += n,
-                LotKind::Request => bucket.lot_requests += n,
+                LotKind::Token => booked.lot_tokens += n,
+                LotKind::Request => booked.lot_requests += n,
             }
         }
+        add_spend(&mut self.spend[idx], &booked);
+        add_spend(&mut self.spent, &booked);
         for (id, _, n) in &b.lots {
             if let Some(l) = self.lots.iter_mut().find(|l| &l.id == id) {
                 l.remaining = l.remaining.saturating_sub(*n);
             }
         }
     }
+}
+
+/// Adds `b`'s four amounts to `sum` (its hour is left alone).
+fn add_spend(sum: &mut SpendBucket, b: &SpendBucket) {
+    sum.allowance_tokens += b.allowance_tokens;
+    sum.allowance_requests += b.allowance_requests;
+    sum.lot_tokens += b.lot_tokens;
+    sum.lot_requests += b.lot_requests;
+}
+
+/// Takes `b`'s four amounts out of `sum`, which includes them.
+fn sub_spend(sum: &mut SpendBucket, b: &SpendBucket) {
+    sum.allowance_tokens = sum.allowance_tokens.saturating_sub(b.allowance_tokens);
+    sum.allowance_requests = sum.allowance_requests.saturating_sub(b.allowance_requests);
+    sum.lot_tokens = sum.lot_tokens.saturating_sub(b.lot_tokens);
+    sum.lot_requests = sum.lot_requests.saturating_sub(b.lot_requests);
 }
 
 #[cfg(test)]
@@ -323,5 +375,79 @@ mod tests {
         );
         assert_eq!(a.prune(2_000, 1_000), 1);
         assert!(a.reserve("x", 10, 1, &l, false, 2_000).is_ok());
+    }
+
+    /// The kept total against the sum over the buckets, through bookings at every hour of a
+    /// week and beyond (one clock step back included), prunes and reads at later times.
+    #[test]
+    fn window_totals_equal_the_sum_of_the_buckets() {
+        use crate::quota::tiers::window_sums;
+        let t0 = 1_000 * HOUR_MS;
+        let loaded = vec![
+            SpendBucket {
+                hour: 1_000 - 3,
+                allowance_tokens: 7,
+                lot_requests: 1,
+                ..Default::default()
+            },
+            SpendBucket {
+                hour: 1_000 - 200,
+                allowance_tokens: 5,
+                ..Default::default()
+            },
+            SpendBucket {
+                hour: 1_000 - 100,
+                lot_tokens: 11,
+                ..Default::default()
+            },
+        ];
+        let mut a = AccountState::new(
+            "u",
+            loaded,
+            vec![lot("l1", LotKind::Token, 1 << 40, i64::MAX)],
+        );
+        let check = |a: &AccountState, now: i64| {
+            assert_eq!(a.window(now), window_sums(&a.spend, now), "at {now}");
+            assert!(a.spend.windows(2).all(|w| w[0].hour < w[1].hour));
+        };
+        check(&a, t0);
+        // A simple generator: the same sequence on every run.
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: u64| {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (seed >> 33) % n
+        };
+        let mut now = t0;
+        for step in 0..3_000 {
+            // Mostly forward by minutes; now and then a jump of hours or days, once back.
+            now += match next(100) {
+                0..=89 => next(20 * 60_000) as i64,
+                90..=98 => next(30 * HOUR_MS as u64) as i64,
+                _ if step == 1_500 => -5 * HOUR_MS,
+                _ => 0,
+            };
+            let b = Breakdown {
+                user_id: "u".into(),
+                at_ms: now,
+                allowance_tokens: next(50),
+                allowance_requests: next(2),
+                lots: if next(3) == 0 {
+                    vec![("l1".into(), LotKind::Token, next(40))]
+                } else {
+                    vec![]
+                },
+            };
+            a.book(&b);
+            check(&a, now);
+            check(&a, now + next(10 * 24) as i64 * HOUR_MS);
+            if next(4) == 0 {
+                a.prune(now, 60_000);
+                check(&a, now);
+                assert!(a
+                    .spend
+                    .iter()
+                    .all(|b| b.hour >= now / HOUR_MS - (WINDOW_HOURS - 1)));
+            }
+        }
     }
 }
