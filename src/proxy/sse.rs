@@ -781,28 +781,28 @@ fn trailing_usage_text(body: &[u8]) -> Option<&[u8]> {
     /// Built once, not for every answer.
     static KEY: LazyLock<memmem::FinderRev<'static>> =
         LazyLock::new(|| memmem::FinderRev::new(b"\"usage\""));
-    let is_space = |b: &u8| matches!(b, b' ' | b'\n' | b'\r' | b'\t');
-    let trim_end =
-        |text: &[u8]| -> usize { text.iter().rposition(|b| !is_space(b)).map_or(0, |i| i + 1) };
+    /// JSON's whitespace (`is_ascii_whitespace` would also take form feed).
+    fn is_space(b: &u8) -> bool {
+        matches!(b, b' ' | b'\n' | b'\r' | b'\t')
+    }
+    fn trim(text: &[u8]) -> &[u8] {
+        let start = text.iter().position(|b| !is_space(b)).unwrap_or(text.len());
+        let end = text
+            .iter()
+            .rposition(|b| !is_space(b))
+            .map_or(start, |i| i + 1);
+        &text[start..end]
+    }
     let at = KEY.rfind(body)?;
     let before = body[..at].iter().rev().find(|b| !is_space(b))?;
     if !matches!(before, b'{' | b',') {
         return None;
     }
-    let after_key = &body[at + KEY.needle().len()..];
-    let colon = after_key.iter().position(|b| !is_space(b))?;
-    if after_key[colon] != b':' {
-        return None;
-    }
-    let value = &after_key[colon + 1..];
-    let start = value.iter().position(|b| !is_space(b))?;
-    // The body's final `}` closes the answer; what is left must end with the object's own.
-    let end = trim_end(value);
-    if end <= start + 1 || value[end - 1] != b'}' {
-        return None;
-    }
-    let inner = &value[..trim_end(&value[..end - 1])];
-    (inner.len() > start && value[start] == b'{' && inner.ends_with(b"}")).then(|| &inner[start..])
+    let after_key = trim(&body[at + KEY.needle().len()..]);
+    let value = after_key.strip_prefix(b":")?;
+    // The body's final `}` closes the answer; what is left is the object, `{` to `}`.
+    let object = trim(trim(value).strip_suffix(b"}")?);
+    (object.first() == Some(&b'{') && object.last() == Some(&b'}')).then_some(object)
 }
 
 /// [`usage_from_body`] over a parsed answer: its `usage`, else `response.usage`.

@@ -8,7 +8,7 @@ use crate::config::TierLimits;
 use crate::config::{QuotaConfig, Tier};
 use crate::quota::tiers::{entitlement_tier, lot_remaining, usage_tier};
 use crate::quota::Denied;
-use crate::storage::quota::{Breakdown, Lot, LotKind, SpendBucket, HOUR_MS, WINDOW_HOURS};
+use crate::storage::quota::{window_start_hour, Breakdown, Lot, LotKind, SpendBucket, HOUR_MS};
 use crate::util::FastHash;
 
 /// A reservation held by an account.
@@ -39,7 +39,7 @@ impl AccountState {
         lots.sort_by_key(|l| l.expires_at);
         spend.sort_by_key(|b| b.hour);
         let spent = spend.iter().fold(SpendBucket::default(), |mut sum, b| {
-            add_spend(&mut sum, b);
+            sum.add_amounts(b);
             sum
         });
         AccountState {
@@ -55,10 +55,10 @@ impl AccountState {
     /// [`window_sums`](crate::quota::tiers::window_sums) over the buckets, from the kept total
     /// less the oldest hours that have left the window since the last `prune`.
     fn window(&self, now: i64) -> SpendBucket {
-        let from = now / HOUR_MS - (WINDOW_HOURS - 1);
+        let from = window_start_hour(now);
         let mut sums = self.spent;
         for old in self.spend.iter().take_while(|b| b.hour < from) {
-            sub_spend(&mut sums, old);
+            sums.sub_amounts(old);
         }
         sums
     }
@@ -66,10 +66,10 @@ impl AccountState {
     /// Drops spend older than the window and releases reservations older than `timeout_ms`
     /// (their requests never settled: the process serving them died).
     pub fn prune(&mut self, now: i64, timeout_ms: i64) -> usize {
-        let from = now / HOUR_MS - (WINDOW_HOURS - 1);
+        let from = window_start_hour(now);
         let gone = self.spend.iter().take_while(|b| b.hour < from).count();
         for old in self.spend.drain(..gone) {
-            sub_spend(&mut self.spent, &old);
+            self.spent.sub_amounts(&old);
         }
         let stale: Vec<String> = self
             .held
@@ -246,30 +246,14 @@ impl AccountState {
                 LotKind::Request => booked.lot_requests += n,
             }
         }
-        add_spend(&mut self.spend[idx], &booked);
-        add_spend(&mut self.spent, &booked);
+        self.spend[idx].add_amounts(&booked);
+        self.spent.add_amounts(&booked);
         for (id, _, n) in &b.lots {
             if let Some(l) = self.lots.iter_mut().find(|l| &l.id == id) {
                 l.remaining = l.remaining.saturating_sub(*n);
             }
         }
     }
-}
-
-/// Adds `b`'s four amounts to `sum` (its hour is left alone).
-fn add_spend(sum: &mut SpendBucket, b: &SpendBucket) {
-    sum.allowance_tokens += b.allowance_tokens;
-    sum.allowance_requests += b.allowance_requests;
-    sum.lot_tokens += b.lot_tokens;
-    sum.lot_requests += b.lot_requests;
-}
-
-/// Takes `b`'s four amounts out of `sum`, which includes them.
-fn sub_spend(sum: &mut SpendBucket, b: &SpendBucket) {
-    sum.allowance_tokens = sum.allowance_tokens.saturating_sub(b.allowance_tokens);
-    sum.allowance_requests = sum.allowance_requests.saturating_sub(b.allowance_requests);
-    sum.lot_tokens = sum.lot_tokens.saturating_sub(b.lot_tokens);
-    sum.lot_requests = sum.lot_requests.saturating_sub(b.lot_requests);
 }
 
 #[cfg(test)]
@@ -443,10 +427,7 @@ mod tests {
             if next(4) == 0 {
                 a.prune(now, 60_000);
                 check(&a, now);
-                assert!(a
-                    .spend
-                    .iter()
-                    .all(|b| b.hour >= now / HOUR_MS - (WINDOW_HOURS - 1)));
+                assert!(a.spend.iter().all(|b| b.hour >= window_start_hour(now)));
             }
         }
     }

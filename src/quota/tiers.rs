@@ -8,7 +8,7 @@
 use serde_json::{json, Value};
 
 use crate::config::{QuotaConfig, Tier, TierLimits};
-use crate::storage::quota::{Lot, LotKind, SpendBucket, HOUR_MS, WINDOW_HOURS};
+use crate::storage::quota::{window_start_hour, Lot, LotKind, SpendBucket};
 use crate::storage::UserRecord;
 use crate::util::iso;
 
@@ -66,15 +66,12 @@ pub struct QuotaStatus {
 
 /// Sums the buckets inside the rolling week ending at `now`.
 pub fn window_sums(spend: &[SpendBucket], now: i64) -> SpendBucket {
-    let from = now / HOUR_MS - (WINDOW_HOURS - 1);
+    let from = window_start_hour(now);
     spend
         .iter()
         .filter(|b| b.hour >= from)
         .fold(SpendBucket::default(), |mut acc, b| {
-            acc.allowance_tokens += b.allowance_tokens;
-            acc.allowance_requests += b.allowance_requests;
-            acc.lot_tokens += b.lot_tokens;
-            acc.lot_requests += b.lot_requests;
+            acc.add_amounts(b);
             acc
         })
 }
@@ -160,6 +157,7 @@ impl QuotaStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::quota::HOUR_MS;
     use std::path::Path;
 
     fn cfg() -> QuotaConfig {

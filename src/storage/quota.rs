@@ -14,6 +14,11 @@ pub const HOUR_MS: i64 = 3_600_000;
 /// A rolling week of hourly buckets.
 pub const WINDOW_HOURS: i64 = 168;
 
+/// The oldest hour (Unix hours) inside the rolling week ending at `now` (Unix ms).
+pub fn window_start_hour(now: i64) -> i64 {
+    now / HOUR_MS - (WINDOW_HOURS - 1)
+}
+
 /// Which meter a lot tops up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LotKind {
@@ -58,6 +63,26 @@ pub struct SpendBucket {
     pub allowance_requests: u64,
     pub lot_tokens: u64,
     pub lot_requests: u64,
+}
+
+impl SpendBucket {
+    /// Adds `other`'s four amounts to these (the hour is left alone).
+    pub fn add_amounts(&mut self, other: &SpendBucket) {
+        self.allowance_tokens += other.allowance_tokens;
+        self.allowance_requests += other.allowance_requests;
+        self.lot_tokens += other.lot_tokens;
+        self.lot_requests += other.lot_requests;
+    }
+
+    /// Takes `other`'s four amounts out of these, which include them.
+    pub fn sub_amounts(&mut self, other: &SpendBucket) {
+        self.allowance_tokens = self.allowance_tokens.saturating_sub(other.allowance_tokens);
+        self.allowance_requests = self
+            .allowance_requests
+            .saturating_sub(other.allowance_requests);
+        self.lot_tokens = self.lot_tokens.saturating_sub(other.lot_tokens);
+        self.lot_requests = self.lot_requests.saturating_sub(other.lot_requests);
+    }
 }
 
 /// How one settlement was paid: what came out of the weekly allowance and which lots.
@@ -190,7 +215,7 @@ impl QuotaStore<'_> {
 
     /// Spend buckets of the rolling week ending at `now`.
     pub async fn spend(&self, user_id: &str, now: i64) -> StoreResult<Vec<SpendBucket>> {
-        let from = now / HOUR_MS - (WINDOW_HOURS - 1);
+        let from = window_start_hour(now);
         let rows = sqlx::query(
             "SELECT hour, allowance_tokens, allowance_requests, lot_tokens, lot_requests \
              FROM quota_spend WHERE user_id = $1 AND hour >= $2",
