@@ -8,8 +8,7 @@
 //!
 //! Run: `scripts/soak [SECONDS]` (builds release binaries, then runs this example).
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,33 +16,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+#[path = "support/mod.rs"]
+mod support;
+
+use support::{bin, Gw};
+
 const REDIS_PORT: u16 = 6391;
-
-fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("exe");
-    // target/release/examples/soak -> target/release/<name>
-    exe.parent()
-        .and_then(Path::parent)
-        .map(|p| p.join(name))
-        .expect("target dir")
-}
-
-fn read_line(child: &mut Child, prefix: &str) -> String {
-    let out = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let prefix = prefix.to_string();
-    std::thread::spawn(move || {
-        let mut sent = false;
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if !sent && line.starts_with(&prefix) {
-                let _ = tx.send(line);
-                sent = true;
-            }
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(60))
-        .expect("ready line")
-}
 
 fn start_redis(dir: &Path) -> Child {
     let child = Command::new("redis-server")
@@ -71,40 +49,14 @@ fn start_redis(dir: &Path) -> Child {
     child
 }
 
-struct Gw {
-    child: Child,
-    api: String,
-    admin: String,
-}
+/// The soak's own pepper and Redis prefix, for the gateway and its admin commands.
+const ENV: [(&str, &str); 2] = [
+    ("GATEWAY_KEY_PEPPER", "soak-pepper"),
+    ("GATEWAY_REDIS_PREFIX", "soak:"),
+];
 
 fn start_gateway(config: &Path, log: &Path) -> Gw {
-    let mut child = Command::new(bin("gateway"))
-        .args(["--config", config.to_str().expect("cfg"), "serve"])
-        .env("GATEWAY_KEY_PEPPER", "soak-pepper")
-        .env("GATEWAY_REDIS_PREFIX", "soak:")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)
-                .expect("log"),
-        ))
-        .spawn()
-        .expect("gateway");
-    let line = read_line(&mut child, "gateway listening");
-    let field = |n: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(n))
-            .expect("addr")
-            .to_string()
-    };
-    Gw {
-        api: format!("http://{}", field("api=")),
-        admin: format!("http://{}", field("admin=")),
-        child,
-    }
+    support::start_gateway(&bin("gateway"), config, log, &ENV)
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -120,18 +72,7 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 fn admin(config: &Path, args: &[&str]) -> Value {
-    let out = Command::new(bin("gateway"))
-        .args(["--config", config.to_str().expect("cfg")])
-        .args(args)
-        .env("GATEWAY_KEY_PEPPER", "soak-pepper")
-        .output()
-        .expect("admin");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("json")
+    support::admin(&bin("gateway"), config, &ENV, args)
 }
 
 #[derive(Default)]
@@ -224,22 +165,8 @@ async fn main() {
     let d = dir.path();
     println!("soak: {secs} s, {workers} clients, scratch {}", d.display());
 
-    let mut mock = Command::new(bin("mock-provider"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--no-record",
-            "--chunks",
-            "12",
-            "--chunk-delay-ms",
-            "15",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("mock");
-    let mock_addr = read_line(&mut mock, "LISTENING ")
-        .trim_start_matches("LISTENING ")
-        .to_string();
+    let (mut mock, mock_addr) =
+        support::start_mock(&["--no-record", "--chunks", "12", "--chunk-delay-ms", "15"]);
     let mut redis = start_redis(d);
 
     let config = d.join("gateway.toml");
@@ -330,24 +257,20 @@ upstream_model = "slow"
         .timeout(Duration::from_secs(20))
         .build()
         .expect("client");
-    let counter = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..workers {
-        let (c, key, tally, counter, api) = (
-            c.clone(),
-            key.clone(),
-            tally.clone(),
-            counter.clone(),
-            api.clone(),
+    let (request_client, request_key, request_tally, request_api) =
+        (c.clone(), key.clone(), tally.clone(), api.clone());
+    let (tasks, _) = support::spawn_clients(workers, deadline, move |n| {
+        let (c, key, tally, api) = (
+            request_client.clone(),
+            request_key.clone(),
+            request_tally.clone(),
+            request_api.clone(),
         );
-        tasks.push(tokio::spawn(async move {
-            while Instant::now() < deadline {
-                let n = counter.fetch_add(1, Ordering::Relaxed);
-                let base = api.lock().map(|a| a.clone()).unwrap_or_default();
-                one(&c, &base, &key, n, &tally).await;
-            }
-        }));
-    }
+        async move {
+            let base = api.lock().map(|a| a.clone()).unwrap_or_default();
+            one(&c, &base, &key, n, &tally).await;
+        }
+    });
 
     // Warm up, then sample memory; fault schedule at 1/3 (Redis) and 1/2 (gateway restart).
     tokio::time::sleep(Duration::from_secs(secs / 6)).await;
