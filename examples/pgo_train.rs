@@ -4,8 +4,8 @@
 //!
 //! What the traffic is: mostly chat completions, streamed and not (the bulk of real LLM
 //! traffic), then Anthropic-style messages, the responses API, requests translated between the
-//! two styles, embeddings, token counting, the model list, and a few refused requests (unknown
-//! key, unknown model). Code that never runs here is laid out as cold, so the mix covers every
+//! two styles, a renamed model, embeddings, token counting, the model list, and a few refused
+//! requests (unknown key, unknown model). Code that never runs here is laid out as cold, so the mix covers every
 //! path a production request takes; rare error paths are only sampled.
 //!
 //! Phases: SQLite with in-process quota, then, with `--redis URL`, the same mix with quota and
@@ -61,7 +61,8 @@ fn args() -> Args {
 }
 
 /// A throw-away configuration: quota so large it never refuses (every request still reserves
-/// and settles), one provider of each style on the mock, a model on each, one of them renamed.
+/// and settles), one provider of each style on the mock, a model on each, and a renamed one
+/// (most deployments forward the client's model name as it is, so most of the mix does too).
 fn config_text(dir: &Path, mock: &str, redis: Option<&str>) -> String {
     let redis = redis
         .map(|u| format!("redis_url = \"{u}\""))
@@ -103,7 +104,10 @@ base_url = "http://{mock}"
 [[models]]
 id = "train-gpt"
 provider = "mock"
-upstream_model = "mock-gpt"
+[[models]]
+id = "train-renamed"
+provider = "mock"
+upstream_model = "train-gpt"
 [[models]]
 id = "train-claude"
 provider = "mock-a"
@@ -154,11 +158,12 @@ fn pick(n: u64) -> (&'static str, Value, bool) {
             true,
         ),
         17 => ("/v1/messages", messages("train-gpt", n % 40 == 17), true),
-        18 => (
+        18 if n % 40 == 18 => (
             "/v1/embeddings",
             json!({"model": "train-gpt", "input": ["one", "two"]}),
             true,
         ),
+        18 => ("/v1/chat/completions", chat("train-renamed", false), true),
         _ => match (n / 20) % 4 {
             0 => ("/v1/models", Value::Null, true),
             1 => (
