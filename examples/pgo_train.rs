@@ -33,31 +33,17 @@ const ENV: [(&str, &str); 2] = [
     ("GATEWAY_REDIS_PREFIX", "pgo-train:"),
 ];
 
+/// `pgo_train <gateway binary> [SECONDS] [--redis URL]`
+#[derive(clap::Parser)]
 struct Args {
+    /// The instrumented gateway binary to train.
     gateway: PathBuf,
+    /// Seconds of traffic per phase.
+    #[arg(default_value_t = 20)]
     secs: u64,
+    /// Also train with quota and limits in this Redis.
+    #[arg(long)]
     redis: Option<String>,
-}
-
-fn args() -> Args {
-    let mut it = std::env::args().skip(1);
-    let mut gateway = None;
-    let mut secs = 20;
-    let mut redis = None;
-    while let Some(a) = it.next() {
-        if a == "--redis" {
-            redis = it.next();
-        } else if gateway.is_none() {
-            gateway = Some(PathBuf::from(a));
-        } else {
-            secs = a.parse().expect("SECONDS is a whole number");
-        }
-    }
-    Args {
-        gateway: gateway.expect("usage: pgo_train <gateway binary> [SECONDS] [--redis URL]"),
-        secs,
-        redis,
-    }
 }
 
 /// A throw-away configuration: quota so large it never refuses (every request still reserves
@@ -234,7 +220,7 @@ async fn phase(gateway: &Path, mock: &str, secs: u64, redis: Option<&str>) {
     for t in tasks {
         let _ = t.await;
     }
-    let status = support::interrupt(&mut gw.child);
+    let status = support::stop(&mut gw.child, "-INT");
     let (sent, ok) = (counter.load(Ordering::Relaxed), ok.load(Ordering::Relaxed));
     println!(
         "pgo_train: {} quota: {sent} requests, {ok} answered 2xx; gateway exited {status}",
@@ -258,7 +244,7 @@ async fn phase(gateway: &Path, mock: &str, secs: u64, redis: Option<&str>) {
 
 #[tokio::main]
 async fn main() {
-    let a = args();
+    let a = <Args as clap::Parser>::parse();
     let (mut mock, mock_addr) = support::start_mock(&["--no-record", "--workers", "1"]);
     phase(&a.gateway, &mock_addr, a.secs, None).await;
     if let Some(url) = a.redis.as_deref() {

@@ -285,10 +285,7 @@ upstream_model = "slow"
     tokio::time::sleep(Duration::from_secs(secs / 6)).await;
     println!("soak: SIGTERM to the gateway, then restart");
     let t = Instant::now();
-    let _ = Command::new("kill")
-        .args(["-TERM", &gw.child.id().to_string()])
-        .status();
-    let status = gw.child.wait().expect("wait");
+    let status = support::stop(&mut gw.child, "-TERM");
     println!("soak: gateway exited {status} after {:?}", t.elapsed());
     gw = start_gateway(&config, &log);
     if let Ok(mut a) = api.lock() {
@@ -325,10 +322,7 @@ upstream_model = "slow"
         .json()
         .await
         .expect("json");
-    let _ = Command::new("kill")
-        .args(["-TERM", &gw.child.id().to_string()])
-        .status();
-    let _ = gw.child.wait();
+    support::stop(&mut gw.child, "-TERM");
 
     // Redis: nothing reserved.
     let redis_c = redis::Client::open(format!("redis://127.0.0.1:{REDIS_PORT}")).expect("redis");

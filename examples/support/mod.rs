@@ -111,10 +111,11 @@ pub fn admin(binary: &Path, config: &Path, env: &[(&str, &str)], args: &[&str]) 
     serde_json::from_slice(&out.stdout).expect("json")
 }
 
-/// Asks `child` to stop gracefully (SIGINT, as Ctrl-C) and waits for it.
-pub fn interrupt(child: &mut Child) -> std::process::ExitStatus {
+/// Sends `child` a signal (`"-INT"`, `"-TERM"`: both a graceful stop for the gateway) and
+/// waits for it to exit.
+pub fn stop(child: &mut Child, signal: &str) -> std::process::ExitStatus {
     let _ = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([signal, &child.id().to_string()])
         .status();
     child.wait().expect("wait")
 }
