@@ -312,7 +312,11 @@ async fn streams_chunk_by_chunk() {
     let first = r.chunk().await.unwrap().expect("first chunk");
     let first_at = started.elapsed();
     let mut all = first.to_vec();
+    // Reads that brought an event: the provider paces its five events 150 ms apart, so each
+    // arrives in a read of its own (the relay merges only what has already arrived).
+    let mut event_reads = usize::from(first.windows(5).any(|w| w == b"data:"));
     while let Some(c) = r.chunk().await.unwrap() {
+        event_reads += usize::from(c.windows(5).any(|w| w == b"data:"));
         all.extend_from_slice(&c);
     }
     let total = started.elapsed();
@@ -321,6 +325,7 @@ async fn streams_chunk_by_chunk() {
         first_at + std::time::Duration::from_millis(400) < total,
         "first {first_at:?} total {total:?}"
     );
+    assert!(event_reads >= 5, "{event_reads} reads brought events");
     let text = String::from_utf8(all).unwrap();
     assert!(text.contains("chat.completion.chunk"));
     assert!(text.trim_end().ends_with("data: [DONE]"));
