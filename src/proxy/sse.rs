@@ -72,6 +72,16 @@ pub struct SseParser {
     started: bool,
 }
 
+/// Appends `bytes` as text, invalid UTF-8 replaced by U+FFFD. Valid text (every provider's)
+/// is checked by `str::from_utf8`, which runs a word at a time over ASCII; `from_utf8_lossy`
+/// walks its input byte by byte even when there is nothing to replace.
+fn push_lossy(dst: &mut String, bytes: &[u8]) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => dst.push_str(text),
+        Err(_) => dst.push_str(&String::from_utf8_lossy(bytes)),
+    }
+}
+
 impl SseParser {
     pub fn new() -> Self {
         Self::default()
@@ -105,7 +115,9 @@ impl SseParser {
                     self.dispatch(&mut out);
                 }
             }
-            match rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+            // A line is ~200 bytes of JSON: memchr finds its end a word at a time (a byte
+            // loop here was a third of the stream relay's own time).
+            match memchr::memchr2(b'\n', b'\r', rest) {
                 None => {
                     self.push_line_bytes(rest);
                     rest = &[];
@@ -221,7 +233,7 @@ impl SseParser {
                 if self.has_data {
                     self.data.push('\n');
                 }
-                self.data.push_str(&String::from_utf8_lossy(value));
+                push_lossy(&mut self.data, value);
                 self.has_data = true;
             }
             b"event" => self.event = Some(String::from_utf8_lossy(value).into_owned()),
