@@ -254,25 +254,29 @@ impl Shaper {
                 Body::Whole(Vec::new())
             }
             Crossing::ChatToMessages => Body::Events(
-                SseParser::new(),
+                SseParser::without_raw(),
                 Shape::ChatFromMessages(Box::new(chat_to_messages::StreamTranslator::new(
                     client.model,
                     client.wants_usage,
                 ))),
             ),
             Crossing::MessagesToChat => Body::Events(
-                SseParser::new(),
+                SseParser::without_raw(),
                 Shape::MessagesFromChat(Box::new(messages_to_chat::StreamTranslator::new(
                     client.model,
                 ))),
             ),
-            Crossing::Native if sse => Body::Events(
-                SseParser::new(),
-                Shape::Passthrough {
-                    drop_usage_only: provider_endpoint == Endpoint::ChatCompletions
-                        && !client.wants_usage,
-                },
-            ),
+            Crossing::Native if sse => {
+                let drop_usage_only =
+                    provider_endpoint == Endpoint::ChatCompletions && !client.wants_usage;
+                // Only dropping needs each event's bytes; otherwise the chunks go out as they came.
+                let parser = if drop_usage_only {
+                    SseParser::new()
+                } else {
+                    SseParser::without_raw()
+                };
+                Body::Events(parser, Shape::Passthrough { drop_usage_only })
+            }
             Crossing::Native => Body::Plain {
                 copy: (json && status < 400).then(Vec::new),
             },

@@ -43,7 +43,8 @@ pub struct SseEvent {
     pub event: Option<String>,
     /// The `data:` lines joined by `\n`; empty for comment-only blocks.
     pub data: String,
-    /// The exact bytes of the block, including its terminating blank line.
+    /// The exact bytes of the block, including its terminating blank line; empty from a parser
+    /// made by [`SseParser::without_raw`].
     pub raw: Bytes,
 }
 
@@ -70,7 +71,13 @@ pub struct SseParser {
     /// No line has been completed yet, so a leading BOM is still possible.
     at_stream_start: bool,
     started: bool,
+    /// The caller relays the provider's bytes itself and reads only `event` and `data`.
+    skip_raw: bool,
 }
+
+/// Buffers grown past this are not kept for the next event: one large event must not pin its
+/// size for the rest of a stream.
+const KEPT_CAPACITY: usize = 64 * 1024;
 
 /// Appends `bytes` as text, invalid UTF-8 replaced by U+FFFD. Valid text (every provider's)
 /// is checked by `str::from_utf8`, which runs a word at a time over ASCII; `from_utf8_lossy`
@@ -85,6 +92,15 @@ fn push_lossy(dst: &mut String, bytes: &[u8]) {
 impl SseParser {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A parser whose events carry no `raw` bytes, for callers that relay the chunks as they
+    /// came or write events of their own: a copy of every event saved.
+    pub fn without_raw() -> Self {
+        Self {
+            skip_raw: true,
+            ..Self::default()
+        }
     }
 
     /// Returns the events completed by this chunk. A blank line terminated by
@@ -145,7 +161,10 @@ impl SseParser {
         if !self.discarding && !self.raw.is_empty() {
             self.dispatch(&mut out);
         }
-        *self = Self::default();
+        *self = Self {
+            skip_raw: self.skip_raw,
+            ..Self::default()
+        };
         out.pop()
     }
 
@@ -250,12 +269,28 @@ impl SseParser {
             self.line_start = 0;
             return;
         }
-        let raw = Bytes::from(std::mem::take(&mut self.raw));
+        // Copied out, and the buffers kept: the next event is about as long as this one, and a
+        // buffer taken (left empty) grew again from nothing by doubling, five or six
+        // reallocations an event for each of the two.
+        let raw = if self.skip_raw {
+            Bytes::new()
+        } else {
+            Bytes::copy_from_slice(&self.raw)
+        };
+        let data = self.data.clone();
+        self.raw.clear();
+        self.data.clear();
+        if self.raw.capacity() > KEPT_CAPACITY {
+            self.raw = Vec::new();
+        }
+        if self.data.capacity() > KEPT_CAPACITY {
+            self.data = String::new();
+        }
         self.line_start = 0;
         self.has_data = false;
         out.push(SseEvent {
             event: self.event.take(),
-            data: std::mem::take(&mut self.data),
+            data,
             raw,
         });
     }
@@ -1056,6 +1091,43 @@ data: tail without blank"
             let chunks: Vec<&[u8]> = MIXED.chunks(size).collect();
             assert_eq!(feed_all(&chunks), reference, "chunks of {size}");
         }
+    }
+
+    #[test]
+    fn a_parser_without_raw_reads_the_same_events() {
+        let reference = whole(MIXED);
+        for size in 1..7 {
+            let mut p = SseParser::without_raw();
+            let mut got = Vec::new();
+            for c in MIXED.chunks(size) {
+                got.extend(p.feed(c));
+            }
+            got.extend(p.finish());
+            assert_eq!(got.len(), reference.len(), "chunks of {size}");
+            for (g, r) in got.iter().zip(&reference) {
+                assert_eq!((&g.event, &g.data), (&r.event, &r.data), "chunks of {size}");
+                assert!(g.raw.is_empty());
+            }
+            // `finish` resets the parser but keeps what it was made for.
+            assert!(p.feed(b"data: again\n\n")[0].raw.is_empty());
+        }
+    }
+
+    #[test]
+    fn buffers_are_kept_between_events_unless_large() {
+        let mut p = SseParser::new();
+        let line = format!("data: {}\n\n", "x".repeat(300));
+        assert_eq!(p.feed(line.as_bytes())[0].raw.len(), line.len());
+        // Kept for the next event: it does not grow again from nothing.
+        assert!(p.raw.capacity() >= line.len() && p.data.capacity() >= 300);
+        let big = format!("data: {}\n\n", "y".repeat(KEPT_CAPACITY + 10));
+        let evs = p.feed(big.as_bytes());
+        assert_eq!(evs[0].data.len(), KEPT_CAPACITY + 10);
+        // One large event does not pin its size for the rest of the stream.
+        assert!(p.raw.capacity() <= KEPT_CAPACITY && p.data.capacity() <= KEPT_CAPACITY);
+        let evs = p.feed(line.as_bytes());
+        assert_eq!(&evs[0].raw[..], line.as_bytes());
+        assert_eq!(evs[0].data.len(), 300);
     }
 
     #[test]
