@@ -32,10 +32,11 @@ pub struct AccountState {
     pub reserved_tokens: u64,
     pub reserved_requests: u64,
     held: HashMap<String, Held, FastHash>,
-    /// No reservation in `held` was made before this time (a lower bound, exact after a scan;
-    /// `i64::MAX` when nothing is held). `prune` looks for stale reservations only once the
-    /// oldest could be stale: scanning them all on every request made each request's cost grow
-    /// with the account's requests in flight (64 entries walked per request at 64 connections).
+    /// No reservation in `held` was made before this time: a lower bound, lowered by each new
+    /// reservation, left as it is when one settles, made exact by each scan (`i64::MAX` while
+    /// nothing is held). `prune` looks for stale reservations only once the oldest could be
+    /// stale: scanning them all on every request made each request's cost grow with the
+    /// account's requests in flight (64 entries walked per request at 64 connections).
     held_since: i64,
 }
 
