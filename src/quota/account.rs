@@ -81,21 +81,20 @@ impl AccountState {
         if self.held.is_empty() || now.saturating_sub(self.held_since) <= timeout_ms {
             return 0;
         }
-        let stale: Vec<String> = self
-            .held
-            .iter()
-            .filter(|(_, h)| now - h.at_ms > timeout_ms)
-            .map(|(id, _)| id.clone())
-            .collect();
+        // One pass: the stale ones, and when the oldest of the others was made.
+        let mut stale = Vec::new();
+        let mut oldest_kept = i64::MAX;
+        for (id, h) in &self.held {
+            if now - h.at_ms > timeout_ms {
+                stale.push(id.clone());
+            } else {
+                oldest_kept = oldest_kept.min(h.at_ms);
+            }
+        }
         for id in &stale {
             self.release(id);
         }
-        self.held_since = self
-            .held
-            .values()
-            .map(|h| h.at_ms)
-            .min()
-            .unwrap_or(i64::MAX);
+        self.held_since = oldest_kept;
         stale.len()
     }
 
