@@ -17,6 +17,7 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -100,12 +101,34 @@ fn move_here(stream: Stream, write_buffer: usize) -> Stream {
     // Dropping the original deregisters it from the accepting reactor and closes its
     // descriptor; the connection lives on in the duplicate.
     drop(stream);
-    Box::new(Moved(BufWriter::with_capacity(write_buffer, moved)))
+    Box::new(Moved(
+        BufWriter::with_capacity(write_buffer, moved),
+        AtomicBool::new(false),
+    ))
 }
 
-/// A moved connection: Pingora's TCP stream behind a write buffer.
+/// Keeps what the next flush of `stream` would send in its write buffer, to go out with the
+/// flush after it; false (and nothing changed) for a stream that is not a moved connection.
+///
+/// Why: Pingora flushes every chunk of a chunked answer, then writes the terminating
+/// `0\r\n\r\n` and flushes again. When a stream's last events and its end arrive together,
+/// that was two sends, each a loopback transmit and a wake-up of the client, for bytes that
+/// are ready at once. Held, they leave in one. Only for a write that a flush follows at once
+/// (the answer's end): nothing waits on the network in between.
+pub fn hold_next_flush(stream: &Stream) -> bool {
+    match stream.as_any().downcast_ref::<Moved>() {
+        Some(moved) => {
+            moved.1.store(true, Ordering::Relaxed);
+            true
+        }
+        None => false,
+    }
+}
+
+/// A moved connection: Pingora's TCP stream behind a write buffer, and whether the next flush
+/// is held ([`hold_next_flush`]).
 #[derive(Debug)]
-struct Moved(BufWriter<TcpStream>);
+struct Moved(BufWriter<TcpStream>, AtomicBool);
 
 impl AsyncRead for Moved {
     fn poll_read(
@@ -139,6 +162,9 @@ impl AsyncWrite for Moved {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.1.swap(false, Ordering::Relaxed) {
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.0).poll_flush(cx)
     }
 
@@ -260,6 +286,49 @@ mod tests {
             client.set_nonblocking(false).expect("client blocking");
             client.read_exact(&mut got).expect("client read");
             assert_eq!(&got, b"pong");
+        });
+    }
+
+    /// A held flush keeps the bytes buffered, once: the flush after it sends them together with
+    /// what was written in between. A stream that was not moved cannot be held.
+    #[test]
+    fn a_held_flush_sends_with_the_next_one() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let mut client =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (socket, _) = listener.accept().expect("accept");
+        socket.set_nonblocking(true).expect("non-blocking");
+
+        runtime().block_on(async move {
+            let accepted: Stream = Box::new(TcpStream::from(
+                tokio::net::TcpStream::from_std(socket).expect("register"),
+            ));
+            assert!(!hold_next_flush(&accepted), "a stream not moved was held");
+            let mut moved = move_here(accepted, 16 * 1024);
+
+            assert!(hold_next_flush(&moved));
+            moved.write_all(b"last events;").await.expect("write");
+            moved.flush().await.expect("held flush");
+            client.set_nonblocking(true).expect("client non-blocking");
+            let mut got = [0u8; 17];
+            assert_eq!(
+                client.read(&mut got).map_err(|e| e.kind()),
+                Err(std::io::ErrorKind::WouldBlock),
+                "a held flush sent its bytes"
+            );
+
+            moved.write_all(b"0\r\n\r\n").await.expect("write the end");
+            moved.flush().await.expect("flush");
+            client.set_nonblocking(false).expect("client blocking");
+            client.read_exact(&mut got).expect("client read");
+            assert_eq!(&got, b"last events;0\r\n\r\n");
+
+            // Held once only: the next flush sends.
+            moved.write_all(b"more").await.expect("write");
+            moved.flush().await.expect("flush");
+            let mut more = [0u8; 4];
+            client.read_exact(&mut more).expect("client read");
+            assert_eq!(&more, b"more");
         });
     }
 }

@@ -339,6 +339,15 @@ fn coalesce(
     (merged.map_or(out, BytesMut::freeze), after)
 }
 
+/// The next write is the last before the chunked answer's terminator, which `forward` writes
+/// without waiting on anything else: its bytes wait in the client's write buffer and leave with
+/// the terminator, one send instead of two ([`crate::affinity::hold_next_flush`]).
+fn end_follows(session: &Session) {
+    if let Some(stream) = session.as_downstream().stream() {
+        crate::affinity::hold_next_flush(stream);
+    }
+}
+
 /// The provider's `content-length`, when its body is length-delimited (not chunked).
 fn relayed_length(ex: &Exchange) -> Option<usize> {
     let h = ex.header()?;
@@ -428,6 +437,9 @@ pub async fn forward(
                 if !out.is_empty() {
                     flight.output_started = true;
                     let sent = out.len();
+                    if matches!(after, After::End) && owed.is_none() {
+                        end_follows(session);
+                    }
                     if session.write_response_body(Some(out), false).await.is_err() {
                         break Reason::ClientDisconnect;
                     }
@@ -476,6 +488,9 @@ pub async fn forward(
     } else if !shaper.holds_header() {
         let tail = shaper.end(reason, flight.tracker.as_mut());
         if client_here && !tail.is_empty() {
+            if reason == Reason::Complete {
+                end_follows(session);
+            }
             let _ = session.write_response_body(Some(tail), false).await;
         }
     }
