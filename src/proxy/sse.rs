@@ -376,18 +376,25 @@ pub struct StreamUsageTracker {
     error: Option<String>,
     delivered: String,
     delivered_truncated: bool,
-    /// Chat chunks not read yet (see [`Self::observe`]), in arrival order.
-    deferred: Vec<String>,
-    deferred_bytes: usize,
+    /// The `data` of the chat chunks not read yet (see [`Self::observe`]), back to back in
+    /// arrival order: one buffer, not a string allocated for each chunk.
+    deferred: String,
+    /// Where each kept chunk ends in `deferred`.
+    deferred_ends: Vec<usize>,
     /// While set, text is not collected (a chunk read early for its usage).
     quiet: bool,
 }
+
+/// The search [`carries_usage`] runs over every chat chunk, built once (`str::find` sets up a
+/// Two-Way searcher on each call and has no vector fast path).
+static USAGE_KEY: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
 
 /// Whether a chat chunk may carry a usage object: a `"usage"` key with anything but `null`.
 /// Errs towards yes (the chunk is then read at once).
 fn carries_usage(data: &str) -> bool {
     let mut rest = data;
-    while let Some(at) = rest.find("\"usage\"") {
+    while let Some(at) = USAGE_KEY.find(rest.as_bytes()) {
         rest = &rest[at + 7..];
         match rest.trim_start().strip_prefix(':') {
             Some(value) if value.trim_start().starts_with("null") => continue,
@@ -411,8 +418,8 @@ impl StreamUsageTracker {
             error: None,
             delivered: String::new(),
             delivered_truncated: false,
-            deferred: Vec::new(),
-            deferred_bytes: 0,
+            deferred: String::new(),
+            deferred_ends: Vec::new(),
             quiet: false,
         }
     }
@@ -445,9 +452,9 @@ impl StreamUsageTracker {
             EventVerdict::Forward
         };
         if !self.delivered_truncated {
-            self.deferred_bytes += ev.data.len();
-            self.deferred.push(ev.data.clone());
-            if self.deferred_bytes > MAX_DEFERRED_BYTES {
+            self.deferred.push_str(&ev.data);
+            self.deferred_ends.push(self.deferred.len());
+            if self.deferred.len() > MAX_DEFERRED_BYTES {
                 self.catch_up();
             }
         }
@@ -456,10 +463,13 @@ impl StreamUsageTracker {
 
     /// Reads the chunks [`Self::observe`] kept, in order.
     fn catch_up(&mut self) {
-        for data in std::mem::take(&mut self.deferred) {
-            self.observe_now(None, &data);
+        let text = std::mem::take(&mut self.deferred);
+        let mut start = 0;
+        for end in std::mem::take(&mut self.deferred_ends) {
+            // Each end was the buffer's length after a whole `&str`: a character boundary.
+            self.observe_now(None, &text[start..end]);
+            start = end;
         }
-        self.deferred_bytes = 0;
     }
 
     fn observe_now(&mut self, event: Option<&str>, data: &str) -> EventVerdict {
@@ -1628,6 +1638,31 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
         }
         assert!(t.delivered_text().len() <= MAX_DELIVERED_TEXT_BYTES);
         assert!(t.delivered_text().len() > MAX_DELIVERED_TEXT_BYTES - 4);
+        assert!(t.delivered_text_truncated());
+    }
+
+    /// Chat chunks kept unread past the cap are read then, in order, and the ones after them
+    /// are kept again: the delivered text is the chunks' text in stream order, multi-byte
+    /// characters whole, up to the cap.
+    #[test]
+    fn chat_chunks_kept_past_the_cap_are_read_in_order() {
+        let mut t = StreamUsageTracker::new(StreamKind::OpenAiChat);
+        let mut expected = String::new();
+        for i in 0..12 {
+            let piece = format!("<{i}>{}", "é".repeat(200_000)); // ~400 KB a chunk
+            let data = serde_json::json!({"choices": [{"index": 0, "delta": {"content": piece}}]})
+                .to_string();
+            assert_eq!(t.observe(&ev(None, &data)), EventVerdict::Forward);
+            expected.push_str(&piece);
+        }
+        let got = t.delivered_text().to_string();
+        assert!(got.len() <= MAX_DELIVERED_TEXT_BYTES && got.len() > MAX_DELIVERED_TEXT_BYTES - 4);
+        assert!(expected.starts_with(&got), "the text is out of order");
+        assert!(
+            got.contains("<9>") && !got.contains("<11>"),
+            "{}",
+            got.len()
+        );
         assert!(t.delivered_text_truncated());
     }
 
