@@ -243,17 +243,24 @@ mod tests {
             .expect("runtime")
     }
 
+    /// A connected pair on loopback: the client's end, and the accepted end, non-blocking as
+    /// Pingora's listener leaves it.
+    fn connected() -> (std::net::TcpStream, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let client =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (socket, _) = listener.accept().expect("accept");
+        socket.set_nonblocking(true).expect("non-blocking");
+        (client, socket)
+    }
+
     /// A connection accepted on one runtime and moved on another keeps working after the first
     /// runtime is gone, because it is registered with the second one's reactor (left where it
     /// was accepted, its I/O fails once that reactor has shut down). Its writes wait in the
     /// buffer until flushed, as with Pingora's own buffered stream.
     #[test]
     fn a_moved_connection_lives_on_the_serving_runtime() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let mut client =
-            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
-        let (socket, _) = listener.accept().expect("accept");
-        socket.set_nonblocking(true).expect("non-blocking");
+        let (mut client, socket) = connected();
 
         let accepting = runtime();
         let accepted: Stream = accepting.block_on(async {
@@ -293,11 +300,7 @@ mod tests {
     /// what was written in between. A stream that was not moved cannot be held.
     #[test]
     fn a_held_flush_sends_with_the_next_one() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let mut client =
-            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
-        let (socket, _) = listener.accept().expect("accept");
-        socket.set_nonblocking(true).expect("non-blocking");
+        let (mut client, socket) = connected();
 
         runtime().block_on(async move {
             let accepted: Stream = Box::new(TcpStream::from(
