@@ -33,8 +33,9 @@ pub struct AccountState {
     pub reserved_requests: u64,
     held: HashMap<String, Held, FastHash>,
     /// No reservation in `held` was made before this time: a lower bound, lowered by each new
-    /// reservation, left as it is when one settles, made exact by each scan (`i64::MAX` while
-    /// nothing is held). `prune` looks for stale reservations only once the oldest could be
+    /// reservation, left as it is when one settles, made exact by each scan (`i64::MAX` until
+    /// the first reservation; once the last one settles it keeps its old value, still a valid
+    /// bound). `prune` looks for stale reservations only once the oldest could be
     /// stale: scanning them all on every request made each request's cost grow with the
     /// account's requests in flight (64 entries walked per request at 64 connections).
     held_since: i64,
