@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{json, Value};
@@ -645,6 +645,64 @@ upstream_model = "midstream-error"
         "{events:?}"
     );
     assert!(events[0]["output_tokens"].as_i64().unwrap() >= 1);
+}
+
+/// The provider's idle timeout holds between a stream's events, also after the relay has read
+/// what was already buffered without it (`Exchange::ready_chunk`): a provider that goes quiet
+/// mid-stream ends the stream with an upstream error after about the idle timeout, not when
+/// it speaks again.
+#[tokio::test]
+async fn a_provider_quiet_mid_stream_times_out() {
+    let mock = Mock::start(&["--chunks", "6", "--chunk-delay-ms", "1500"]);
+    let extra = format!(
+        r#"
+[[providers]]
+name = "mock-quiet"
+style = "openai"
+base_url = "{}"
+api_key_env = "MOCK_OPENAI_KEY"
+first_byte_timeout_ms = 10000
+idle_timeout_ms = 200
+
+[[models]]
+id = "quiet-gpt"
+provider = "mock-quiet"
+"#,
+        mock.url()
+    );
+    let gw = Gateway::start(
+        &mock,
+        Options {
+            extra_toml: extra,
+            ..Options::default()
+        },
+    );
+    let key = gw.user_with_key("quiet@example.com", &[]);
+    let mut s = chat("quiet-gpt");
+    s["stream"] = json!(true);
+    let started = Instant::now();
+    let resp = post(&gw, "/v1/chat/completions", &key, s).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap_or_default();
+    let took = started.elapsed();
+    assert!(text.contains("data: {"), "the first event arrives: {text}");
+    assert!(
+        text.contains("upstream_error"),
+        "the client sees the timeout: {text}"
+    );
+    // The mock's second event would come 1.5 s after its first.
+    assert!(
+        took < Duration::from_millis(1300),
+        "ended after the idle timeout, not the provider's pause: {took:?}"
+    );
+    let events = gw.wait_usage(1).await;
+    assert!(
+        events[0]["settlement"]
+            .as_str()
+            .unwrap()
+            .ends_with("upstream_error"),
+        "{events:?}"
+    );
 }
 
 #[tokio::test]

@@ -10,7 +10,6 @@
 use std::borrow::Cow;
 
 use bytes::{Bytes, BytesMut};
-use futures::FutureExt;
 use http::HeaderName;
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
@@ -316,7 +315,7 @@ fn coalesce(
     let mut merged: Option<BytesMut> = None;
     let mut after = After::Open;
     while merged.as_ref().map_or(out.len(), BytesMut::len) < COALESCE_LIMIT {
-        match tokio::task::unconstrained(ex.next_chunk()).now_or_never() {
+        match ex.ready_chunk() {
             None => break,
             Some(Ok(Some(more))) => {
                 let shaped = shaper.feed(more, tracker.as_deref_mut());

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use dashmap::DashMap;
+use futures::FutureExt;
 use pingora_core::connectors::TransportConnector;
 use pingora_core::protocols::http::v1::client::HttpSession;
 use pingora_core::protocols::Stream;
@@ -310,6 +311,20 @@ impl Exchange {
                 UpstreamError::Io(e.to_string())
             }
         })
+    }
+
+    /// The next body chunk if it has already arrived; `None` when a read would wait.
+    ///
+    /// Such a read cannot wait, so it runs without the idle timeout: Pingora builds its read
+    /// timeout around every body read, which reads the clock, and registers a timer when the
+    /// read finds nothing. A stream's events arrive as one chunk each, so the relay's reads of
+    /// what is already buffered (`forward::coalesce`) paid that for every event; the waiting
+    /// read that follows (`next_chunk`) keeps the timeout.
+    pub fn ready_chunk(&mut self) -> Option<Result<Option<Bytes>, UpstreamError>> {
+        let idle = self.session.read_timeout.take();
+        let read = tokio::task::unconstrained(self.next_chunk()).now_or_never();
+        self.session.read_timeout = idle;
+        read
     }
 
     /// Reads the whole body, bounded by `limit` bytes (provider error bodies, small JSON).
