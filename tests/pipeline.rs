@@ -595,6 +595,12 @@ async fn disconnect_and_cut_streams_still_settle() {
     );
 }
 
+/// The first usage event's settlement reason ends with `reason`.
+fn assert_first_settled_as(events: &[Value], reason: &str) {
+    let settlement = events[0]["settlement"].as_str().unwrap_or_default();
+    assert!(settlement.ends_with(reason), "{events:?}");
+}
+
 #[tokio::test]
 async fn provider_cut_and_midstream_errors() {
     let mock = Mock::start(&["--chunks", "6"]);
@@ -637,13 +643,7 @@ upstream_model = "midstream-error"
         .unwrap_or_default();
     assert!(text.contains("overloaded"), "{text}");
     let events = gw.wait_usage(2).await;
-    assert!(
-        events[0]["settlement"]
-            .as_str()
-            .unwrap()
-            .ends_with("upstream_error"),
-        "{events:?}"
-    );
+    assert_first_settled_as(&events, "upstream_error");
     assert!(events[0]["output_tokens"].as_i64().unwrap() >= 1);
 }
 
@@ -696,13 +696,7 @@ provider = "mock-quiet"
         "ended after the idle timeout, not the provider's pause: {took:?}"
     );
     let events = gw.wait_usage(1).await;
-    assert!(
-        events[0]["settlement"]
-            .as_str()
-            .unwrap()
-            .ends_with("upstream_error"),
-        "{events:?}"
-    );
+    assert_first_settled_as(&events, "upstream_error");
 }
 
 #[tokio::test]
