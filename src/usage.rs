@@ -153,12 +153,21 @@ async fn write_all(db: &Db, buf: &mut Vec<UsageEvent>, written: &AtomicU64) {
             }
         }
     }
-    let mut last_used: HashMap<String, i64> = HashMap::new();
+    // Keyed by the events' own ids: a batch holds thousands of events of a few keys, and a
+    // copied id per event was an allocation and a free on this thread for each.
+    let mut last_used: HashMap<&str, i64> = HashMap::new();
     for e in buf.iter() {
-        let at = last_used.entry(e.key_id.clone()).or_insert(e.created_at);
-        *at = (*at).max(e.created_at);
+        match last_used.get_mut(e.key_id.as_str()) {
+            Some(at) => *at = (*at).max(e.created_at),
+            None => {
+                last_used.insert(&e.key_id, e.created_at);
+            }
+        }
     }
-    let uses: Vec<(String, i64)> = last_used.into_iter().collect();
+    let uses: Vec<(String, i64)> = last_used
+        .into_iter()
+        .map(|(key, at)| (key.to_owned(), at))
+        .collect();
     if let Err(e) = db.keys().touch_last_used(&uses).await {
         log::warn!("lastUsedAt update failed: {e}");
     }
