@@ -18,6 +18,7 @@ the median-throughput repetition is used, as bench_report.py does.
 import argparse
 import json
 import os
+import sys
 
 import matplotlib
 
@@ -52,6 +53,10 @@ def main():
     for r in rows:
         cells.setdefault((r["target"], r["mode"], r["conns"]), []).append(r)
     best = {k: median_rep(v) for k, v in cells.items()}
+    if not best:
+        # A run of open (rate) cells only: the plot draws the closed-loop cells.
+        print("bench_plot: no closed-loop cells to plot", file=sys.stderr)
+        return
     targets = [t for t in ORDER if any(k[0] == t for k in best)]
     targets += sorted({k[0] for k in best} - set(targets))
     columns = sorted({(k[1], k[2]) for k in best}, key=lambda c: (c[0] != "nonstream", c[1]))
