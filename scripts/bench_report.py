@@ -157,7 +157,9 @@ def targets(cells, sse_by, gw):
             g = cells[k]
             a50 = g["lat_p50_ms"] - d["lat_p50_ms"]
             a99 = g["lat_p99_ms"] - d["lat_p99_ms"]
-            where = f"{mode} c{conns} @{rate}/s (open)"
+            # A target that cannot keep up serves less than offered, and the cell is then a
+            # queue again: the line says what was served.
+            where = f"{mode} c{conns} @{rate}/s (open; served {g['rps']:,.0f} req/s)"
             lines.append(f"- added p50 < {MAX_ADDED_P50_MS} ms vs direct, {where}: "
                          f"{a50:+.3f} ms — {mark(a50 < MAX_ADDED_P50_MS)}")
             lines.append(f"- added p99 < {MAX_ADDED_P99_MS} ms vs direct, {where}: "
@@ -238,8 +240,9 @@ def main():
           "and the proxy share the 2 cores, throughput reflects CPU per request (column 'CPU "
           "µs/req', the proxy's process tree), and the median latency is about N ÷ throughput. "
           "A cell 'N @R/s' is open: N connections offer R requests a second between them "
-          "(exponential think time), below every target's capacity, so its Δ is the latency "
-          "the proxy adds to a request rather than the queue a saturated machine builds.")
+          "(exponential think time). Where a target serves about R, it kept up, and its Δ is "
+          "the latency the proxy adds to a request rather than the queue a saturated machine "
+          "builds; where it serves clearly less, it was at its limit.")
     print()
     sse_by = {}
     if sse:
