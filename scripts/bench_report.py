@@ -138,32 +138,29 @@ def targets(cells, sse_by, gw):
             lines.append(f"- throughput ≥ {MIN_RATIO_VS_NGINX:.0%} of nginx, {mode} c{conns}: "
                          f"{ratio:.0%} ({cells[k]['rps']:,.0f} vs {n['rps']:,.0f} req/s) — "
                          f"{mark(ratio >= MIN_RATIO_VS_NGINX)}")
+    def added_latency(g, d, where):
+        a50 = g["lat_p50_ms"] - d["lat_p50_ms"]
+        a99 = g["lat_p99_ms"] - d["lat_p99_ms"]
+        lines.append(f"- added p50 < {MAX_ADDED_P50_MS} ms vs direct, {where}: "
+                     f"{a50:+.3f} ms — {mark(a50 < MAX_ADDED_P50_MS)}")
+        lines.append(f"- added p99 < {MAX_ADDED_P99_MS} ms vs direct, {where}: "
+                     f"{a99:+.3f} ms — {mark(a99 < MAX_ADDED_P99_MS)}")
+
     for mode in ("nonstream", "stream"):
         g = cells.get((gw, mode, TARGET_CONNS, 0))
         d = cells.get(("direct", mode, TARGET_CONNS, 0))
         if g and d:
-            a50 = g["lat_p50_ms"] - d["lat_p50_ms"]
-            a99 = g["lat_p99_ms"] - d["lat_p99_ms"]
-            lines.append(f"- added p50 < {MAX_ADDED_P50_MS} ms vs direct, {mode} c{TARGET_CONNS}: "
-                         f"{a50:+.3f} ms — {mark(a50 < MAX_ADDED_P50_MS)}")
-            lines.append(f"- added p99 < {MAX_ADDED_P99_MS} ms vs direct, {mode} c{TARGET_CONNS}: "
-                         f"{a99:+.3f} ms — {mark(a99 < MAX_ADDED_P99_MS)}")
-    # The same latency targets below saturation: open cells at the target's connection count.
+            added_latency(g, d, f"{mode} c{TARGET_CONNS}")
+    # The same targets below saturation: open cells at the target's connection count. A target
+    # that cannot keep up serves less than offered, and the cell is then a queue again: the
+    # line says what was served.
     for k in sorted((k for k in cells if k[0] == gw and k[3] and k[2] == TARGET_CONNS),
                     key=lambda k: (k[1], k[3])):
         _, mode, conns, rate = k
         d = cells.get(("direct", mode, conns, rate))
         if d:
-            g = cells[k]
-            a50 = g["lat_p50_ms"] - d["lat_p50_ms"]
-            a99 = g["lat_p99_ms"] - d["lat_p99_ms"]
-            # A target that cannot keep up serves less than offered, and the cell is then a
-            # queue again: the line says what was served.
-            where = f"{mode} c{conns} @{rate}/s (open; served {g['rps']:,.0f} req/s)"
-            lines.append(f"- added p50 < {MAX_ADDED_P50_MS} ms vs direct, {where}: "
-                         f"{a50:+.3f} ms — {mark(a50 < MAX_ADDED_P50_MS)}")
-            lines.append(f"- added p99 < {MAX_ADDED_P99_MS} ms vs direct, {where}: "
-                         f"{a99:+.3f} ms — {mark(a99 < MAX_ADDED_P99_MS)}")
+            added_latency(cells[k], d,
+                          f"{mode} c{conns} @{rate}/s (open; served {cells[k]['rps']:,.0f} req/s)")
     for (t, cond), s in sorted(sse_by.items()):
         d = sse_by.get(("direct", cond))
         if t == gw and d:

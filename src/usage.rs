@@ -157,12 +157,8 @@ async fn write_all(db: &Db, buf: &mut Vec<UsageEvent>, written: &AtomicU64) {
     // copied id per event was an allocation and a free on this thread for each.
     let mut last_used: HashMap<&str, i64> = HashMap::new();
     for e in buf.iter() {
-        match last_used.get_mut(e.key_id.as_str()) {
-            Some(at) => *at = (*at).max(e.created_at),
-            None => {
-                last_used.insert(&e.key_id, e.created_at);
-            }
-        }
+        let at = last_used.entry(&e.key_id).or_insert(e.created_at);
+        *at = (*at).max(e.created_at);
     }
     let uses: Vec<(String, i64)> = last_used
         .into_iter()
