@@ -766,8 +766,14 @@ async fn usage_rollup_equals_raw_events() {
         }
         t += 7 * 60_000 + 1_234;
     }
-    for chunk in events.chunks(97) {
-        db.usage().insert_batch(chunk).await.expect("insert");
+    // Overlapping batches, as a retry after a lost commit answer sends them: each repeats the
+    // previous batch's last 13 events, which are written and counted once.
+    let mut start = 0;
+    while start < events.len() {
+        let end = (start + 97).min(events.len());
+        let batch = &events[start.saturating_sub(13)..end];
+        db.usage().insert_batch(batch).await.expect("insert");
+        start = end;
     }
     // A retried batch counts once.
     db.usage().insert_batch(&events[..50]).await.expect("retry");
@@ -1089,6 +1095,115 @@ async fn private_beta_closes_on_reload() {
 }
 
 /// Runs SQL against the gateway's database.
+/// Usage events written before migration 0008 (keyed by id, with a separate account-and-time
+/// index) come through its rebuild whole: the account's count, its newest events in order, and a
+/// retried batch that repeats them is still written once.
+#[tokio::test]
+async fn usage_events_survive_the_move_to_the_account_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = database_url(dir.path());
+    let _drop = DropDatabase(url.clone());
+    sqlx::any::install_default_drivers();
+    let old = if url.starts_with("sqlite:") {
+        format!("{url}?mode=rwc")
+    } else {
+        url.clone()
+    };
+    let pool = sqlx::AnyPool::connect(&old).await.expect("connect");
+    let mut migrator = if url.starts_with("sqlite:") {
+        sqlx::migrate!("migrations/sqlite")
+    } else {
+        sqlx::migrate!("migrations/postgres")
+    };
+    let before: Vec<_> = migrator
+        .migrations
+        .iter()
+        .filter(|m| m.version < 8)
+        .cloned()
+        .collect();
+    assert_eq!(before.len() + 1, migrator.migrations.len(), "all but 0008");
+    migrator.migrations = before.into();
+    migrator.run(&pool).await.expect("migrations before 0008");
+
+    let t = now_ms() - 60_000;
+    let stored = [
+        ("evt_0000000A", "usr_migrateA", t),
+        ("evt_0000000B", "usr_migrateA", t + 5),
+        ("evt_0000000C", "usr_migrateB", t + 1),
+        ("evt_0000000D", "usr_migrateA", t + 5),
+    ];
+    for (id, user, at) in stored {
+        sqlx::query(
+            "INSERT INTO usage_events (id, user_id, key_id, model, endpoint, input_tokens, \
+             output_tokens, total_tokens, cached_tokens, status, latency_ms, settlement, \
+             created_at) VALUES ($1, $2, 'key_m', 'alpha', '/v1/chat/completions', 3, 2, 5, 0, \
+             200, 4, 'provider', $3)",
+        )
+        .bind(id)
+        .bind(user)
+        .bind(at)
+        .execute(&pool)
+        .await
+        .expect("old-layout event");
+    }
+    pool.close().await;
+
+    let db = gateway::storage::Db::connect(&url)
+        .await
+        .expect("migrate to 0008");
+    let usage = db.usage();
+    assert_eq!(
+        usage.count_for_user("usr_migrateA").await.expect("count"),
+        3
+    );
+    assert_eq!(
+        usage.count_for_user("usr_migrateB").await.expect("count"),
+        1
+    );
+    let report = usage
+        .report("usr_migrateA", t - 1, now_ms(), 10)
+        .await
+        .expect("report");
+    let recent: Vec<&str> = report.recent.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(recent.len(), 3, "{recent:?}");
+    assert_eq!(recent[2], "evt_0000000A", "newest first: {recent:?}");
+
+    // The stored events again (as a retry sends them) with one new one: only the new one is
+    // written.
+    let event = |id: &str, user: &str, at: i64| UsageEvent {
+        id: id.into(),
+        user_id: user.into(),
+        key_id: "key_m".into(),
+        model: "alpha".into(),
+        endpoint: "/v1/chat/completions",
+        input_tokens: 3,
+        output_tokens: 2,
+        status: 200,
+        latency_ms: 4,
+        settlement: "provider",
+        created_at: at,
+        ..UsageEvent::default()
+    };
+    let mut retry: Vec<UsageEvent> = stored
+        .iter()
+        .map(|&(id, user, at)| event(id, user, at))
+        .collect();
+    retry.push(event("evt_0000000E", "usr_migrateA", t + 9));
+    usage
+        .insert_batch(&retry)
+        .await
+        .expect("retry with a new event");
+    assert_eq!(
+        usage.count_for_user("usr_migrateA").await.expect("count"),
+        4
+    );
+    assert_eq!(
+        usage.count_for_user("usr_migrateB").await.expect("count"),
+        1
+    );
+    db.pool.close().await;
+}
+
 async fn exec(gw: &Gateway, sql: &str) {
     let db = gw.db().await;
     sqlx::raw_sql(sql)

@@ -242,7 +242,7 @@ fn build_insert_sql(backend: Backend, rows: usize) -> String {
         push_placeholders(&mut sql, backend, row * EVENT_COLUMNS, EVENT_COLUMNS);
         sql.push(')');
     }
-    sql.push_str(" ON CONFLICT (id) DO NOTHING");
+    sql.push_str(" ON CONFLICT (user_id, created_at, id) DO NOTHING");
     sql
 }
 
@@ -341,16 +341,31 @@ impl UsageStore<'_> {
         Ok(())
     }
 
-    /// Which of these events' ids are stored already.
+    /// Which of these events' ids are stored already. Looked up by the table's key (account,
+    /// time, id), one equality group per event: SQLite reads a row-value `IN` list by scanning
+    /// the table, and it searches the key for each term of an `OR`.
     async fn stored_ids(&self, events: &[UsageEvent]) -> StoreResult<HashSet<String>> {
         let mut stored = HashSet::new();
         for chunk in statement_sized(events) {
-            let mut sql = String::from("SELECT id FROM usage_events WHERE id IN (");
-            push_placeholders(&mut sql, self.db.backend, 0, chunk.len());
-            sql.push(')');
+            let mut sql = String::from("SELECT id FROM usage_events WHERE ");
+            for n in 0..chunk.len() {
+                if n > 0 {
+                    sql.push_str(" OR ");
+                }
+                sql.push_str("(user_id = ");
+                push_placeholders(&mut sql, self.db.backend, n * 3, 1);
+                sql.push_str(" AND created_at = ");
+                push_placeholders(&mut sql, self.db.backend, n * 3 + 1, 1);
+                sql.push_str(" AND id = ");
+                push_placeholders(&mut sql, self.db.backend, n * 3 + 2, 1);
+                sql.push(')');
+            }
             let mut q = sqlx::query(&sql);
             for e in chunk {
-                q = q.bind(&e.id);
+                q = q
+                    .bind(e.user_id.as_str())
+                    .bind(e.created_at)
+                    .bind(e.id.as_str());
             }
             for row in q.fetch_all(&self.db.pool).await? {
                 stored.insert(row.try_get::<String, _>("id")?);
@@ -364,8 +379,8 @@ impl UsageStore<'_> {
     /// Whole hours come from the rollup. The window's first hour is usually cut by `from`; its
     /// part is taken from the raw events of whichever side of the cut is shorter (added when
     /// the rollup starts after the cut, subtracted when it starts before), so at most half an
-    /// hour of events is ever read one by one. The newest events walk the
-    /// `(user_id, created_at)` index backwards and stop at the limit.
+    /// hour of events is ever read one by one. The newest events walk the table's key
+    /// (`user_id, created_at, id`) backwards and stop at the limit.
     pub async fn report(
         &self,
         user_id: &str,

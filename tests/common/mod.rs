@@ -116,6 +116,34 @@ pub fn database_url(dir: &Path) -> String {
     }
 }
 
+/// Drops a Postgres database that [`database_url`] created (nothing to do for SQLite, whose file
+/// goes with its temporary directory).
+pub fn drop_test_database(url: &str) {
+    if !url.starts_with("postgres") {
+        return;
+    }
+    if let Some((base, name)) = url.rsplit_once('/') {
+        let admin = format!("{base}/test");
+        let _ = Command::new("psql")
+            .args([
+                &admin,
+                "-q",
+                "-c",
+                &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            ])
+            .output();
+    }
+}
+
+/// Drops its Postgres database when it goes out of scope, also when a test panics.
+pub struct DropDatabase(pub String);
+
+impl Drop for DropDatabase {
+    fn drop(&mut self) {
+        drop_test_database(&self.0);
+    }
+}
+
 /// Creates a fresh database on the local server and returns its URL.
 fn postgres_database() -> String {
     let admin = std::env::var("GATEWAY_TEST_PG_ADMIN")
@@ -522,18 +550,8 @@ impl Drop for Gateway {
                 eprintln!("{line}");
             }
         }
-        if self.owns_database && self.database_url.starts_with("postgres") {
-            if let Some((base, name)) = self.database_url.rsplit_once('/') {
-                let admin = format!("{base}/test");
-                let _ = Command::new("psql")
-                    .args([
-                        &admin,
-                        "-q",
-                        "-c",
-                        &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-                    ])
-                    .output();
-            }
+        if self.owns_database {
+            drop_test_database(&self.database_url);
         }
     }
 }
