@@ -84,9 +84,10 @@ pub fn new_id(prefix: &str) -> String {
 }
 
 /// Like [`new_id`], but the first 8 of the 20 characters are the creation time (base62 ms, in
-/// the alphabet's ASCII order, so ids sort by time) and 12 are random (~71 bits). For rows
-/// written at a high rate (usage events): inserts land at the right edge of the primary-key
-/// index instead of a random leaf, so a batch dirties a few pages instead of one per row.
+/// the alphabet's ASCII order, so ids sort by time) and 12 are random (~71 bits). Usage events
+/// get these, so their ids sort like the events. (Until migration 0008 the usage table was
+/// keyed by id alone, and this put each batch at the table's right edge; it is now keyed by
+/// account and time, and the id only breaks ties.)
 pub fn new_time_ordered_id(prefix: &str) -> String {
     let mut ms = now_ms().max(0) as u64;
     let mut stamp = [b'0'; 8];

@@ -1094,7 +1094,6 @@ async fn private_beta_closes_on_reload() {
     assert_eq!((s, c.as_str()), (403, "private_beta_only"));
 }
 
-/// Runs SQL against the gateway's database.
 /// Usage events written before migration 0008 (keyed by id, with a separate account-and-time
 /// index) come through its rebuild whole: the account's count, its newest events in order, and a
 /// retried batch that repeats them is still written once.
@@ -1204,6 +1203,7 @@ async fn usage_events_survive_the_move_to_the_account_key() {
     db.pool.close().await;
 }
 
+/// Runs SQL against the gateway's database.
 async fn exec(gw: &Gateway, sql: &str) {
     let db = gw.db().await;
     sqlx::raw_sql(sql)
