@@ -1,9 +1,8 @@
 //! What the project's shape allows the developer API: Pingora proxies with none of the gateway's
 //! logic, to bench beside nginx and the gateway in one run (scripts/bench_floor).
 //!
-//! Issue 3 asks for 70% of nginx's throughput. This binary separates what comes with a
-//! `pingora-proxy` service on the bench machine from what the gateway's own work costs
-//! (docs/bench/profile.md, eighth profile). Its modes:
+//! It separates what comes with a `pingora-proxy` service on the bench machine from what the
+//! gateway's own work costs. Its modes:
 //!
 //! - `proxy`: the stock `ProxyHttp` path, `upstream_peer` returning the mock provider and
 //!   nothing else (Pingora's own upstream pool, its request and response filters);

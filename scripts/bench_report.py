@@ -7,7 +7,7 @@ results folder and prints markdown:
   1. every target and cell: req/s, p50, p99, proxy CPU per request, and for every proxy its
      throughput ratio versus direct and versus nginx and its added p50/p99 latency versus direct;
   2. the SSE probe: time to first byte per target, and its difference from direct;
-  3. the performance targets of issues 3 and 4, each marked met or missed;
+  3. the performance targets, each marked met or missed;
   4. optionally (--redis-before/--redis-after) the Redis script calls per gateway request.
 
 usage: bench_report.py RESULTS_DIR [--target gateway] [--requests N]
@@ -23,7 +23,7 @@ import sys
 
 ORDER = {"direct": 0, "nginx": 1, "litellm": 2}
 
-# Targets from issue 3 ("Performance") and issue 4.
+# The performance targets: throughput against nginx, added latency, first streamed byte.
 MIN_RATIO_VS_NGINX = 0.70
 MAX_ADDED_P50_MS = 0.5
 MAX_ADDED_P99_MS = 2.0
@@ -250,7 +250,7 @@ def main():
     redis_lines, redis_summary = [], []
     if a.redis_before and a.redis_after:
         redis_lines, redis_summary = redis_section(a.redis_before, a.redis_after, a.requests)
-    print("### Targets (issues 3 and 4)")
+    print("### Targets")
     print()
     for line in targets(cells, sse_by, a.target) + redis_summary:
         print(line)

@@ -4,10 +4,8 @@
 //! random (`pingora_runtime::current_handle`), but the socket stays registered with the
 //! accepting thread's reactor. With two workers, half the connections then had every readiness
 //! event (each request arriving, each write becoming possible) seen by one thread's epoll and
-//! passed to the other thread with an eventfd write and a wake-up. Measured with
-//! `perf stat -e syscalls:sys_enter_write` on the benchmark: 0.53 eventfd writes per request at
-//! 64 connections, all from one worker (0.008 after this change; throughput +4.6% at 16
-//! connections, median of paired runs; docs/bench/profile.md, fifth profile).
+//! passed to the other thread with an eventfd write and a wake-up (visible as eventfd writes
+//! per request under `perf stat -e syscalls:sys_enter_write`).
 //!
 //! [`ThreadAffine`] moves a new connection's socket to the reactor of the worker that serves
 //! it: it duplicates the descriptor, registers the duplicate with the current worker and drops
