@@ -29,6 +29,8 @@ static WRITER: Once = Once::new();
 /// reference its output is tested against.
 #[derive(Serialize)]
 struct AccessLine<'a> {
+    /// When the request finished (RFC 3339, UTC, milliseconds).
+    time: Timestamp,
     kind: &'static str,
     request_id: &'a str,
     route: Option<&'static str>,
@@ -39,8 +41,40 @@ struct AccessLine<'a> {
     error_code: Option<&'static str>,
     input_tokens: u64,
     output_tokens: u64,
+    /// Milliseconds, rounded to the microsecond (`0.309`, not `0.30880799999999997`).
     latency_ms: f64,
     deployment: Option<&'a str>,
+}
+
+/// RFC 3339 with exactly three fractional digits, so lines sort as text and read alike.
+const TIME_FORMAT: &[time::format_description::FormatItem<'static>] = time::macros::format_description!(
+    "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+);
+
+/// A UTC instant that serializes as an RFC 3339 string, formatted on the stack (no allocation
+/// per access line).
+#[derive(Clone, Copy)]
+struct Timestamp(time::OffsetDateTime);
+
+impl Serialize for Timestamp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut buf = [0u8; 40];
+        let mut cursor = &mut buf[..];
+        let written = self
+            .0
+            .format_into(&mut cursor, TIME_FORMAT)
+            .map_err(serde::ser::Error::custom)?;
+        let text = std::str::from_utf8(&buf[..written]).map_err(serde::ser::Error::custom)?;
+        s.serialize_str(text)
+    }
+}
+
+/// `d` in milliseconds, rounded to the nearest microsecond. An integer count of microseconds
+/// divided by 1000 is the double nearest to the decimal, which serde_json prints in full
+/// (`0.309`), where `as_secs_f64() * 1000.0` printed every binary digit of the product.
+fn millis_rounded(d: Duration) -> f64 {
+    let micros = (d.as_nanos() + 500) / 1000;
+    micros as f64 / 1000.0
 }
 
 /// Writes `$line`'s fields as a JSON object into `$out`: each key (the field's own name, which
@@ -68,6 +102,7 @@ impl AccessLine<'_> {
         write_fields!(
             self,
             out,
+            time,
             kind,
             request_id,
             route,
@@ -94,6 +129,7 @@ pub fn developer_request(ctx: &RequestCtx, enabled: bool) {
         return;
     }
     let line = AccessLine {
+        time: Timestamp(time::OffsetDateTime::now_utc()),
         kind: "access",
         request_id: &ctx.request_id,
         route: ctx.endpoint.map(|e| e.name()),
@@ -104,7 +140,7 @@ pub fn developer_request(ctx: &RequestCtx, enabled: bool) {
         error_code: ctx.error_code,
         input_tokens: ctx.input_tokens,
         output_tokens: ctx.output_tokens,
-        latency_ms: elapsed.as_secs_f64() * 1000.0,
+        latency_ms: millis_rounded(elapsed),
         deployment: ctx.deployment.as_deref(),
     };
     append(&line);
@@ -282,6 +318,7 @@ mod tests {
     fn access_line_is_the_serialized_struct() {
         let lines = [
             AccessLine {
+                time: Timestamp(time::OffsetDateTime::UNIX_EPOCH),
                 kind: "access",
                 request_id: "req_abc",
                 route: Some("chat_completions"),
@@ -296,6 +333,7 @@ mod tests {
                 deployment: Some("openai-east"),
             },
             AccessLine {
+                time: Timestamp(time::OffsetDateTime::UNIX_EPOCH),
                 kind: "access",
                 request_id: "req_\"quoted\"\n",
                 route: None,
@@ -310,6 +348,7 @@ mod tests {
                 deployment: None,
             },
             AccessLine {
+                time: Timestamp(time::OffsetDateTime::UNIX_EPOCH),
                 kind: "access",
                 request_id: "",
                 route: Some("messages"),
@@ -333,6 +372,24 @@ mod tests {
                 String::from_utf8_lossy(&reference)
             );
         }
+    }
+
+    /// The time field is RFC 3339 with milliseconds; latencies print as short decimals.
+    #[test]
+    fn time_and_latency_render_for_people() {
+        let at = time::macros::datetime!(2026-11-25 18:17:06.123_456_789 UTC);
+        let text = serde_json::to_string(&Timestamp(at)).expect("serializes");
+        assert_eq!(text, "\"2026-11-25T18:17:06.123Z\"");
+        let parsed = time::OffsetDateTime::parse(
+            text.trim_matches('"'),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .expect("RFC 3339");
+        assert_eq!(parsed.unix_timestamp(), at.unix_timestamp());
+        let ms = |nanos: u64| serde_json::to_string(&millis_rounded(Duration::from_nanos(nanos)));
+        assert_eq!(ms(308_808).expect("ms"), "0.309");
+        assert_eq!(ms(1_234_567_890).expect("ms"), "1234.568");
+        assert_eq!(ms(0).expect("ms"), "0.0");
     }
 
     fn requests(model: &str, status: &str, code: &str) -> u64 {

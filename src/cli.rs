@@ -16,11 +16,21 @@ use crate::storage::quota::LotKind;
 use crate::storage::{Db, NewKey, StoreError};
 use crate::views::{key_json, user_json};
 
+/// `gateway --version`: the package version and the git commit it was built from.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("GATEWAY_GIT_COMMIT"),
+    ")"
+);
+
 #[derive(Parser, Debug)]
 #[command(
     name = "gateway",
-    version,
-    about = "LLM gateway with an account service"
+    version = VERSION,
+    about = "LLM gateway with an account service",
+    after_help = "Without a command, `serve` runs. Admin commands talk to the database \
+                  directly and print one JSON object (or CSV for `usage report --format csv`)."
 )]
 pub struct Cli {
     /// Configuration file.
@@ -40,9 +50,12 @@ pub enum Command {
     /// Manage API keys.
     #[command(subcommand)]
     Key(KeyCmd),
-    /// Quota lots.
+    /// Quota lots (top-ups).
     #[command(subcommand)]
     Lot(LotCmd),
+    /// Usage reports.
+    #[command(subcommand)]
+    Usage(UsageCmd),
     /// Configuration tools.
     #[command(subcommand)]
     Config(ConfigCmd),
@@ -55,17 +68,20 @@ pub enum Command {
 pub enum PaymentCmd {
     /// Webhook transactions waiting for an operator (default: unmatched and amount_mismatch).
     List {
-        /// unmatched, amount_mismatch, matched, ignored or credited.
+        /// Only this status: unmatched, amount_mismatch, matched, ignored or credited.
         #[arg(long)]
         status: Option<String>,
+        /// Most transactions to print, newest first.
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
     /// Credit a transaction to an order by hand: the order becomes paid and its lot is granted,
     /// once; who, when and why go to the audit table.
     Credit {
+        /// The webhook transaction's id.
         #[arg(long)]
         transaction: String,
+        /// The order (`ord_…`) to credit it to.
         #[arg(long)]
         order: String,
         /// Why (kept in the audit table).
@@ -81,18 +97,30 @@ pub enum PaymentCmd {
 pub enum LotCmd {
     /// Grant a quota lot (a top-up that lasts `--days`, default `[payment] lot_days`).
     Grant {
+        /// The account's email.
         #[arg(long)]
         email: String,
-        /// `token` or `request`.
+        /// `token` or `request`: the meter the lot tops up.
         #[arg(long = "type")]
         kind: String,
+        /// Tokens or requests the lot adds.
         #[arg(long)]
         amount: u64,
+        /// Days until the lot expires (default: `[payment] lot_days`).
         #[arg(long)]
         days: Option<u64>,
         /// Entitlement tier the lot carries while active.
         #[arg(long)]
         tier: Option<String>,
+    },
+    /// An account's lots, soonest expiry first (unexpired ones unless `--all`).
+    List {
+        /// The account's email.
+        #[arg(long)]
+        email: String,
+        /// Include expired lots.
+        #[arg(long)]
+        all: bool,
     },
 }
 
@@ -100,29 +128,58 @@ pub enum LotCmd {
 pub enum UserCmd {
     /// Create a user.
     Create {
+        /// The account's email.
         #[arg(long)]
         email: String,
+        /// Manual tier: beginner, steady, persistent or tryharder (default: `[quota] default_tier`).
         #[arg(long)]
         tier: Option<String>,
+        /// Skip the weekly meters (per-key limits still apply).
         #[arg(long)]
         unlimited: bool,
     },
     /// Suspend an account: its keys fail with account_suspended.
     Suspend {
+        /// The account's email.
         #[arg(long)]
         email: String,
     },
     /// Lift a suspension.
     Unsuspend {
+        /// The account's email.
         #[arg(long)]
         email: String,
     },
     /// Set the manual tier.
     SetTier {
+        /// The account's email.
         #[arg(long)]
         email: String,
+        /// beginner, steady, persistent or tryharder.
         #[arg(long)]
         tier: String,
+    },
+    /// List accounts, newest first.
+    List {
+        /// Only `active` or only `suspended` accounts.
+        #[arg(long, value_parser = ["active", "suspended"])]
+        status: Option<String>,
+        /// Most accounts to print (1 to 10000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// One account: profile, keys, unexpired lots and quota.
+    Show {
+        /// The account's email.
+        #[arg(long)]
+        email: String,
+    },
+    /// Turn two-factor off for an account that lost its authenticator and recovery codes.
+    #[command(name = "reset-2fa")]
+    Reset2fa {
+        /// The account's email.
+        #[arg(long)]
+        email: String,
     },
 }
 
@@ -130,12 +187,26 @@ pub enum UserCmd {
 pub enum KeyCmd {
     /// Create an API key; the secret is printed once.
     Create(KeyCreate),
+    /// An account's keys, newest first (metadata only: never a secret or a hash).
+    List {
+        /// The account's email.
+        #[arg(long)]
+        email: String,
+    },
+    /// Revoke a key: refused on this database's gateways within a second.
+    Revoke {
+        /// The key's id (`key_…`).
+        #[arg(long)]
+        id: String,
+    },
 }
 
 #[derive(Args, Debug)]
 pub struct KeyCreate {
+    /// The account's email.
     #[arg(long)]
     email: String,
+    /// A name to tell keys apart (default `API key`).
     #[arg(long)]
     name: Option<String>,
     /// Comma-separated scopes (default `*`).
@@ -144,22 +215,43 @@ pub struct KeyCreate {
     /// Comma-separated model allowlist (default: unrestricted).
     #[arg(long)]
     models: Option<String>,
+    /// Most input tokens one request may carry.
     #[arg(long)]
     max_input_tokens: Option<u64>,
+    /// Most output tokens one request may ask for.
     #[arg(long)]
     max_output_tokens: Option<u64>,
+    /// Requests per minute for this key (gives the key its own per-minute windows).
     #[arg(long)]
     rpm: Option<u64>,
+    /// Input tokens per minute for this key.
     #[arg(long)]
     itpm: Option<u64>,
+    /// Output tokens per minute for this key.
     #[arg(long)]
     otpm: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]
+pub enum UsageCmd {
+    /// Requests and tokens per day, model or user over a range of UTC days.
+    Report(crate::admin::ReportArgs),
+}
+
+#[derive(Subcommand, Debug)]
 pub enum ConfigCmd {
-    /// Validate the configuration file.
+    /// Validate the configuration file; warns on stderr about secrets and provider keys that
+    /// are not set.
     Check,
+}
+
+/// What an admin command prints on stdout.
+#[derive(Debug)]
+pub enum Output {
+    /// One JSON object on a line.
+    Json(Value),
+    /// Text as it is (CSV).
+    Text(String),
 }
 
 /// Normalizes an email for storage and lookup; `None` when it is not plausibly an address.
@@ -191,7 +283,7 @@ fn tier(raw: &str) -> Result<Tier, String> {
     })
 }
 
-fn db_error(e: StoreError) -> String {
+pub(crate) fn db_error(e: StoreError) -> String {
     format!("database error: {e}")
 }
 
@@ -204,15 +296,20 @@ async fn user_by_email(db: &Db, email: &str) -> Result<crate::storage::UserRecor
         .ok_or_else(|| format!("no user with email {email}"))
 }
 
-/// Runs an admin command and returns its JSON result.
-pub fn run_admin(cfg: &Config, command: Command) -> Result<Value, String> {
+/// Runs an admin command and returns what it prints.
+pub fn run_admin(cfg: &Config, command: Command) -> Result<Output, String> {
     if let Command::Config(ConfigCmd::Check) = command {
-        return Ok(json!({
+        let warnings = crate::admin::config_warnings(cfg, |name| std::env::var_os(name));
+        for w in &warnings {
+            eprintln!("warning: {w}");
+        }
+        return Ok(Output::Json(json!({
             "ok": true,
             "file": cfg.path.display().to_string(),
             "providers": cfg.providers.len(),
             "models": cfg.models.len(),
-        }));
+            "warnings": warnings,
+        })));
     }
     let rt = crate::edge::storage_runtime()?;
     rt.block_on(async {
@@ -222,9 +319,25 @@ pub fn run_admin(cfg: &Config, command: Command) -> Result<Value, String> {
                 crate::edge::redact_url(&cfg.storage.database_url)
             )
         })?;
-        match command {
+        let json = match command {
             Command::User(cmd) => user_command(cfg, &db, cmd).await,
             Command::Key(KeyCmd::Create(k)) => key_create(cfg, &db, k).await,
+            Command::Key(KeyCmd::List { email }) => {
+                let user = user_by_email(&db, &email).await?;
+                crate::admin::key_list(&db, &user).await
+            }
+            Command::Key(KeyCmd::Revoke { id }) => crate::admin::key_revoke(&db, &id).await,
+            Command::Lot(LotCmd::List { email, all }) => {
+                let user = user_by_email(&db, &email).await?;
+                crate::admin::lot_list(&db, &user, all).await
+            }
+            Command::Usage(UsageCmd::Report(args)) => {
+                let user = match &args.email {
+                    Some(e) => Some(user_by_email(&db, e).await?),
+                    None => None,
+                };
+                return crate::admin::usage_report(&db, user.as_ref(), &args).await;
+            }
             Command::Lot(LotCmd::Grant {
                 email,
                 kind,
@@ -252,7 +365,8 @@ pub fn run_admin(cfg: &Config, command: Command) -> Result<Value, String> {
             }
             Command::Payment(cmd) => payment_command(cfg, &db, cmd).await,
             Command::Serve | Command::Config(_) => Err("not an admin command".into()),
-        }
+        };
+        json.map(Output::Json)
     })
 }
 
@@ -340,6 +454,17 @@ async fn user_command(cfg: &Config, db: &Db, cmd: UserCmd) -> Result<Value, Stri
                 }
                 Err(e) => Err(db_error(e)),
             }
+        }
+        UserCmd::List { status, limit } => {
+            crate::admin::user_list(db, status.as_deref(), limit).await
+        }
+        UserCmd::Show { email } => {
+            let user = user_by_email(db, &email).await?;
+            crate::admin::user_show(cfg, db, user).await
+        }
+        UserCmd::Reset2fa { email } => {
+            let user = user_by_email(db, &email).await?;
+            crate::admin::reset_two_factor(db, &user).await
         }
         UserCmd::Suspend { email } => set_suspended(db, &email, true).await,
         UserCmd::Unsuspend { email } => set_suspended(db, &email, false).await,

@@ -198,6 +198,19 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     let config_path = cfg.path.clone();
     let upgrade_sock = cfg.server.upgrade_sock.clone();
     let pid_file = cfg.server.pid_file.clone();
+    let panel_url = format!("{}/panel", cfg.server.site_origin.trim_end_matches('/'));
+    let upgrading = std::env::var("GATEWAY_UPGRADE").is_ok_and(|v| v == "1");
+    if !upgrading {
+        // A graceful upgrade receives the listeners from the old process instead.
+        let mut listeners = vec![
+            ("api_listen", api_listen.as_str()),
+            ("site_listen", &site_listen),
+        ];
+        if let Some(a) = &admin_listen {
+            listeners.push(("admin_listen", a));
+        }
+        crate::lifecycle::check_bindable(&listeners)?;
+    }
     for p in [&upgrade_sock, &pid_file] {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
@@ -219,7 +232,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
         ..ServerConf::default()
     };
     let opt = Opt {
-        upgrade: std::env::var("GATEWAY_UPGRADE").is_ok_and(|v| v == "1"),
+        upgrade: upgrading,
         ..Opt::default()
     };
     let mut server = Server::new_with_opt_and_conf(opt, conf);
@@ -280,6 +293,10 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     }
     crate::config::reload::spawn(state.clone(), config_path);
 
+    // Written once the listeners are ours: during a graceful upgrade `bootstrap` returns only
+    // after the old process handed them over, so until then the file still names the old one
+    // (which `kill -QUIT "$(cat …)"` is aimed at).
+    let pid = Arc::new(crate::lifecycle::PidFile::write(&pid_file)?);
     let phases = server.watch_execution_phase();
     spawn_drain_monitor(
         phases,
@@ -287,14 +304,18 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
         rt.handle().clone(),
         drain,
         uds.clone(),
+        pid.clone(),
     );
 
     let admin_note = admin_listen
         .as_deref()
         .map(|a| format!(" admin={a}"))
         .unwrap_or_default();
-    println!("gateway listening api={api_listen} site={site_listen}{admin_note}");
-    log::info!("gateway listening api={api_listen} site={site_listen}{admin_note}");
+    let line = format!(
+        "gateway listening api={api_listen} site={site_listen}{admin_note} panel={panel_url}"
+    );
+    println!("{line}");
+    log::info!("{line}");
     server.run(RunArgs {
         shutdown_signal: Box::new(Signals),
     });
@@ -303,6 +324,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     rt.block_on(state.usage.flush());
     crate::accesslog::flush();
     let _ = std::fs::remove_file(&uds);
+    pid.remove();
     Ok(())
 }
 
@@ -314,6 +336,7 @@ fn spawn_drain_monitor(
     rt: tokio::runtime::Handle,
     drain: Duration,
     uds: PathBuf,
+    pid: Arc<crate::lifecycle::PidFile>,
 ) {
     let handle = rt.clone();
     handle.spawn(async move {
@@ -341,6 +364,7 @@ fn spawn_drain_monitor(
         state.usage.flush().await;
         crate::accesslog::flush();
         let _ = std::fs::remove_file(&uds);
+        pid.remove();
         log::info!("shutdown complete");
         std::process::exit(0);
     });

@@ -4,6 +4,7 @@
 //! account service (`site`). Both meet only in `storage`, `quota`, `identity` and `config`.
 
 pub mod accesslog;
+pub mod admin;
 pub mod affinity;
 pub mod apikey;
 pub mod cli;
@@ -11,9 +12,11 @@ pub mod config;
 pub mod edge;
 pub mod error;
 pub mod identity;
+pub mod lifecycle;
 pub mod metrics;
 pub mod proxy;
 pub mod quota;
+pub mod ready;
 pub mod secrets;
 pub mod site;
 pub mod state;

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use gateway::cli::{Cli, Command};
+use gateway::cli::{Cli, Command, Output};
 use gateway::config::Config;
 
 /// jemalloc instead of glibc's allocator: the request path makes many small, short-lived
@@ -49,9 +49,12 @@ fn main() -> ExitCode {
             }
         },
         command => match gateway::cli::run_admin(&cfg, command) {
-            Ok(v) => {
+            Ok(output) => {
                 let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "{v}");
+                let _ = match output {
+                    Output::Json(v) => writeln!(out, "{v}"),
+                    Output::Text(t) => out.write_all(t.as_bytes()),
+                };
                 ExitCode::SUCCESS
             }
             Err(e) => {

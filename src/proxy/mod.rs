@@ -169,6 +169,12 @@ impl DevApi {
                 .await;
                 return Ok(());
             }
+            Route::Ready => {
+                let (status, body) = crate::ready::probe(&self.state).await;
+                ctx.status = status;
+                respond::json(session, status, body, &ctx.request_id, &[]).await;
+                return Ok(());
+            }
             Route::NotFound => return Err((ApiError::NotFound.into(), false)),
             Route::Api {
                 endpoint,

@@ -124,8 +124,10 @@ pub fn is_known_scope(s: &str) -> bool {
 /// Where a request goes, decided from method and path alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
-    /// `GET /` and `GET /health`: `{ok:true}`, no key.
+    /// `GET /` and `GET /health`: `{ok:true}`, no key, touches nothing (liveness).
     Health,
+    /// `GET /ready`: the database and Redis answer (readiness, CONTRACT §1), no key.
+    Ready,
     /// Outside `/v1/*` and the `/alt` aliases.
     NotFound,
     /// Under the public surface. `endpoint` is `None` for a path that is not allowlisted
@@ -163,6 +165,9 @@ pub fn classify(method: &str, raw_path: &str) -> Route {
     let path = raw_path.split('?').next().unwrap_or("");
     if (path == "/" || path == "/health") && (method == "GET" || method == "HEAD") {
         return Route::Health;
+    }
+    if path == "/ready" && (method == "GET" || method == "HEAD") {
+        return Route::Ready;
     }
     let Some(norm) = normalize(path) else {
         return Route::NotFound;
@@ -213,6 +218,8 @@ mod tests {
     fn surface() {
         assert_eq!(classify("GET", "/"), Route::Health);
         assert_eq!(classify("GET", "/health?x=1"), Route::Health);
+        assert_eq!(classify("GET", "/ready"), Route::Ready);
+        assert_eq!(classify("POST", "/ready"), Route::NotFound);
         assert_eq!(classify("GET", "/v2/models"), Route::NotFound);
         assert_eq!(
             classify("POST", "/v1/files"),

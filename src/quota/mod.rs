@@ -259,6 +259,14 @@ impl Engine {
         matches!(self.backend, Backend::Shared(_))
     }
 
+    /// Whether the shared store (Redis) answers a PING; always fine in-process. For `/ready`.
+    pub async fn ping(&self) -> Result<(), String> {
+        match &self.backend {
+            Backend::Local(_) => Ok(()),
+            Backend::Shared(s) => s.ping().await,
+        }
+    }
+
     /// Check 9: reserves 1 request plus `input + output` tokens, after the per-minute limits.
     /// The refusal carries the rate-limit view for the 429's headers.
     pub async fn reserve(

@@ -123,6 +123,15 @@ impl Shared {
         })
     }
 
+    /// One PING on the shared connection (the caller bounds the wait).
+    pub async fn ping(&self) -> Result<(), String> {
+        let mut conn = self.conn.clone();
+        redis::cmd("PING")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
     /// Copies an account's balance from the database into Redis (first loader wins).
     async fn load_account(&self, db: &Db, user_id: &str, now: i64) -> Result<(), String> {
         let spend = db

@@ -271,6 +271,23 @@ impl KeyStore<'_> {
         }
     }
 
+    /// Revokes a key whoever owns it (the operator's `key revoke`). `updated_at` moves, so
+    /// every gateway's change feed drops the key from its cache at its next poll. `None` when
+    /// no key has this id; a key already revoked is returned unchanged.
+    pub async fn revoke_any(&self, id: &str) -> StoreResult<Option<KeyRecord>> {
+        let now = now_ms();
+        sqlx::query(
+            "UPDATE api_keys SET status = 'revoked', revoked_at = $1, updated_at = $2 \
+             WHERE id = $3 AND status = 'active'",
+        )
+        .bind(now)
+        .bind(now)
+        .bind(id)
+        .execute(&self.db.pool)
+        .await?;
+        self.get(id).await
+    }
+
     /// Keys changed at or after `since_ms` (created, revoked, edited): the cache change feed.
     pub async fn changed_since(&self, since_ms: i64) -> StoreResult<Vec<KeyRecord>> {
         let rows = sqlx::query(&format!(

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod keys;
 pub mod payments;
 pub mod quota;
+pub mod reports;
 pub mod usage;
 pub mod users;
 
@@ -150,6 +151,10 @@ impl Db {
 
     pub fn quota(&self) -> quota::QuotaStore<'_> {
         quota::QuotaStore { db: self }
+    }
+
+    pub fn reports(&self) -> reports::ReportStore<'_> {
+        reports::ReportStore { db: self }
     }
 
     pub fn usage(&self) -> UsageStore<'_> {

@@ -149,6 +149,32 @@ impl UserStore<'_> {
         Ok(())
     }
 
+    /// Up to `limit` accounts, newest first; only suspended (`Some(true)`) or only active
+    /// (`Some(false)`) ones when asked. For the operator's `user list`.
+    pub async fn list(&self, suspended: Option<bool>, limit: i64) -> StoreResult<Vec<UserRecord>> {
+        let rows = match suspended {
+            Some(s) => {
+                sqlx::query(&format!(
+                    "SELECT {COLUMNS} FROM users WHERE suspended = $1 \
+                     ORDER BY created_at DESC, id DESC LIMIT $2"
+                ))
+                .bind(s as i64)
+                .bind(limit)
+                .fetch_all(&self.db.pool)
+                .await?
+            }
+            None => {
+                sqlx::query(&format!(
+                    "SELECT {COLUMNS} FROM users ORDER BY created_at DESC, id DESC LIMIT $1"
+                ))
+                .bind(limit)
+                .fetch_all(&self.db.pool)
+                .await?
+            }
+        };
+        rows.iter().map(from_row).collect()
+    }
+
     /// Users changed at or after `since_ms`: the change feed that keeps every instance's caches
     /// in step with admin commands and other instances.
     pub async fn changed_since(&self, since_ms: i64) -> StoreResult<Vec<UserRecord>> {
