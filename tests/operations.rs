@@ -3,7 +3,10 @@
 
 mod common;
 
-use std::time::Duration;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{json, Value};
@@ -99,6 +102,27 @@ async fn metrics_only_on_the_admin_listener_and_an_access_log_line() {
     let v: Value = serde_json::from_str(json_part).unwrap();
     assert_eq!(v["status"], 200);
     assert_eq!(v["route"], "chat_completions");
+    // An RFC 3339 time (UTC, milliseconds) and a latency in milliseconds rounded to the
+    // microsecond, printed as such (`0.309`, never `0.30880799999999997`).
+    let at = time::OffsetDateTime::parse(
+        v["time"].as_str().expect("time field"),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .expect("RFC 3339 time");
+    let age = time::OffsetDateTime::now_utc() - at;
+    assert!(
+        age >= time::Duration::ZERO && age < time::Duration::minutes(1),
+        "{at}"
+    );
+    assert!(v["time"].as_str().unwrap().ends_with('Z'));
+    let latency = json_part
+        .split("\"latency_ms\":")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .expect("latency field");
+    let decimals = latency.split_once('.').map_or(0, |(_, d)| d.len());
+    assert!(decimals <= 3, "latency printed as {latency}");
+    assert!(v["latency_ms"].as_f64().unwrap() > 0.0);
     assert_eq!(v["deployment"], "mock/mock-gpt");
     assert!(v["key_id"].as_str().unwrap().starts_with("key_"));
     assert!(!log.contains(&key), "the API key must never be logged");
@@ -250,8 +274,6 @@ async fn idle_gateway_stops_at_once() {
 /// the old one finishes its streams and exits; no request is refused.
 #[tokio::test]
 async fn graceful_upgrade_hands_over_both_listeners() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
     let mock = Mock::start(&["--chunks", "10", "--chunk-delay-ms", "100"]);
     let mut old = Gateway::start(&mock, Options::default());
     let key = old.user_with_key("upgrade@example.com", &[]);
@@ -315,11 +337,14 @@ async fn graceful_upgrade_hands_over_both_listeners() {
         }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let old_pid = std::process::Command::new("pgrep")
-        .args(["-f", "-o", old.config_path.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let old_pid = String::from_utf8_lossy(&old_pid.stdout).trim().to_string();
+    // The README's `kill -QUIT "$(cat data/gateway.pid)"`: until it has the listeners, the new
+    // process leaves the pid file naming the old one.
+    let pid_file = old.dir.path().join("data/gateway.pid");
+    let old_pid = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    assert_eq!(Some(old_pid.parse::<u32>().unwrap()), old.pid());
     assert!(std::process::Command::new("kill")
         .args(["-QUIT", &old_pid])
         .status()
@@ -358,7 +383,7 @@ async fn graceful_upgrade_hands_over_both_listeners() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    // The old process exits by itself once drained.
+    // The old process exits by itself once drained, leaving the new process's pid file.
     let exited = tokio::task::spawn_blocking(move || {
         let ok = old.terminate();
         (ok, old)
@@ -366,6 +391,269 @@ async fn graceful_upgrade_hands_over_both_listeners() {
     .await
     .unwrap();
     let _ = exited;
+    assert_eq!(
+        std::fs::read_to_string(&pid_file).unwrap().trim(),
+        new.id().to_string()
+    );
     let _ = new.kill();
     let _ = new.wait();
+}
+
+/// Starts the binary on `config` with the harness's secrets, stdout piped and stderr to `log`.
+fn spawn_gateway(config: &Path, log: &Path) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
+    cmd.arg("--config")
+        .arg(config)
+        .arg("serve")
+        .env("RUST_LOG", "warn")
+        .env("GATEWAY_KEY_PEPPER", PEPPER)
+        .env("GATEWAY_SESSION_SECRET", SESSION_SECRET)
+        .env("GATEWAY_WEBHOOK_SECRET", WEBHOOK_SECRET)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(std::fs::File::create(log).unwrap()));
+    cmd.spawn().expect("start gateway")
+}
+
+/// Waits up to `limit` for `child` to exit.
+fn wait_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// The first stdout line of `child`, within `limit`.
+fn first_line(child: &mut Child, limit: Duration) -> Option<String> {
+    let out = child.stdout.take()?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(out).lines();
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+        for _ in lines {}
+    });
+    rx.recv_timeout(limit).ok()
+}
+
+#[tokio::test]
+async fn pid_file_while_serving_gone_after_sigterm_and_the_panel_url_at_start() {
+    let mock = Mock::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let db = database_url(dir.path());
+    let _drop = DropDatabase(db.clone());
+    let config = dir.path().join("gateway.toml");
+    let text = base_config(&mock, &db, None, dir.path()).replace(
+        "site_origin = \"http://127.0.0.1:8081\"",
+        "site_origin = \"https://gw.example.com\"",
+    );
+    std::fs::write(&config, text).unwrap();
+    let mut child = spawn_gateway(&config, &dir.path().join("gateway.log"));
+    let line = first_line(&mut child, Duration::from_secs(60)).expect("startup line");
+    assert!(line.starts_with("gateway listening api="), "{line}");
+    assert!(
+        line.ends_with(" panel=https://gw.example.com/panel"),
+        "{line}"
+    );
+
+    // The shipped default is data/gateway.pid; the harness's data directory is <dir>/data.
+    let pid_file = dir.path().join("data/gateway.pid");
+    let written = std::fs::read_to_string(&pid_file).expect("pid file while serving");
+    assert_eq!(written.trim(), child.id().to_string());
+
+    // Serving (the signal handlers are in place once the listeners answer).
+    let api = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("api="))
+        .unwrap()
+        .to_string();
+    let mut up = false;
+    for _ in 0..200 {
+        if let Ok(r) = client().get(format!("http://{api}/health")).send().await {
+            up = r.status() == 200;
+            if up {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(up, "never served");
+    assert!(pid_file.exists());
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let status = wait_exit(&mut child, Duration::from_secs(10)).expect("exits after SIGTERM");
+    assert!(status.success(), "{status:?}");
+    assert!(!pid_file.exists(), "the pid file outlived a clean exit");
+}
+
+/// A listen address another process holds ends the start within seconds: non-zero, the
+/// address and its key named, no panic, no "listening" line, and no pid file written over.
+#[test]
+fn a_busy_listen_address_ends_the_start_naming_it() {
+    let mock = Mock::start(&[]);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    for key in ["api_listen", "site_listen", "admin_listen"] {
+        let dir = tempfile::tempdir().unwrap();
+        let db = format!("sqlite://{}/gateway.db", dir.path().display());
+        let mut text = base_config(&mock, &db, None, dir.path());
+        text = if key == "admin_listen" {
+            text.replace(
+                "shutdown_drain_seconds = 5\n",
+                &format!("shutdown_drain_seconds = 5\nadmin_listen = \"{addr}\"\n"),
+            )
+        } else {
+            text.replace(
+                &format!("{key} = \"127.0.0.1:0\""),
+                &format!("{key} = \"{addr}\""),
+            )
+        };
+        let config = dir.path().join("gateway.toml");
+        std::fs::write(&config, text).unwrap();
+        // Another gateway's pid file is left alone.
+        let pid_file = dir.path().join("data/gateway.pid");
+        std::fs::create_dir_all(pid_file.parent().unwrap()).unwrap();
+        std::fs::write(&pid_file, "424242\n").unwrap();
+
+        let log = dir.path().join("gateway.log");
+        let started = Instant::now();
+        let mut child = spawn_gateway(&config, &log);
+        let status = wait_exit(&mut child, Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("{key}: still running after 10 s"));
+        assert!(!status.success(), "{key}: {status:?}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let stderr = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            stderr.contains(&addr) && stderr.contains(key),
+            "{key}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{key}: {stderr}");
+        let mut stdout = String::new();
+        let _ = child.stdout.take().unwrap().read_to_string(&mut stdout);
+        assert!(!stdout.contains("listening"), "{key}: {stdout}");
+        assert_eq!(std::fs::read_to_string(&pid_file).unwrap(), "424242\n");
+    }
+    drop(taken);
+}
+
+/// Starts a private redis-server on a free loopback port (the shared one must not be stopped).
+fn start_redis() -> (Child, u16) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server");
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return (child, port);
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("redis-server did not start");
+}
+
+#[tokio::test]
+async fn ready_checks_the_database_and_redis_while_health_touches_nothing() {
+    let mock = Mock::start(&[]);
+    let (mut redis, port) = start_redis();
+    let gw = Gateway::start(
+        &mock,
+        Options {
+            redis_url: Some(format!("redis://127.0.0.1:{port}")),
+            ..Options::default()
+        },
+    );
+    let c = client();
+    let get = |path: &'static str| {
+        let c = c.clone();
+        let url = gw.url(path);
+        async move {
+            let r = c.get(url).send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap())
+        }
+    };
+    assert_eq!(get("/ready").await, (200, json!({"ok": true})));
+    assert_eq!(get("/health").await, (200, json!({"ok": true})));
+
+    let _ = redis.kill();
+    let _ = redis.wait();
+    let asked = Instant::now();
+    assert_eq!(
+        get("/ready").await,
+        (503, json!({"ok": false, "failing": ["redis"]}))
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(get("/health").await, (200, json!({"ok": true})));
+
+    if gw.database_url.starts_with("postgres") {
+        // The database goes away too.
+        drop_test_database(&gw.database_url);
+        assert_eq!(
+            get("/ready").await,
+            (503, json!({"ok": false, "failing": ["database", "redis"]}))
+        );
+        assert_eq!(get("/health").await, (200, json!({"ok": true})));
+    }
+}
+
+#[test]
+fn version_names_the_commit_it_was_built_from() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let commit = text
+        .strip_prefix(concat!("gateway ", env!("CARGO_PKG_VERSION"), " (commit "))
+        .and_then(|rest| rest.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("unexpected --version: {text}"));
+    let repo = env!("CARGO_MANIFEST_DIR");
+    let git_works = Command::new("git")
+        .args(["-C", repo, "rev-parse", "HEAD"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if git_works && std::env::var("GATEWAY_BUILD_COMMIT").is_err() {
+        assert!(
+            commit.len() >= 7 && commit.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{text}"
+        );
+        let known = Command::new("git")
+            .args([
+                "-C",
+                repo,
+                "cat-file",
+                "-e",
+                &format!("{commit}^{{commit}}"),
+            ])
+            .status()
+            .unwrap();
+        assert!(
+            known.success(),
+            "{commit} is not a commit of this repository"
+        );
+    } else {
+        assert!(!commit.is_empty(), "{text}");
+    }
 }

@@ -397,6 +397,11 @@ impl Gateway {
         wait_ready(&self.site);
     }
 
+    /// The running process's id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Sends SIGTERM and waits for the process to exit; returns whether it exited cleanly.
     pub fn terminate(&mut self) -> bool {
         self.signal_and_wait("-TERM")
