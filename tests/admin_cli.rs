@@ -71,12 +71,12 @@ async fn user_key_and_lot_commands_print_their_shapes_and_name_unknowns() {
     assert_eq!(first["lastLoginAt"], Value::Null);
     assert_eq!(all["users"][0]["quotaUnlimited"], true);
     let suspended = gw.admin_json(&["user", "list", "--status", "suspended"]);
-    assert_eq!(ids(&suspended["users"]), [bob_id.clone()]);
+    assert_eq!(ids(&suspended["users"]), std::slice::from_ref(&bob_id));
     assert_eq!(suspended["users"][0]["status"], "suspended");
     let active = gw.admin_json(&["user", "list", "--status", "active"]);
-    assert_eq!(ids(&active["users"]), [alice_id.clone()]);
+    assert_eq!(ids(&active["users"]), std::slice::from_ref(&alice_id));
     let limited = gw.admin_json(&["user", "list", "--limit", "1"]);
-    assert_eq!(ids(&limited["users"]), [bob_id.clone()]);
+    assert_eq!(ids(&limited["users"]), std::slice::from_ref(&bob_id));
     assert!(admin_fails(&gw, &["user", "list", "--status", "gone"]).contains("gone"));
     assert!(admin_fails(&gw, &["user", "list", "--limit", "0"]).contains("--limit"));
 

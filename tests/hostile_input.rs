@@ -79,6 +79,7 @@ proptest! {
                 prop_assert!(p == "/alt" || p.starts_with("/alt/") || p == "/v1" || p.starts_with("/v1/"));
             }
             Route::Health => prop_assert!(path.starts_with("/health") || path == "/" || path.starts_with("/?")),
+            Route::Ready => prop_assert!(path == "/ready" || path.starts_with("/ready?")),
             Route::NotFound => {}
         }
     }

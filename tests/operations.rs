@@ -552,7 +552,7 @@ fn start_redis() -> (Child, u16) {
         .local_addr()
         .unwrap()
         .port();
-    let child = Command::new("redis-server")
+    let mut child = Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
         .stdout(Stdio::null())
@@ -565,6 +565,8 @@ fn start_redis() -> (Child, u16) {
         }
         std::thread::sleep(Duration::from_millis(25));
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("redis-server did not start");
 }
 
