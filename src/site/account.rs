@@ -50,6 +50,7 @@ const TWO_FACTOR_ATTEMPTS_PER_HOUR: i64 = 5;
 /// The name every rotated key gets (CONTRACT §3).
 pub const GLOBAL_KEY_NAME: &str = "Global key";
 const MS_PER_DAY: i64 = 86_400_000;
+const MS_PER_HOUR: i64 = 3_600_000;
 
 /// The `/api/account` routes; `site::router` nests them.
 pub fn router() -> Router<SharedState> {
@@ -237,7 +238,9 @@ fn day_string(day: i64) -> String {
 }
 
 /// `summary`, `daily` (every UTC day from the one `from` falls in to today, ascending, zeros
-/// included so charts need no gap filling), `recentRequests`, `byModel` (most tokens first).
+/// included so charts need no gap filling), `hourly` when the report has hours (every UTC hour
+/// from the one `from` falls in to the current one, the same way; windows of a day or less),
+/// `recentRequests`, `byModel` (most tokens first).
 pub fn report_json(report: &UsageReport, from: i64, now: i64) -> serde_json::Map<String, Value> {
     let summary = report.summary();
     let mut days: std::collections::BTreeMap<i64, UsageTotals> = (from.div_euclid(MS_PER_DAY)
@@ -256,6 +259,16 @@ pub fn report_json(report: &UsageReport, from: i64, now: i64) -> serde_json::Map
             Value::Object(m)
         })
         .collect();
+    let hourly: Option<Vec<Value>> = report.hourly.as_ref().map(|stored| {
+        (from.div_euclid(MS_PER_HOUR)..=now.div_euclid(MS_PER_HOUR))
+            .map(|hour| {
+                let mut m = serde_json::Map::new();
+                m.insert("hour".into(), iso(hour.saturating_mul(MS_PER_HOUR)).into());
+                m.extend(totals_json(stored.get(&hour).unwrap_or(&UsageTotals::default())));
+                Value::Object(m)
+            })
+            .collect()
+    });
     let mut by_model: Vec<(&str, &UsageTotals)> = report
         .by_model
         .iter()
@@ -296,6 +309,9 @@ pub fn report_json(report: &UsageReport, from: i64, now: i64) -> serde_json::Map
     let mut out = serde_json::Map::new();
     out.insert("summary".into(), Value::Object(summary_json));
     out.insert("daily".into(), Value::Array(daily));
+    if let Some(hourly) = hourly {
+        out.insert("hourly".into(), Value::Array(hourly));
+    }
     out.insert("recentRequests".into(), Value::Array(recent));
     out.insert("byModel".into(), Value::Array(by_model));
     out
@@ -658,5 +674,24 @@ mod tests {
         assert_eq!(v["byModel"][0]["model"], json!("b"));
         assert_eq!(v["byModel"][1]["requests"], json!(2));
         assert_eq!(v["recentRequests"][0]["reasoningEffort"], json!("low"));
+        assert!(v.get("hourly").is_none(), "no hours in a report without them");
+
+        // A day's window: one bucket per hour, the cut first hour included, zeros filled.
+        let from = day * MS_PER_DAY + 5 * MS_PER_HOUR + 60_000;
+        let now = from + MS_PER_DAY;
+        let first = from.div_euclid(MS_PER_HOUR);
+        report.hourly = Some(
+            [(first, t(1, 5, 2)), (first + 24, t(3, 7, 1))]
+                .into_iter()
+                .collect(),
+        );
+        let v = Value::Object(report_json(&report, from, now));
+        let hourly = v["hourly"].as_array().expect("hourly");
+        assert_eq!(hourly.len(), 25);
+        assert_eq!(hourly[0]["hour"], json!("2024-10-04T05:00:00.000Z"));
+        assert_eq!(hourly[0]["requests"], json!(1));
+        assert_eq!(hourly[1]["requests"], json!(0));
+        assert_eq!(hourly[24]["hour"], json!("2024-10-05T05:00:00.000Z"));
+        assert_eq!(hourly[24]["totalTokens"], json!(8));
     }
 }

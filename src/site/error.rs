@@ -21,7 +21,9 @@ pub fn status_for(code: &str) -> StatusCode {
         | "blocked_domain"
         | "advanced_keys_disabled" => StatusCode::FORBIDDEN,
         "not_found" => StatusCode::NOT_FOUND,
-        "active_key_limit_reached" | "too_many_pending_payment_orders" => StatusCode::CONFLICT,
+        "active_key_limit_reached" | "too_many_pending_payment_orders" | "order_not_pending" => {
+            StatusCode::CONFLICT
+        }
         "rate_limited" | "too_many_attempts" => StatusCode::TOO_MANY_REQUESTS,
         c if c.ends_with("_not_configured") => StatusCode::SERVICE_UNAVAILABLE,
         c if c.ends_with("_failed") && c != "captcha_failed" => StatusCode::INTERNAL_SERVER_ERROR,

@@ -4,6 +4,9 @@
 //! (the two-factor `otpauth://` URL, the VietQR transfer payload) so no image ever comes from
 //! elsewhere.
 //!
+//! `/` redirects to `/panel`, so the site's own address opens the panel; any other `/panel/…`
+//! path answers the panel's own "page not found" page (HTML, 404), not the API's JSON.
+//!
 //! Every panel answer carries a strict Content-Security-Policy (no inline script or style),
 //! `nosniff` and `no-referrer`. Pages are `no-store`; assets are cacheable for five minutes.
 
@@ -11,7 +14,7 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::map_response;
-use axum::response::{IntoResponse, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use qrcode::render::svg;
@@ -49,13 +52,27 @@ const PAGES: [&str; 9] = [
     "/panel/account",
 ];
 
-/// The `/panel` routes; `site::router` merges them.
+/// The shell's placeholder, which the 404 page replaces with its message.
+const LOADING: &str = r#"<p class="muted">Loading…</p>"#;
+
+/// The shell with a "page not found" message in place of the loading line, so it reads right
+/// before (and without) the script; `app.js` keeps it for paths it does not know.
+static NOT_FOUND_PAGE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    SHELL.replace(
+        LOADING,
+        r#"<section class="card" id="not-found"><h1>Page not found</h1><p>There is no panel page at this address.</p><p><a href="/panel">Go to the panel</a></p></section>"#,
+    )
+});
+
+/// The `/panel` routes and the `/` redirect; `site::router` merges them.
 pub fn router() -> Router<SharedState> {
     let mut r = Router::new();
     for page in PAGES {
         r = r.route(page, get(shell));
     }
-    r.route(
+    r.route("/", get(|| async { Redirect::temporary("/panel") }))
+        .route("/panel/{*rest}", get(not_found))
+        .route(
         "/panel/assets/app.js",
         get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
     )
@@ -97,6 +114,17 @@ async fn security_headers(mut resp: Response) -> Response {
 
 async fn shell() -> Response {
     let mut resp = (StatusCode::OK, SHELL).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+async fn not_found() -> Response {
+    let mut resp = (StatusCode::NOT_FOUND, NOT_FOUND_PAGE.as_str()).into_response();
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
@@ -169,6 +197,13 @@ mod tests {
         assert!(s.contains("<svg"), "{s}");
         assert!(s.contains("<path"), "{s}");
         assert!(qr_svg(&"x".repeat(5000)).is_none());
+    }
+
+    #[test]
+    fn not_found_page_replaces_the_loading_line() {
+        assert!(SHELL.contains(LOADING));
+        assert!(NOT_FOUND_PAGE.contains(r#"id="not-found""#));
+        assert!(!NOT_FOUND_PAGE.contains(LOADING));
     }
 
     #[test]

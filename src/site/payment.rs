@@ -11,8 +11,9 @@
 //! Decisions the spec leaves open (README "Payments"):
 //! - Paying at least the order's amount matches (the surplus stays on record); less is
 //!   `amount_mismatch` and the order stays pending.
-//! - A transfer for an order that is already paid or has expired is `unmatched` (with the order
-//!   named) and waits for an operator: `gateway payment credit`.
+//! - A pending order can be cancelled by its owner (`POST /orders/{id}/cancel`). A transfer for
+//!   an order that is already paid, cancelled or expired is `unmatched` (with the order named)
+//!   and waits for an operator to refund it or `gateway payment credit` it.
 //! - A notification with `status: false` is answered item by item as `ignored` and stores
 //!   nothing, so a later `status: true` delivery of the same transfers still counts.
 //! - With no webhook secret configured every notification is refused with 503, so the sender
@@ -37,7 +38,7 @@ use super::session::{current_session, SessionInfo};
 use crate::config::{Config, PaymentConfig, Tier};
 use crate::state::{AppState, SharedState};
 use crate::storage::payments::{
-    find_codes, IncomingItem, ItemStatus, MatchRules, NewOrder, OrderError, OrderRecord,
+    find_codes, CancelError, IncomingItem, ItemStatus, MatchRules, NewOrder, OrderError, OrderRecord,
     OrderRules, OrderStatus, TransactionRecord,
 };
 use crate::storage::quota::LotKind;
@@ -105,6 +106,10 @@ pub fn router() -> Router<SharedState> {
             get(list_orders)
                 .post(create_order)
                 .layer(DefaultBodyLimit::max(ORDER_BODY_LIMIT)),
+        )
+        .route(
+            "/orders/{id}/cancel",
+            post(cancel_order).layer(DefaultBodyLimit::max(ORDER_BODY_LIMIT)),
         )
         .route("/{provider}/callback", post(webhook))
         .layer(map_response(private_headers))
@@ -484,6 +489,49 @@ async fn create_order(
     Ok(json_response(
         StatusCode::OK,
         &json!({ "ok": true, "order": order_json(&order, pay, now_ms()) }),
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// POST /orders/{id}/cancel
+
+/// Withdraws one of the account's pending orders: `{ok, order}` with `paymentStatus:
+/// "cancelled"`. Needs the site's origin, a session and its CSRF token like any mutation. An
+/// order of another account is `not_found`, like one that does not exist; an order that is no
+/// longer pending is 409 `order_not_pending`, so a double click or a payment that landed first
+/// is told apart from a success.
+async fn cancel_order(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, SiteError> {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let session = require_mutation(&state, &headers, Some(&body)).await?;
+    let cfg = state.config();
+    beta_gate(&cfg, &session)?;
+    if !crate::util::is_valid_id("ord", &id) {
+        return Err(SiteError::NotFound);
+    }
+    let now = now_ms();
+    let order = state
+        .db
+        .payments()
+        .cancel_order(&session.user_id, &id, now)
+        .await
+        .map_err(|e| match e {
+            CancelError::NotFound => SiteError::NotFound,
+            CancelError::NotPending(_) => SiteError::Code("order_not_pending"),
+            CancelError::Store(e) => failed("payment_order_failed")(e),
+        })?;
+    log::info!(
+        "payment order cancelled: {} user={}",
+        order.id,
+        order.user_id
+    );
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "ok": true, "order": order_json(&order, &cfg.payment, now) }),
     ))
 }
 

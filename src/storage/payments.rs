@@ -100,6 +100,8 @@ pub enum OrderStatus {
     Pending,
     Paid,
     Expired,
+    /// Withdrawn by its owner while pending; a transfer that arrives later is `unmatched`.
+    Cancelled,
 }
 
 impl OrderStatus {
@@ -108,6 +110,7 @@ impl OrderStatus {
             OrderStatus::Pending => "pending",
             OrderStatus::Paid => "paid",
             OrderStatus::Expired => "expired",
+            OrderStatus::Cancelled => "cancelled",
         }
     }
     pub fn parse(s: &str) -> Option<OrderStatus> {
@@ -115,6 +118,7 @@ impl OrderStatus {
             "pending" => Some(OrderStatus::Pending),
             "paid" => Some(OrderStatus::Paid),
             "expired" => Some(OrderStatus::Expired),
+            "cancelled" => Some(OrderStatus::Cancelled),
             _ => None,
         }
     }
@@ -218,6 +222,25 @@ pub enum OrderError {
     RateLimited,
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// Why an order could not be cancelled.
+#[derive(Debug, thiserror::Error)]
+pub enum CancelError {
+    /// No such order, or it belongs to another account (the two read the same to the caller).
+    #[error("no such order")]
+    NotFound,
+    /// The order is no longer pending (paid, expired or already cancelled); carries what it is.
+    #[error("order is {}", .0.as_str())]
+    NotPending(OrderStatus),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for CancelError {
+    fn from(e: sqlx::Error) -> Self {
+        CancelError::Store(StoreError::from_sqlx(e))
+    }
 }
 
 impl From<sqlx::Error> for OrderError {
@@ -495,6 +518,39 @@ impl PaymentStore<'_> {
         .fetch_optional(&self.db.pool)
         .await?;
         row.as_ref().map(order_from_row).transpose()
+    }
+
+    /// Cancels `user_id`'s order `id` if it is still pending at `now`. The status change is
+    /// guarded by the current status in one statement, so a webhook that pays the order at the
+    /// same moment either runs first (the cancel then finds it `paid`) or after (it then finds
+    /// the order `cancelled` and records the transfer as `unmatched`); money is never both kept
+    /// by a cancelled order and granted.
+    pub async fn cancel_order(
+        &self,
+        user_id: &str,
+        id: &str,
+        now: i64,
+    ) -> Result<OrderRecord, CancelError> {
+        let cancelled = sqlx::query(
+            "UPDATE payment_orders SET status = 'cancelled' \
+             WHERE id = $1 AND user_id = $2 AND status = 'pending' AND expires_at > $3 \
+             AND payment_code IS NOT NULL",
+        )
+        .bind(id)
+        .bind(user_id)
+        .bind(now)
+        .execute(&self.db.pool)
+        .await?;
+        let order = self
+            .order(id)
+            .await?
+            .filter(|o| o.user_id == user_id)
+            .ok_or(CancelError::NotFound)?;
+        if cancelled.rows_affected() == 1 {
+            Ok(order)
+        } else {
+            Err(CancelError::NotPending(order.status_at(now)))
+        }
     }
 
     /// Marks every overdue pending order expired (the background sweep); returns how many.
@@ -841,8 +897,8 @@ async fn grant_for_order(tx: &mut Tx<'_>, order: &OrderRecord, lot_days: u64) ->
 /// - pending order, amount at least the order's: `matched`, order `paid`, lot granted. Paying
 ///   more than asked still buys the order (the surplus stays on record in the transaction).
 /// - pending order, less than its amount: `amount_mismatch`; the order stays pending.
-/// - order already paid, or expired (also when it expires at this moment): `unmatched` with the
-///   order named, for an operator to refund or `payment credit`.
+/// - order already paid, cancelled by its owner, or expired (also when it expires at this
+///   moment): `unmatched` with the order named, for an operator to refund or `payment credit`.
 /// - personal code: tokens at the configured price, floor; `unmatched` when no price is set or
 ///   the amount buys nothing.
 async fn resolve(
@@ -869,7 +925,7 @@ async fn resolve(
             lot: None,
         };
         match order.status_at(now) {
-            OrderStatus::Paid => {}
+            OrderStatus::Paid | OrderStatus::Cancelled => {}
             OrderStatus::Expired => {
                 if order.status == OrderStatus::Pending {
                     sqlx::query(

@@ -102,6 +102,9 @@ pub struct RecentEvent {
 pub struct UsageReport {
     /// Per UTC day (days since the Unix epoch); only days with usage, ascending.
     pub daily: BTreeMap<i64, UsageTotals>,
+    /// Per Unix hour, for windows of at most `HOURLY_MAX_SPAN_MS` (a day charted as one bar
+    /// says nothing); only hours with usage, ascending. `None` for longer windows.
+    pub hourly: Option<BTreeMap<i64, UsageTotals>>,
     /// Per model; only models with usage.
     pub by_model: BTreeMap<String, UsageTotals>,
     /// The newest events of the window, newest first.
@@ -136,6 +139,8 @@ fn apply<K: Ord>(map: &mut BTreeMap<K, UsageTotals>, key: K, t: &UsageTotals, ad
 type RollupKey<'a> = (&'a str, i64, &'a str);
 
 const DAY_HOURS: i64 = 24;
+/// Report windows up to this long also get per-hour sums (`UsageReport::hourly`).
+pub const HOURLY_MAX_SPAN_MS: i64 = DAY_HOURS * HOUR_MS;
 
 /// Most events per multi-row INSERT (a power of two, see [`statement_sized`]): 17 parameters
 /// each stays far below SQLite's 32,766 and Postgres's 65,535 bound parameters.
@@ -400,15 +405,26 @@ impl UsageStore<'_> {
             (first_hour + 1, Some((from, cut_end, true)))
         };
         let last_hour = now.div_euclid(HOUR_MS);
-        let (daily, by_model, edge_rows, recent, last_call) = tokio::try_join!(
-            self.rollup_by_day(user_id, rollup_from, last_hour),
+        let by_hour = now - from <= HOURLY_MAX_SPAN_MS;
+        let (buckets, by_model, edge_rows, recent, last_call) = tokio::try_join!(
+            self.rollup_buckets(user_id, rollup_from, last_hour, by_hour),
             self.rollup_by_model(user_id, rollup_from, last_hour),
             self.edge_by_model(user_id, edge.map(|(a, b, _)| (a, b))),
             self.recent(user_id, from, recent_limit),
             self.last_call(user_id),
         )?;
+        let (daily, hourly) = if by_hour {
+            let mut daily = BTreeMap::new();
+            for (hour, t) in &buckets {
+                apply(&mut daily, hour.div_euclid(DAY_HOURS), t, true);
+            }
+            (daily, Some(buckets))
+        } else {
+            (buckets, None)
+        };
         let mut report = UsageReport {
             daily,
+            hourly,
             by_model,
             recent,
             last_call,
@@ -418,37 +434,50 @@ impl UsageStore<'_> {
             let day = first_hour.div_euclid(DAY_HOURS);
             for (model, t) in edge_rows {
                 apply(&mut report.daily, day, &t, add);
+                if let Some(hourly) = report.hourly.as_mut() {
+                    apply(hourly, first_hour, &t, add);
+                }
                 apply(&mut report.by_model, model, &t, add);
             }
         }
         report.daily.retain(|_, t| t.requests > 0);
+        if let Some(hourly) = report.hourly.as_mut() {
+            hourly.retain(|_, t| t.requests > 0);
+        }
         report.by_model.retain(|_, t| t.requests > 0);
         Ok(report)
     }
 
-    /// Rollup sums per UTC day for hours `from_hour..=to_hour`. Two single-key groupings
-    /// (this and `rollup_by_model`) cost SQLite a fraction of one grouping by day and model.
-    async fn rollup_by_day(
+    /// Rollup sums per UTC day (or, with `by_hour`, per hour) for hours `from_hour..=to_hour`,
+    /// keyed by day or hour number. Two single-key groupings (this and `rollup_by_model`) cost
+    /// SQLite a fraction of one grouping by day and model.
+    async fn rollup_buckets(
         &self,
         user_id: &str,
         from_hour: i64,
         to_hour: i64,
+        by_hour: bool,
     ) -> StoreResult<BTreeMap<i64, UsageTotals>> {
-        let rows = sqlx::query(
-            "SELECT hour / 24 AS day, CAST(SUM(requests) AS BIGINT) AS requests, \
+        const BY_DAY: &str = "SELECT hour / 24 AS bucket, CAST(SUM(requests) AS BIGINT) AS requests, \
              CAST(SUM(input_tokens) AS BIGINT) AS input_tokens, \
              CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, \
              CAST(SUM(total_tokens) AS BIGINT) AS total_tokens \
              FROM usage_rollup WHERE user_id = $1 AND hour >= $2 AND hour <= $3 \
-             GROUP BY hour / 24",
-        )
+             GROUP BY hour / 24";
+        const BY_HOUR: &str = "SELECT hour AS bucket, CAST(SUM(requests) AS BIGINT) AS requests, \
+             CAST(SUM(input_tokens) AS BIGINT) AS input_tokens, \
+             CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, \
+             CAST(SUM(total_tokens) AS BIGINT) AS total_tokens \
+             FROM usage_rollup WHERE user_id = $1 AND hour >= $2 AND hour <= $3 \
+             GROUP BY hour";
+        let rows = sqlx::query(if by_hour { BY_HOUR } else { BY_DAY })
         .bind(user_id)
         .bind(from_hour)
         .bind(to_hour)
         .fetch_all(&self.db.pool)
         .await?;
         rows.iter()
-            .map(|r| Ok((r.try_get::<i64, _>("day")?, UsageTotals::from_row(r)?)))
+            .map(|r| Ok((r.try_get::<i64, _>("bucket")?, UsageTotals::from_row(r)?)))
             .collect()
     }
 
