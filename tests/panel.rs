@@ -81,6 +81,25 @@ async fn pages_assets_headers_and_qr() {
             "no other hosts"
         );
     }
+    // `/` opens the panel; unknown panel paths get the panel's own HTML 404 page.
+    let r = http.get(gw.site_url("/")).send().await.expect("root");
+    assert_eq!(r.status(), 307);
+    assert_eq!(header(&r, "location"), "/panel");
+    for missing in ["/panel/nope", "/panel/keys/extra", "/panel/assets/missing.js"] {
+        let r = http.get(gw.site_url(missing)).send().await.expect("404");
+        assert_eq!(r.status(), 404, "{missing}");
+        assert_eq!(header(&r, "content-type"), "text/html; charset=utf-8");
+        assert_eq!(header(&r, "content-security-policy"), CSP);
+        assert_eq!(header(&r, "cache-control"), "no-store");
+        let html = r.text().await.expect("html");
+        assert!(html.contains("Page not found"), "{html}");
+        assert!(html.contains(r#"<script type="module" src="/panel/assets/app.js">"#));
+    }
+    // The API keeps its JSON 404.
+    let r = http.get(gw.site_url("/api/nope")).send().await.expect("api 404");
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.expect("json")["code"], "not_found");
+
     for (asset, ctype) in [
         ("/panel/assets/app.js", "text/javascript; charset=utf-8"),
         ("/panel/assets/panel.css", "text/css; charset=utf-8"),
@@ -331,6 +350,7 @@ async fn panel_in_headless_chromium() {
             .arg(&gw.api)
             .arg(&mail_dir)
             .arg(&shots)
+            .env("WEBHOOK_SECRET", WEBHOOK_SECRET)
             .kill_on_drop(true)
             .output(),
     )
@@ -347,7 +367,7 @@ async fn panel_in_headless_chromium() {
         gw.log()
     );
 
-    // The rotated key made the requests the usage page showed, then was revoked.
+    // The panel's developer requests were metered; its last key was revoked.
     let key = stdout
         .lines()
         .find_map(|l| l.strip_prefix("KEY="))
@@ -363,16 +383,27 @@ async fn panel_in_headless_chromium() {
         .await
         .expect("send");
     assert_eq!(r.status(), 401, "revoked in the panel");
-    for name in [
-        "01-signin",
-        "03-keys",
-        "04-usage",
-        "05-security",
-        "07-order",
-    ] {
-        assert!(
-            shots.join(format!("{name}.png")).exists(),
-            "screenshot {name}"
-        );
+    for size in ["desktop", "mobile"] {
+        for name in [
+            "01-signin",
+            "03-keys",
+            "04-usage-24h",
+            "04-usage-7d",
+            "05-security",
+            "06-billing",
+            "07-order",
+            "08-paid",
+            "09-cancelled",
+            "10-overview",
+            "11-terms",
+            "12-not-found",
+            "13-confirm",
+            "14-revoked",
+        ] {
+            assert!(
+                shots.join(format!("{size}-{name}.png")).exists(),
+                "screenshot {size}-{name}"
+            );
+        }
     }
 }

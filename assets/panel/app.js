@@ -99,18 +99,84 @@ const short = (n) => {
 const when = (iso) => (iso ? new Date(iso).toLocaleString('en-GB', { dateStyle: 'medium', timeStyle: 'short' }) : '—');
 const vnd = (n) => `${fmt(n)} ₫`;
 const badge = (s) => el('span', { class: `badge ${s}` }, s);
+const hourLabel = (iso) => new Date(iso).toLocaleTimeString('en-GB', { hour: '2-digit', minute: '2-digit' });
+
+/** Short names of common Vietnamese banks by their NAPAS BIN (the VietQR bank id). */
+const BANKS = {
+  970436: 'Vietcombank', 970415: 'VietinBank', 970418: 'BIDV', 970405: 'Agribank',
+  970422: 'MB Bank', 970407: 'Techcombank', 970416: 'ACB', 970432: 'VPBank', 970423: 'TPBank',
+  970403: 'Sacombank', 970437: 'HDBank', 970441: 'VIB', 970443: 'SHB', 970431: 'Eximbank',
+  970426: 'MSB', 970448: 'OCB', 970440: 'SeABank', 970449: 'LPBank', 970429: 'SCB',
+  970454: 'BVBank', 970425: 'ABBANK', 970428: 'Nam A Bank', 970409: 'Bac A Bank',
+  970412: 'PVcomBank', 970419: 'NCB', 970427: 'VietABank', 970433: 'VietBank',
+  970452: 'KienlongBank', 970400: 'Saigonbank', 970438: 'BaoViet Bank', 970430: 'PGBank',
+  970406: 'DongA Bank', 970424: 'Shinhan Bank', 970458: 'UOB', 970457: 'Woori Bank',
+  970439: 'Public Bank', 970442: 'Hong Leong Bank', 970446: 'Co-opBank', 546034: 'CAKE',
+  546035: 'Ubank', 963388: 'Timo',
+};
+/** "VietinBank (BIN 970415)", or the bare BIN when the bank is not in the table. */
+const bankLabel = (bin) => (bin ? (BANKS[bin] ? `${BANKS[bin]} (BIN ${bin})` : bin) : '—');
+
+/**
+ * Runs `work` with `buttons` disabled (and marked busy), so a second click while the request
+ * is in flight does nothing: a double click never sends two orders. Returns undefined without
+ * running when one of them is already disabled.
+ */
+async function busy(buttons, work) {
+  const list = [].concat(buttons).filter(Boolean);
+  if (list.some((b) => b.disabled)) return undefined;
+  for (const b of list) { b.disabled = true; b.setAttribute('aria-busy', 'true'); }
+  try {
+    return await work();
+  } finally {
+    for (const b of list) { b.disabled = false; b.removeAttribute('aria-busy'); }
+  }
+}
+
+/** A modal question; resolves true for the confirm button, false for Cancel or Escape. */
+function confirmAction({ title, text, ok, danger = false }) {
+  return new Promise((resolve) => {
+    const yes = el('button', { type: 'button', id: 'confirm-ok', class: danger ? 'danger-solid' : null }, ok);
+    const no = el('button', { type: 'button', id: 'confirm-cancel', class: 'secondary' }, 'Cancel');
+    const dlg = el('dialog', { id: 'confirm', class: 'confirm', 'aria-labelledby': 'confirm-h', 'aria-describedby': 'confirm-text' },
+      el('h2', { id: 'confirm-h' }, title), el('p', { id: 'confirm-text' }, text), el('div', { class: 'row end' }, no, yes));
+    const done = (answer) => { dlg.close(); dlg.remove(); resolve(answer); };
+    yes.addEventListener('click', () => done(true));
+    no.addEventListener('click', () => done(false));
+    dlg.addEventListener('cancel', (ev) => { ev.preventDefault(); done(false); });
+    document.body.append(dlg);
+    dlg.showModal();
+    no.focus();
+  });
+}
+
+/** A small button that copies `text` and says so. */
+function copyButton(id, text, what) {
+  const b = el('button', { type: 'button', class: 'secondary small-btn', id, 'aria-label': `Copy ${what}` }, 'Copy');
+  b.addEventListener('click', async () => {
+    const ok = await copy(text);
+    b.textContent = ok ? 'Copied' : 'Copy failed';
+    say(ok ? `${what[0].toUpperCase()}${what.slice(1)} copied.` : `Copy failed: select the ${what} and copy it by hand.`);
+  });
+  return b;
+}
 
 function page(title, ...children) {
   document.title = `${title} · Gateway panel`;
   main.replaceChildren(el('h1', {}, title), ...children);
 }
 
-function table(caption, head, rows, numeric = []) {
+/**
+ * A table that scrolls inside its card when it is wider than the card; on narrow screens each
+ * row becomes a stacked block of "label: value" lines (the labels come from `data-label`).
+ */
+function table(caption, head, rows, numeric = [], id = null) {
   if (!rows.length) return el('p', { class: 'muted' }, `No ${caption.toLowerCase()} yet.`);
-  return el('table', {},
+  const cls = (i) => [numeric.includes(i) ? 'num' : null, head[i] ? null : 'actions'].filter(Boolean).join(' ') || null;
+  return el('div', { class: 'table-wrap' }, el('table', { class: 'stack', id },
     el('caption', { class: 'muted small', hidden: true }, caption),
-    el('thead', {}, el('tr', {}, head.map((h, i) => el('th', { scope: 'col', class: numeric.includes(i) ? 'num' : null }, h)))),
-    el('tbody', {}, rows.map((r) => el('tr', {}, r.map((c, i) => el('td', { class: numeric.includes(i) ? 'num' : null }, c))))));
+    el('thead', {}, el('tr', {}, head.map((h, i) => el('th', { scope: 'col', class: cls(i) }, h)))),
+    el('tbody', {}, rows.map((r) => el('tr', {}, r.map((c, i) => el('td', { class: cls(i), 'data-label': head[i] || null }, c)))))));
 }
 
 /** Asks the gateway for the QR code of `text` and puts the SVG in `box`. */
@@ -247,8 +313,45 @@ async function signinPage() {
 // ---------------------------------------------------------------------------------------------
 // Overview
 
+/**
+ * What the account has used and has left: the weekly allowance of its tier (a rolling week),
+ * purchased lots, and the sum of both, for tokens and, when the tier caps them, requests.
+ */
+function quotaSection(q, lots = []) {
+  if (q.unlimited) {
+    return el('section', { class: 'card', id: 'quota', 'aria-labelledby': 'quota-h' },
+      el('h2', { id: 'quota-h' }, 'Quota'), el('p', {}, el('strong', { id: 'quota-left' }, 'Unlimited'), ' — this account is not metered.'));
+  }
+  const allowance = q.weeklyTokens || 0;
+  const allowanceLeft = q.allowanceTokensRemaining ?? Math.max(0, (q.tokensRemaining || 0) - (q.lotTokensRemaining || 0));
+  const allowanceUsed = Math.max(0, allowance - allowanceLeft);
+  const tokenLots = lots.filter((l) => l.type === 'token' && l.remaining > 0);
+  const requestLots = lots.filter((l) => l.type === 'request' && l.remaining > 0);
+  const nextExpiry = (ls) => ls.map((l) => l.expiresAt).sort()[0];
+  const meter = (used, total, label) => el('progress', { max: Math.max(1, total), value: Math.min(used, total), 'aria-label': label });
+  const requests = q.weeklyRequests
+    ? [el('dt', {}, 'Weekly requests'), el('dd', { id: 'quota-requests' }, `${fmt(q.allowanceRequestsRemaining)} of ${fmt(q.weeklyRequests)} left`)]
+    : [el('dt', {}, 'Weekly requests'), el('dd', { id: 'quota-requests' }, 'no weekly cap')];
+  return el('section', { class: 'card', id: 'quota', 'aria-labelledby': 'quota-h' },
+    el('h2', { id: 'quota-h' }, 'Quota'),
+    el('div', { class: 'grid tight' },
+      el('div', { class: 'stat' }, el('div', { class: 'v', id: 'quota-left' }, short(q.tokensRemaining)), el('div', { class: 'k' }, `tokens left (${fmt(q.tokensRemaining)})`)),
+      el('div', { class: 'stat' }, el('div', { class: 'v', id: 'quota-used' }, short(q.weeklyTokensUsed)), el('div', { class: 'k' }, 'tokens used this week'))),
+    el('dl', { class: 'kv' },
+      el('dt', {}, 'Weekly allowance'),
+      el('dd', { id: 'quota-allowance' }, `${fmt(allowanceLeft)} of ${fmt(allowance)} tokens left`, el('br'), meter(allowanceUsed, allowance, 'Weekly allowance used')),
+      el('dt', {}, 'Purchased lots'),
+      el('dd', { id: 'quota-lots' }, tokenLots.length
+        ? `${fmt(q.lotTokensRemaining)} tokens left in ${tokenLots.length} lot${tokenLots.length > 1 ? 's' : ''}, next expiry ${when(nextExpiry(tokenLots))}`
+        : 'none — buy a package on the billing page'),
+      ...requests,
+      requestLots.length ? el('dt', {}, 'Request lots') : null,
+      requestLots.length ? el('dd', {}, `${fmt(q.lotRequestsRemaining)} requests left`) : null),
+    el('p', { class: 'muted small' }, 'The weekly allowance of your tier is spent first, then lots, the one expiring soonest first.'));
+}
+
 async function overviewPage() {
-  const p = await api('/api/account/profile');
+  const [p, u] = await Promise.all([api('/api/account/profile'), api('/api/account/usage?period=1h').catch(() => ({}))]);
   const q = p.quota || {};
   page('Account',
     el('section', { class: 'card' },
@@ -259,6 +362,7 @@ async function overviewPage() {
         el('dt', {}, 'Weekly tokens'), el('dd', {}, q.unlimited ? 'unlimited' : fmt(q.weeklyTokens)),
         el('dt', {}, 'Two-factor'), el('dd', {}, p.user.twoFactorEnabled ? 'on' : 'off'),
         el('dt', {}, 'Member since'), el('dd', {}, when(p.user.createdAt)))),
+    quotaSection(q, u.quotaLots || []),
     el('nav', { class: 'card', 'aria-label': 'Sections' },
       el('div', { class: 'row' },
         el('a', { href: '/panel/keys' }, 'API key →'), el('a', { href: '/panel/usage' }, 'Usage →'),
@@ -278,13 +382,20 @@ async function keysPage() {
   const rotate = el('button', { type: 'button', id: 'rotate' }, active.length ? 'Rotate key' : 'Create key');
   rotate.addEventListener('click', async () => {
     error.textContent = '';
-    rotate.disabled = true;
-    try {
-      const r = await api('/api/account/keys', { method: 'POST', body: { rotate: true } });
-      await keysPage();
-      showSecret(r.secret);
-      say('New key created. Copy it now: it is shown only once.');
-    } catch (e) { error.textContent = explain(e); rotate.disabled = false; }
+    if (active.length && !await confirmAction({
+      title: 'Rotate the key?',
+      text: 'A new key is created and the current one stops working at once: every program that uses it needs the new key.',
+      ok: 'Rotate key',
+      danger: true,
+    })) return;
+    await busy(rotate, async () => {
+      try {
+        const r = await api('/api/account/keys', { method: 'POST', body: { rotate: true } });
+        await keysPage();
+        showSecret(r.secret);
+        say('New key created. Copy it now: it is shown only once.');
+      } catch (e) { error.textContent = explain(e); }
+    });
   });
 
   const rows = keys.map((k) => {
@@ -294,11 +405,19 @@ async function keysPage() {
     if (revoke) {
       revoke.addEventListener('click', async () => {
         error.textContent = '';
-        try {
-          await api(`/api/account/keys/${encodeURIComponent(k.id)}`, { method: 'DELETE' });
-          say('Key revoked.');
-          await keysPage();
-        } catch (e) { error.textContent = explain(e); }
+        if (!await confirmAction({
+          title: 'Revoke this key?',
+          text: `${k.name} (${k.keyPrefix}…${k.keySuffix}) stops working at once and cannot be turned back on.`,
+          ok: 'Revoke key',
+          danger: true,
+        })) return;
+        await busy([revoke, rotate], async () => {
+          try {
+            await api(`/api/account/keys/${encodeURIComponent(k.id)}`, { method: 'DELETE' });
+            say('Key revoked.');
+            await keysPage();
+          } catch (e) { error.textContent = explain(e); }
+        });
       });
     }
     return [
@@ -338,35 +457,44 @@ async function keysPage() {
 // ---------------------------------------------------------------------------------------------
 // Usage
 
-function usageChart(daily) {
-  const W = 760; const H = 260; const L = 56; const B = 28; const T = 12; const R = 8;
-  const peak = Math.max(1, ...daily.map((d) => Math.max(d.inputTokens || 0, d.outputTokens || 0)));
+/**
+ * Input and output tokens per bucket as an SVG bar chart. `buckets` are the usage API's
+ * `daily` (key `day`) or `hourly` (key `hour`) items. The drawing is as wide as the space it
+ * gets, so labels stay readable on a phone.
+ */
+function usageChart(buckets, hourly) {
+  const W = Math.round(Math.max(300, Math.min(760, main.clientWidth - 48)));
+  const H = W < 500 ? 220 : 260; const L = 44; const B = 28; const T = 12; const R = 8;
+  const peak = Math.max(1, ...buckets.map((d) => Math.max(d.inputTokens || 0, d.outputTokens || 0)));
   // A round axis top that splits into four whole ticks.
   const mag = 10 ** Math.floor(Math.log10(peak));
   const max = [0.4, 0.8, 1, 2, 4, 8, 10].map((m) => Math.round(m * mag))
     .find((m) => m >= Math.max(peak, 4) && Number.isInteger(m / 4)) || 10 * mag;
   const plotW = W - L - R; const plotH = H - T - B;
-  const slot = plotW / Math.max(1, daily.length);
-  const barW = Math.max(2, Math.min(28, (slot - 6) / 2));
-  const svg = svgEl('svg', { viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-labelledby': 'chart-title', id: 'usage-chart' });
-  svg.append(svgEl('title', { id: 'chart-title' }, 'Input and output tokens per day'));
+  const slot = plotW / Math.max(1, buckets.length);
+  const barW = Math.max(2, Math.min(28, (slot - 4) / 2));
+  const unit = hourly ? 'hour' : 'day';
+  const label = (d) => (hourly ? hourLabel(d.hour) : d.day.slice(5));
+  const svg = svgEl('svg', { viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-labelledby': 'chart-title', id: 'usage-chart', 'data-unit': unit });
+  svg.append(svgEl('title', { id: 'chart-title' }, `Input and output tokens per ${unit}`));
   for (let i = 0; i <= 4; i += 1) {
     const y = T + plotH - (plotH * i) / 4;
     svg.append(svgEl('line', { x1: L, x2: W - R, y1: y, y2: y, class: 'axis' }));
     svg.append(svgEl('text', { x: L - 6, y: y + 4, 'text-anchor': 'end' }, short(Math.round((max * i) / 4))));
   }
-  const every = Math.ceil(daily.length / 10);
-  daily.forEach((d, i) => {
+  const labels = Math.max(2, Math.floor(plotW / (hourly ? 52 : 48)));
+  const every = Math.ceil(buckets.length / labels);
+  buckets.forEach((d, i) => {
     const x0 = L + i * slot + (slot - 2 * barW) / 2;
     for (const [j, key, cls] of [[0, 'inputTokens', 'in'], [1, 'outputTokens', 'out']]) {
       const v = d[key] || 0;
       const h = (plotH * v) / max;
-      const rect = svgEl('rect', { x: x0 + j * barW, y: T + plotH - h, width: Math.max(1, barW - 1), height: Math.max(v ? 1 : 0, h), class: `bar ${cls}`, 'data-day': d.day, 'data-value': v });
-      rect.append(svgEl('title', {}, `${d.day} ${cls === 'in' ? 'input' : 'output'}: ${fmt(v)} tokens`));
+      const rect = svgEl('rect', { x: x0 + j * barW, y: T + plotH - h, width: Math.max(1, barW - 1), height: Math.max(v ? 1 : 0, h), class: `bar ${cls}`, [`data-${unit}`]: d[unit], 'data-value': v });
+      rect.append(svgEl('title', {}, `${hourly ? `${when(d.hour)}` : d.day} ${cls === 'in' ? 'input' : 'output'}: ${fmt(v)} tokens`));
       svg.append(rect);
     }
-    if (i % every === 0 || i === daily.length - 1) {
-      svg.append(svgEl('text', { x: L + i * slot + slot / 2, y: H - 8, 'text-anchor': 'middle' }, d.day.slice(5)));
+    if ((buckets.length - 1 - i) % every === 0) {
+      svg.append(svgEl('text', { x: L + i * slot + slot / 2, y: H - 8, 'text-anchor': 'middle' }, label(d)));
     }
   });
   return el('figure', { class: 'chart' }, svg,
@@ -388,6 +516,7 @@ async function usagePage() {
       return b;
     }));
   const stat = (k, v, id, cls = 'v') => el('div', { class: 'stat' }, el('div', { class: cls, id }, v), el('div', { class: 'k' }, k));
+  const hourly = Array.isArray(u.hourly);
   page('Usage', seg,
     el('section', { class: 'grid', 'aria-label': 'Summary' },
       stat('Requests', fmt(s.requests), 'sum-requests'),
@@ -395,13 +524,17 @@ async function usagePage() {
       stat('Output tokens', fmt(s.outputTokens), 'sum-output'),
       stat('Total tokens', fmt(s.totalTokens), 'sum-total'),
       stat('Last API call', when(s.lastApiCall), 'sum-last', 'v date')),
-    el('section', { class: 'card', 'aria-labelledby': 'daily-h' }, el('h2', { id: 'daily-h' }, 'Daily tokens'), usageChart(u.daily || [])),
+    quotaSection(u.quota || {}, u.quotaLots || []),
+    el('section', { class: 'card', 'aria-labelledby': 'chart-h' }, el('h2', { id: 'chart-h' }, hourly ? 'Tokens per hour' : 'Tokens per day'),
+      el('div', { id: 'chart-box' })),
     el('section', { class: 'card', 'aria-labelledby': 'model-h' }, el('h2', { id: 'model-h' }, 'By model'),
       table('Models', ['Model', 'Requests', 'Input', 'Output', 'Total'],
         (u.byModel || []).map((m) => [el('code', {}, m.model), fmt(m.requests), fmt(m.inputTokens), fmt(m.outputTokens), fmt(m.totalTokens)]), [1, 2, 3, 4])),
     el('section', { class: 'card', 'aria-labelledby': 'recent-h' }, el('h2', { id: 'recent-h' }, 'Recent requests'),
       table('Requests', ['Time', 'Model', 'Effort', 'Input', 'Output', 'Total'],
         (u.recentRequests || []).map((r) => [when(r.createdAt), el('code', {}, r.model), r.reasoningEffort || '—', fmt(r.inputTokens), fmt(r.outputTokens), fmt(r.totalTokens)]), [3, 4, 5])));
+  // Drawn once the page is in place, so the chart takes the width it really has.
+  document.getElementById('chart-box').replaceChildren(usageChart(hourly ? u.hourly : (u.daily || []), hourly));
   main.dataset.shownPeriod = u.period;
 }
 
@@ -455,81 +588,175 @@ async function securityPage() {
 // ---------------------------------------------------------------------------------------------
 // Billing
 
-function transferBox(order) {
+/** How often the billing page asks whether a pending order was paid. */
+const BILLING_POLL_MS = 4000;
+let billingPoll = null;
+
+/** Asks to cancel `order`, then cancels it; true when it was cancelled. */
+async function cancelOrder(order, button, error) {
+  error.textContent = '';
+  if (!await confirmAction({
+    title: `Cancel order ${order.id}?`,
+    text: 'Do not transfer money for it after cancelling: a late transfer is not matched to the order and has to be refunded or credited by hand.',
+    ok: 'Cancel order',
+    danger: true,
+  })) return false;
+  return busy(button, async () => {
+    try {
+      await api(`/api/payment/orders/${encodeURIComponent(order.id)}/cancel`, { method: 'POST', body: {} });
+      say(`Order ${order.id} cancelled.`);
+      return true;
+    } catch (e) {
+      error.textContent = e instanceof ApiError && e.code === 'order_not_pending'
+        ? 'That order is no longer pending (it was paid or has expired).'
+        : explain(e);
+      return false;
+    }
+  });
+}
+
+function transferBox(order, onCancel) {
   const t = order.transfer;
-  if (!t) return el('p', { class: 'muted' }, `Order ${order.id} is ${order.paymentStatus}.`);
+  if (!t) {
+    const paid = order.paymentStatus === 'paid';
+    return el('section', { class: `card notice-card ${order.paymentStatus}`, id: 'order-state', role: 'status' },
+      el('h2', {}, paid ? `Order ${order.id} is paid` : `Order ${order.id} is ${order.paymentStatus}`),
+      el('p', {}, paid
+        ? `Thank you: ${order.packageName || `${fmt(order.quantity)} ${order.quotaType}s`} ${order.quotaType === 'request' ? 'were' : 'are'} added to your quota.`
+        : 'Nothing more to do for this order.'));
+  }
   const qr = el('div', { class: 'code', id: 'transfer-qr' });
-  const box = el('section', { class: 'card', id: 'transfer', 'aria-labelledby': 'transfer-h' },
+  const amountDigits = String(t.amount);
+  const description = t.description || order.paymentCode;
+  const cancel = el('button', { type: 'button', class: 'danger', id: 'cancel-shown' }, 'Cancel order');
+  cancel.addEventListener('click', () => onCancel(order, cancel));
+  const box = el('section', { class: 'card', id: 'transfer', tabindex: '-1', 'aria-labelledby': 'transfer-h' },
     el('h2', { id: 'transfer-h' }, `Pay order ${order.id}`),
     el('div', { class: 'qr' }, qr,
-      el('div', {},
-        el('p', {}, 'Transfer exactly this amount with this description; the order is marked paid as soon as the bank reports it.'),
+      el('div', { class: 'transfer-text' },
+        el('p', {}, 'Transfer exactly this amount with this description; the order is marked paid as soon as the bank reports it, and this page updates by itself.'),
         el('dl', { class: 'kv' },
-          el('dt', {}, 'Bank (BIN)'), el('dd', {}, t.bankBin || t.bank || '—'),
-          el('dt', {}, 'Account'), el('dd', {}, t.accountNumber || '—'),
+          el('dt', {}, 'Bank'), el('dd', { id: 'transfer-bank' }, bankLabel(t.bankBin || t.bank)),
+          el('dt', {}, 'Account'), el('dd', { class: 'copyable' }, el('span', { id: 'transfer-account', class: 'mono' }, t.accountNumber || '—'), t.accountNumber ? copyButton('copy-account', t.accountNumber, 'account number') : null),
           el('dt', {}, 'Name'), el('dd', {}, t.accountName || '—'),
-          el('dt', {}, 'Amount'), el('dd', { id: 'transfer-amount' }, vnd(t.amount)),
-          el('dt', {}, 'Description'), el('dd', {}, el('code', { id: 'transfer-code' }, t.description || order.paymentCode)),
-          el('dt', {}, 'Expires'), el('dd', {}, when(order.expiresAt))))));
+          el('dt', {}, 'Amount'), el('dd', { class: 'copyable' }, el('span', { id: 'transfer-amount' }, vnd(t.amount)), copyButton('copy-amount', amountDigits, 'amount')),
+          el('dt', {}, 'Description'), el('dd', { class: 'copyable' }, el('code', { id: 'transfer-code' }, description), copyButton('copy-description', description, 'description')),
+          el('dt', {}, 'Expires'), el('dd', {}, when(order.expiresAt))),
+        el('div', { class: 'row' }, cancel))));
   const payload = t.qrPayload || null;
   if (payload) drawQr(qr, payload, 'VietQR transfer code').catch(fail);
   else qr.replaceChildren(el('p', { class: 'muted small' }, 'No QR code: the bank account is not configured.'));
   return box;
 }
 
-async function billingPage(created) {
+/**
+ * The billing page. `shownId` is the order whose transfer instructions (or, once it is no
+ * longer pending, its outcome) are shown at the top. While any order is pending the page asks
+ * again every few seconds and redraws when an order changed, so a payment shows up without a
+ * reload; it stops asking when none is pending or the page is left.
+ */
+async function billingPage(shownId = null) {
+  clearTimeout(billingPoll);
   const data = await api('/api/payment/orders');
-  const error = el('p', { class: 'error', role: 'alert' });
-  const order = async (body) => {
+  renderBilling(data, shownId);
+}
+
+function renderBilling(data, shownId) {
+  clearTimeout(billingPoll);
+  const error = el('p', { class: 'error', role: 'alert', id: 'billing-error' });
+  const orderButtons = [];
+  const order = (body, button) => {
     error.textContent = '';
-    try {
-      const r = await api('/api/payment/orders', { method: 'POST', body });
-      say(`Order ${r.order.id} created.`);
-      await billingPage(r.order);
-    } catch (e) { error.textContent = explain(e); }
+    return busy(orderButtons, async () => {
+      try {
+        const r = await api('/api/payment/orders', { method: 'POST', body });
+        say(`Order ${r.order.id} created.`);
+        await billingPage(r.order.id);
+        document.getElementById('transfer')?.focus();
+      } catch (e) { error.textContent = explain(e); }
+    }).finally(() => button?.blur?.());
   };
-  const packages = (data.packages || []).map((p) => el('div', { class: 'package' },
-    el('h3', {}, p.name), el('div', { class: 'muted' }, `${short(p.tokens)} tokens · ${p.tier} tier · ${p.lotDays} days`),
-    el('div', { class: 'price' }, vnd(p.amount)),
-    el('button', { type: 'button', 'data-package': p.id, onclick: () => order({ packageId: p.id }) }, `Buy ${p.name}`)));
+  const onCancel = async (o, button) => {
+    if (await cancelOrder(o, button, error)) await billingPage(o.id);
+  };
+  const packages = (data.packages || []).map((p) => {
+    const buy = el('button', { type: 'button', 'data-package': p.id }, `Buy ${p.name}`);
+    buy.addEventListener('click', () => order({ packageId: p.id }, buy));
+    orderButtons.push(buy);
+    return el('div', { class: 'package' },
+      el('h3', {}, p.name), el('div', { class: 'muted' }, `${short(p.tokens)} tokens · ${p.tier} tier · ${p.lotDays} days`),
+      el('div', { class: 'price' }, vnd(p.amount)), buy);
+  });
 
   const pr = data.pricing || {};
   const kind = el('select', { id: 'quota-type' },
     pr.tokenPricePerMillion ? el('option', { value: 'token' }, `Tokens (${vnd(pr.tokenPricePerMillion)} per million)`) : null,
     pr.requestPricePerThousand ? el('option', { value: 'request' }, `Requests (${vnd(pr.requestPricePerThousand)} per thousand)`) : null);
   const qty = el('input', { type: 'number', id: 'quantity', min: 1, step: 1, required: true, value: 1000000 });
+  const submit = el('button', { type: 'submit' }, 'Create order');
+  orderButtons.push(submit);
   const custom = el('form', { id: 'custom-order', novalidate: true },
     el('label', { for: 'quota-type' }, 'What to buy'), kind,
     el('label', { for: 'quantity' }, 'Quantity'), qty,
-    el('div', { class: 'row' }, el('button', { type: 'submit' }, 'Create order')));
+    el('div', { class: 'row' }, submit));
   custom.addEventListener('submit', (ev) => {
     ev.preventDefault();
     const n = Number(qty.value);
     if (!Number.isInteger(n) || n < 1) { error.textContent = MESSAGES.invalid_quantity; return; }
-    order({ quotaType: kind.value, quantity: n });
+    order({ quotaType: kind.value, quantity: n }, submit);
   });
 
   const orders = data.orders || [];
-  const current = created ? orders.find((o) => o.id === created.id) || created : null;
+  const shown = shownId ? orders.find((o) => o.id === shownId) : null;
   const orderRows = orders.map((o) => {
-    const show = o.transfer ? el('button', { type: 'button', class: 'link', onclick: () => { const t = document.getElementById('transfer-slot'); t.replaceChildren(transferBox(o)); t.scrollIntoView(); } }, 'Payment details') : '';
-    return [el('code', {}, o.id), o.packageName || `${fmt(o.quantity)} ${o.quotaType}s`, vnd(o.amount), el('code', {}, o.paymentCode || '—'), badge(o.paymentStatus), when(o.createdAt), show];
+    const actions = el('span', { class: 'row tight' });
+    if (o.transfer) {
+      const details = el('button', { type: 'button', class: 'link', 'data-details': o.id }, 'Payment details');
+      details.addEventListener('click', () => {
+        renderBilling(data, o.id);
+        document.getElementById('transfer')?.scrollIntoView();
+      });
+      const cancel = el('button', { type: 'button', class: 'danger', 'data-cancel': o.id, 'aria-label': `Cancel order ${o.id}` }, 'Cancel');
+      cancel.addEventListener('click', () => onCancel(o, cancel));
+      actions.append(details, cancel);
+    }
+    return [el('code', {}, o.id), o.packageName || `${fmt(o.quantity)} ${o.quotaType}s`, vnd(o.amount), el('code', {}, o.paymentCode || '—'), badge(o.paymentStatus), when(o.createdAt), actions];
   });
   const lots = (data.quotaLots || []).map((l) => [l.type, l.tier || '—', fmt(l.amount), fmt(l.remaining), l.source || '—', when(l.expiresAt)]);
 
   page('Billing',
-    el('div', { id: 'transfer-slot' }, current ? transferBox(current) : null),
+    el('div', { id: 'transfer-slot' }, shown ? transferBox(shown, onCancel) : null),
     el('section', { class: 'card', 'aria-labelledby': 'pk-h' }, el('h2', { id: 'pk-h' }, 'Token packages'), el('div', { class: 'packages' }, packages)),
     (pr.tokenPricePerMillion || pr.requestPricePerThousand)
       ? el('section', { class: 'card', 'aria-labelledby': 'custom-h' }, el('h2', { id: 'custom-h' }, 'Custom order'), custom)
       : null,
     error,
     el('section', { class: 'card', 'aria-labelledby': 'orders-h' }, el('h2', { id: 'orders-h' }, 'Order history'),
-      table('Orders', ['Order', 'What', 'Amount', 'Code', 'Status', 'Created', ''], orderRows, [2])),
+      table('Orders', ['Order', 'What', 'Amount', 'Code', 'Status', 'Created', ''], orderRows, [2], 'orders')),
     el('section', { class: 'card', 'aria-labelledby': 'lots-h' }, el('h2', { id: 'lots-h' }, 'Quota lots'),
-      table('Lots', ['Type', 'Tier', 'Amount', 'Remaining', 'Source', 'Expires'], lots, [2, 3])),
+      table('Lots', ['Type', 'Tier', 'Amount', 'Remaining', 'Source', 'Expires'], lots, [2, 3], 'lots')),
     data.paymentCode ? el('p', { class: 'muted small' }, 'Top up at any time: transfer any amount with your personal code ', el('code', {}, data.paymentCode), ' in the description.') : null);
-  if (current) document.getElementById('transfer')?.focus?.();
+
+  const pending = orders.filter((o) => o.paymentStatus === 'pending');
+  main.dataset.polling = pending.length ? 'on' : 'off';
+  if (!pending.length) return;
+  const before = JSON.stringify(orders.map((o) => [o.id, o.paymentStatus]));
+  billingPoll = setTimeout(async function poll() {
+    if (location.pathname !== '/panel/billing') return;
+    try {
+      const next = await api('/api/payment/orders');
+      const now = JSON.stringify((next.orders || []).map((o) => [o.id, o.paymentStatus]));
+      if (now !== before) {
+        const shownNow = (next.orders || []).find((o) => o.id === shownId);
+        if (shownNow && shownNow.paymentStatus === 'paid') say(`Order ${shownId} is paid.`);
+        renderBilling(next, shownId);
+        return;
+      }
+    } catch (e) {
+      if (e instanceof ApiError && e.code === 'unauthorized') return;
+    }
+    billingPoll = setTimeout(poll, BILLING_POLL_MS);
+  }, BILLING_POLL_MS);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -561,6 +788,14 @@ const ROUTES = {
 };
 const PUBLIC = new Set(['/panel/signin', '/panel/terms']);
 
+/** Paths the panel does not know: the server already sent the "page not found" page. */
+function notFoundPage() {
+  document.title = 'Page not found · Gateway panel';
+  if (document.getElementById('not-found')) return;
+  main.replaceChildren(el('section', { class: 'card', id: 'not-found' }, el('h1', {}, 'Page not found'),
+    el('p', {}, 'There is no panel page at this address.'), el('p', {}, el('a', { href: '/panel' }, 'Go to the panel'))));
+}
+
 function fail(e) {
   if (e instanceof ApiError && e.code === 'unauthorized') return;
   main.replaceChildren(el('div', { class: 'card' }, el('h1', {}, 'Something went wrong'), el('p', { class: 'error', role: 'alert' }, explain(e))));
@@ -570,7 +805,8 @@ async function start() {
   const path = location.pathname;
   session = await api('/api/auth/session').catch(() => null);
   if (session && session.csrfToken) csrf = session.csrfToken;
-  if (!session && !PUBLIC.has(path)) return location.replace('/panel/signin');
+  const render = path === '/panel/signin' ? signinPage : ROUTES[path] || notFoundPage;
+  if (!session && !PUBLIC.has(path) && render !== notFoundPage) return location.replace('/panel/signin');
   const nav = document.getElementById('nav');
   if (session) {
     nav.hidden = false;
@@ -581,8 +817,6 @@ async function start() {
       location.assign('/panel/signin');
     });
   }
-  const render = path === '/panel/signin' ? signinPage : ROUTES[path];
-  if (!render) return fail(new Error('no such page'));
   await render();
   document.body.dataset.ready = path;
 }

@@ -143,6 +143,8 @@ impl QuotaStatus {
             "weeklyTokensUsed": self.weekly_tokens_used,
             "weeklyRequestsUsed": self.weekly_requests_used,
             "tokensRemaining": self.tokens_remaining(),
+            "allowanceTokensRemaining": self.limits.weekly_tokens.saturating_sub(self.allowance_tokens_spent),
+            "allowanceRequestsRemaining": self.limits.weekly_requests.saturating_sub(self.allowance_requests_spent),
             "lotTokensRemaining": self.lot_tokens_remaining,
             "lotRequestsRemaining": self.lot_requests_remaining,
             "requestsPerMinute": self.limits.requests_per_minute,

@@ -1,11 +1,17 @@
-// Drives Debian's Chromium (playwright-core, no downloaded browser) through the web panel:
-// sign-in with the emailed code, key rotation and copy, developer API calls with the new key,
-// the usage chart, two-factor QR, a billing order with its VietQR code, and revocation.
+// Drives Debian's Chromium (playwright-core, no downloaded browser) through the web panel, once
+// on a desktop window and once on a 390×844 phone: sign-in with the emailed code, key creation
+// and copy, developer API calls with the new key, the quota left, the usage chart (hourly bars
+// for 24h), two-factor QR, billing (bank name, copy buttons, one order for a double click, the
+// page turning paid by itself after the bank's webhook, cancelling with a confirmation),
+// rotation and revocation behind a confirmation, the `/` redirect and the 404 page. On every
+// page it checks that nothing is wider than the window, and it screenshots every page.
 //
 //   node tests/browser/panel.mjs <site_url> <api_url> <mail_dir> <screenshot_dir>
 //
 // <mail_dir> holds one `.eml` file per delivered message (the test's SMTP sink writes them).
-// Prints `KEY=<secret>` and, at the end, `PANEL_OK`; exits non-zero on any failure.
+// WEBHOOK_SECRET in the environment is the gateway's GATEWAY_WEBHOOK_SECRET.
+// Prints `KEY=<secret>` (the desktop run's last key, revoked at the end) and, at the end,
+// `PANEL_OK`; exits non-zero on any failure.
 
 import { chromium } from 'playwright-core';
 import { readdirSync, readFileSync, mkdirSync } from 'node:fs';
@@ -16,10 +22,9 @@ if (!site || !api || !mailDir || !shots) {
   console.error('usage: panel.mjs <site_url> <api_url> <mail_dir> <screenshot_dir>');
   process.exit(2);
 }
+const webhookSecret = process.env.WEBHOOK_SECRET || '';
 mkdirSync(shots, { recursive: true });
 
-const email = `panel-${Date.now()}@example.com`;
-const problems = [];
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 function check(cond, what) {
   if (!cond) throw new Error(`check failed: ${what}`);
@@ -43,19 +48,36 @@ async function mailCode(to, timeoutMs = 15000) {
   throw new Error(`no mail with a code to ${to} in ${mailDir}`);
 }
 
+/** The bank's notifier reporting a transfer with `description`. */
+async function bankPays(description, amount) {
+  const r = await fetch(`${site}/api/payment/sepay/callback`, {
+    method: 'POST',
+    headers: { authorization: `Apikey ${webhookSecret}`, 'content-type': 'application/json' },
+    body: JSON.stringify({
+      status: true,
+      data: [{ transactionID: `FT${Date.now()}${Math.floor(Math.random() * 1e6)}`, type: 'IN', amount, description: `CT ${description} chuyen tien`, date: '2026-11-25 10:00:00', bank: 'VietinBank' }],
+    }),
+  });
+  const body = await r.json();
+  check(r.status === 200, `the webhook answers 200 (${JSON.stringify(body)})`);
+  return body.processed[0];
+}
+
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
   headless: true,
   args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
     '--disable-background-networking', '--disable-component-update', '--disable-sync'],
 });
-let exitCode = 0;
-try {
-  const context = await browser.newContext({ viewport: { width: 1200, height: 900 }, deviceScaleFactor: 1 });
+
+async function scenario(tag, contextOptions) {
+  const problems = [];
+  const email = `panel-${tag}-${Date.now()}@example.com`;
+  const context = await browser.newContext(contextOptions);
   await context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: site });
   const page = await context.newPage();
   page.on('console', (m) => {
-    if (m.type() === 'error') problems.push(`console: ${m.text()}`);
+    if (m.type() === 'error' && !/status of 404/.test(m.text())) problems.push(`console: ${m.text()}`);
   });
   page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
   page.on('request', (r) => {
@@ -63,56 +85,78 @@ try {
     if (u.origin !== new URL(site).origin) problems.push(`third-party request: ${r.url()}`);
   });
   const ready = (path) => page.waitForSelector(`body[data-ready="${path}"]`, { timeout: 15000 });
-  const shot = (name) => page.screenshot({ path: join(shots, `${name}.png`), fullPage: true });
+  const shot = (name) => page.screenshot({ path: join(shots, `${tag}-${name}.png`), fullPage: true });
+  /** Nothing on the page is wider than the window: no sideways scrolling. */
+  const fits = async (what) => {
+    const m = await page.evaluate(() => {
+      const root = document.documentElement;
+      const wide = [...document.querySelectorAll('body *')]
+        .filter((e) => e.getBoundingClientRect().right > root.clientWidth + 1 && !e.closest('.table-wrap, nav'))
+        .slice(0, 5)
+        .map((e) => `${e.tagName.toLowerCase()}${e.id ? `#${e.id}` : ''}.${e.className}`);
+      return { scroll: root.scrollWidth, client: root.clientWidth, inner: window.innerWidth, wide };
+    });
+    check(m.scroll <= m.inner && m.scroll <= m.client,
+      `${tag}: ${what} has no horizontal scroll (scrollWidth ${m.scroll}, innerWidth ${m.inner}, clientWidth ${m.client}${m.wide.length ? `, too wide: ${m.wide.join(', ')}` : ''})`);
+  };
+  /** Opens the confirmation a click raises, checks it names `words`, and answers it. */
+  const confirmWith = async (selector, words, answer) => {
+    await page.click(selector);
+    await page.waitForSelector('dialog#confirm[open]');
+    check((await page.textContent('dialog#confirm')).includes(words), `${tag}: clicking ${selector} asks first ("${words}")`);
+    await page.click(answer ? '#confirm-ok' : '#confirm-cancel');
+    await page.waitForSelector('dialog#confirm', { state: 'detached' });
+  };
 
-  // Signed out: the panel sends us to sign-in.
-  const first = await page.goto(`${site}/panel/keys`);
-  check(first.headers()['content-security-policy']?.includes("script-src 'self'"), 'panel page carries the CSP');
+  // `/` opens the panel; signed out, the panel sends us to sign-in.
+  const root = await page.goto(`${site}/`);
   await ready('/panel/signin');
-  check(page.url().endsWith('/panel/signin'), 'signed-out visit redirects to /panel/signin');
+  check(root.request().redirectedFrom()?.url() === `${site}/`, `${tag}: / redirects to the panel`);
+  check(root.headers()['content-security-policy']?.includes("script-src 'self'"), `${tag}: panel page carries the CSP`);
+  check(page.url().endsWith('/panel/signin'), `${tag}: signed-out visit lands on /panel/signin`);
   await page.fill('#email', email);
   await page.click('#request-form button[type=submit]');
-  check((await page.textContent('[role=alert]')).includes('terms'), 'the terms checkbox is required');
+  check((await page.textContent('[role=alert]')).includes('terms'), `${tag}: the terms checkbox is required`);
   await page.check('#terms');
+  await fits('sign-in');
   await shot('01-signin');
   await page.click('#request-form button[type=submit]');
   await page.waitForSelector('#code-form:not([hidden])');
-  check((await page.textContent('#check-mail')).includes(email), '"check your mail" names the address');
+  check((await page.textContent('#check-mail')).includes(email), `${tag}: "check your mail" names the address`);
   await shot('02-code');
   const mail = await mailCode(email);
-  check(mail.link, 'the mail carries the magic link too');
+  check(mail.link, `${tag}: the mail carries the magic link too`);
   await page.fill('#code', mail.code);
   await page.click('#code-form button[type=submit]');
   await page.waitForURL(`${site}/panel/keys`);
   await ready('/panel/keys');
-  check((await page.textContent('#who')) === email, 'signed in as the address');
+  check((await page.textContent('#who')) === email, `${tag}: signed in as the address`);
 
-  // Rotate: the secret is shown once, and the copy button copies exactly it.
+  // The first key needs no confirmation; the secret is shown once and copies exactly.
   await page.click('#rotate');
   await page.waitForSelector('#new-secret');
-  const secret = (await page.textContent('#new-secret')).trim();
-  check(/^sk-[A-Za-z0-9_-]{16,}$/.test(secret), 'rotation shows an sk- secret');
+  const first = (await page.textContent('#new-secret')).trim();
+  check(/^sk-[A-Za-z0-9_-]{16,}$/.test(first), `${tag}: the first key shows an sk- secret`);
   await page.click('#copy-secret');
   // (waitForFunction evaluates strings, which the panel's CSP forbids: wait on selectors.)
   await page.waitForSelector('#copy-secret:text-is("Copied")');
-  const copied = await page.evaluate(() => navigator.clipboard.readText());
-  check(copied === secret, 'the copied text is the secret');
-  check(await page.locator('tbody tr').count() >= 1, 'the key list shows the key');
+  check(await page.evaluate(() => navigator.clipboard.readText()) === first, `${tag}: the copied text is the secret`);
+  check(await page.locator('#main tbody tr').count() >= 1, `${tag}: the key list shows the key`);
+  await fits('keys');
   await shot('03-keys');
-  console.log(`KEY=${secret}`);
 
   // Developer API calls with the new key.
   for (const [i, content] of ['hello from the panel test', 'a second, somewhat longer request to count'].entries()) {
     const r = await fetch(`${api}/v1/chat/completions`, {
       method: 'POST',
-      headers: { authorization: `Bearer ${secret}`, 'content-type': 'application/json' },
+      headers: { authorization: `Bearer ${first}`, 'content-type': 'application/json' },
       body: JSON.stringify({ model: 'mock-gpt', messages: [{ role: 'user', content }], max_tokens: 32 }),
     });
-    check(r.status === 200, `developer request ${i + 1} with the rotated key answers 200`);
+    check(r.status === 200, `${tag}: developer request ${i + 1} answers 200`);
     await r.text();
   }
 
-  // Usage: chart bars and the numbers.
+  // Usage: numbers, quota left, hourly bars for 24h, daily bars for 7d.
   let requests = 0;
   for (let i = 0; i < 40 && requests < 2; i += 1) {
     await page.goto(`${site}/panel/usage?period=24h`);
@@ -120,57 +164,150 @@ try {
     requests = Number((await page.textContent('#sum-requests')).replace(/[^0-9]/g, ''));
     if (requests < 2) await sleep(250);
   }
-  check(requests >= 2, `usage summary counts the requests (${requests})`);
-  check(await page.getAttribute('button[data-period="24h"]', 'aria-pressed') === 'true', 'the 24h period is selected');
-  const bars = await page.$$eval('#usage-chart rect.bar', (rs) => rs.map((r) => Number(r.dataset.value)));
-  check(bars.length >= 2 && bars.some((v) => v > 0), `the chart is an SVG with bars (${bars.length}, max ${Math.max(...bars)})`);
-  check((await page.textContent('main')).includes('mock-gpt'), 'by-model and recent tables name the model');
+  check(requests >= 2, `${tag}: usage summary counts the requests (${requests})`);
+  check(await page.getAttribute('button[data-period="24h"]', 'aria-pressed') === 'true', `${tag}: the 24h period is selected`);
+  check(/\d/.test(await page.textContent('#quota-left')), `${tag}: the usage page shows the tokens left`);
+  check((await page.textContent('#quota-allowance')).includes('left'), `${tag}: the usage page shows the allowance left`);
+  check(await page.getAttribute('#usage-chart', 'data-unit') === 'hour', `${tag}: the 24h chart is per hour`);
+  const hours = await page.$$eval('#usage-chart rect.bar.in', (rs) => rs.map((r) => Number(r.dataset.value)));
+  check(hours.length === 25 && hours.filter((v) => v > 0).length >= 1 && hours[24] > 0,
+    `${tag}: the 24h chart has 25 hourly bars, this hour's filled (${hours.length}, last ${hours[24]})`);
+  check((await page.textContent('main')).includes('mock-gpt'), `${tag}: by-model and recent tables name the model`);
+  await fits('usage 24h');
+  await shot('04-usage-24h');
+  await page.click('button[data-period="1h"]');
+  await page.waitForSelector('main[data-shown-period="1h"]');
+  check(await page.getAttribute('#usage-chart', 'data-unit') === 'hour', `${tag}: the 1h chart is per hour`);
   await page.click('button[data-period="7d"]');
   await page.waitForSelector('main[data-shown-period="7d"]');
-  check(await page.$$eval('#usage-chart rect.bar.in', (rs) => rs.length) >= 7, 'the 7d chart has a bar per day');
-  await shot('04-usage');
+  check(await page.getAttribute('#usage-chart', 'data-unit') === 'day', `${tag}: the 7d chart is per day`);
+  check(await page.$$eval('#usage-chart rect.bar.in', (rs) => rs.length) >= 7, `${tag}: the 7d chart has a bar per day`);
+  await fits('usage 7d');
+  await shot('04-usage-7d');
 
-  // Security: two-factor on, its QR code drawn as SVG.
+  // Security: two-factor's QR code drawn as SVG.
   await page.goto(`${site}/panel/security`);
   await ready('/panel/security');
+  await fits('security');
   await page.click('#enable-2fa');
   await page.waitForSelector('#totp-qr svg path');
-  check((await page.textContent('#totp-secret')).trim().length >= 16, 'the TOTP secret is shown');
-  check((await page.textContent('#tfa-state')) === 'on', 'two-factor reads as on');
+  check((await page.textContent('#totp-secret')).trim().length >= 16, `${tag}: the TOTP secret is shown`);
+  await fits('security with the QR code');
   await shot('05-security');
 
-  // Billing: a package order, its transfer instructions and VietQR code.
+  // Billing: a double click on Buy creates one order; bank name and copy buttons.
   await page.goto(`${site}/panel/billing`);
   await ready('/panel/billing');
+  await fits('billing');
   await shot('06-billing');
-  await page.click('[data-package="steady-100m"]');
+  await page.dblclick('[data-package="steady-100m"]');
   await page.waitForSelector('#transfer-qr svg path');
-  check((await page.textContent('#transfer-amount')).includes('85,000'), 'the transfer shows the package amount');
-  check(/\S/.test(await page.textContent('#transfer-code')), 'the transfer shows the payment code');
-  check((await page.textContent('#orders-h + table')).includes('pending'), 'the order is in the history as pending');
+  await sleep(300);
+  const listed = await (await page.request.get(`${site}/api/payment/orders`)).json();
+  check(listed.orders.length === 1, `${tag}: a double click on Buy created one order (${listed.orders.length})`);
+  check(await page.locator('#orders tbody tr').count() === 1, `${tag}: the history shows one order`);
+  const paidOrder = listed.orders[0];
+  check((await page.textContent('#transfer-amount')).includes('85,000'), `${tag}: the transfer shows the package amount`);
+  check((await page.textContent('#transfer-bank')).includes('VietinBank'), `${tag}: the bank is named beside its BIN`);
+  check((await page.textContent('#transfer-bank')).includes('970415'), `${tag}: the BIN is still shown`);
+  const code = (await page.textContent('#transfer-code')).trim();
+  check(code === paidOrder.paymentCode, `${tag}: the transfer shows the payment code`);
+  await page.click('#copy-description');
+  await page.waitForSelector('#copy-description:text-is("Copied")');
+  check(await page.evaluate(() => navigator.clipboard.readText()) === code, `${tag}: copy puts the description on the clipboard`);
+  await page.click('#copy-amount');
+  await page.waitForSelector('#copy-amount:text-is("Copied")');
+  check(await page.evaluate(() => navigator.clipboard.readText()) === '85000', `${tag}: copy puts the bare amount on the clipboard`);
+  await page.click('#copy-account');
+  await page.waitForSelector('#copy-account:text-is("Copied")');
+  check(await page.evaluate(() => navigator.clipboard.readText()) === '0123456789', `${tag}: copy puts the account number on the clipboard`);
+  check(await page.getAttribute('main', 'data-polling') === 'on', `${tag}: the page polls while an order is pending`);
+  await fits('billing with an order');
   await shot('07-order');
-  // A custom token order as well.
-  if (await page.$('#custom-order')) {
-    await page.fill('#quantity', '2000000');
-    await page.click('#custom-order button[type=submit]');
-    await page.locator('#orders-h + table tbody tr').nth(1).waitFor();
-    await page.waitForSelector('#transfer-qr svg path');
-    check(true, 'a custom token order is created');
-  }
+
+  // The bank reports the transfer: the page turns paid by itself and stops polling.
+  const item = await bankPays(code, 85000);
+  check(item.status === 'matched', `${tag}: the transfer matches the order`);
+  await page.waitForSelector('#order-state.paid', { timeout: 12000 });
+  check((await page.textContent('#orders')).includes('paid'), `${tag}: the history shows the order paid without a reload`);
+  check(await page.getAttribute('main', 'data-polling') === 'off', `${tag}: polling stops when nothing is pending`);
+  let polls = 0;
+  const countPolls = (r) => { if (r.url().endsWith('/api/payment/orders')) polls += 1; };
+  page.on('request', countPolls);
+  await sleep(5000);
+  page.off('request', countPolls);
+  check(polls === 0, `${tag}: no more order polls once nothing is pending (${polls})`);
+  await shot('08-paid');
+
+  // Cancel a pending order: asked first; "Cancel" in the dialog keeps it.
+  await page.click('[data-package="persistent-1b"]');
+  await page.waitForSelector('#transfer-qr svg path');
+  const pendingId = (await page.textContent('#transfer-h')).split(' ').pop();
+  await confirmWith(`[data-cancel="${pendingId}"]`, pendingId, false);
+  check((await page.textContent('#orders')).includes('pending'), `${tag}: dismissing the dialog keeps the order pending`);
+  await confirmWith(`[data-cancel="${pendingId}"]`, pendingId, true);
+  await page.waitForSelector('#order-state.cancelled');
+  check((await page.textContent('#orders')).includes('cancelled'), `${tag}: the order is cancelled`);
+  const cancelled = (await (await page.request.get(`${site}/api/payment/orders`)).json()).orders
+    .find((o) => o.id === pendingId);
+  check(cancelled.paymentStatus === 'cancelled' && !cancelled.transfer, `${tag}: the API lists the order cancelled, without transfer instructions`);
+  const late = await bankPays(cancelled.paymentCode, 240000);
+  check(late.status === 'unmatched' && late.orderId === pendingId, `${tag}: a transfer for the cancelled order is unmatched and names it`);
+  await fits('billing after cancelling');
+  await shot('09-cancelled');
+
+  // Overview: the quota left includes the paid lot.
+  await page.goto(`${site}/panel`);
+  await ready('/panel');
+  check((await page.textContent('#quota-lots')).includes('100,000,000'), `${tag}: the overview shows the lot's tokens left`);
+  check(/\d/.test(await page.textContent('#quota-left')), `${tag}: the overview shows the tokens left`);
+  await fits('overview');
+  await shot('10-overview');
 
   // Terms page renders.
   await page.goto(`${site}/panel/terms`);
   await ready('/panel/terms');
-  await shot('08-terms');
+  await fits('terms');
+  await shot('11-terms');
 
-  // Revoke: the key stops working.
+  // Unknown panel pages: the panel's own 404 page.
+  const missing = await page.goto(`${site}/panel/no-such-page`);
+  check(missing.status() === 404, `${tag}: an unknown panel page answers 404`);
+  check(missing.headers()['content-type'].startsWith('text/html'), `${tag}: the 404 page is HTML`);
+  await ready('/panel/no-such-page');
+  check((await page.textContent('#not-found h1')) === 'Page not found', `${tag}: the 404 page says so`);
+  check(await page.isVisible('#nav'), `${tag}: the 404 page keeps the navigation`);
+  await fits('404');
+  await shot('12-not-found');
+
+  // Rotate: asked first; dismissing keeps the key, confirming replaces it.
   await page.goto(`${site}/panel/keys`);
   await ready('/panel/keys');
+  await confirmWith('#rotate', 'stops working', false);
+  check(!(await page.$('#new-secret')), `${tag}: dismissing the rotation creates no key`);
+  const still = await fetch(`${api}/v1/models`, { headers: { authorization: `Bearer ${first}` } });
+  check(still.status === 200, `${tag}: the key still works after a dismissed rotation (${still.status})`);
+  await confirmWith('#rotate', 'stops working', true);
+  await page.waitForSelector('#new-secret');
+  const second = (await page.textContent('#new-secret')).trim();
+  check(second !== first, `${tag}: the rotation shows a new secret`);
+  const old = await fetch(`${api}/v1/models`, { headers: { authorization: `Bearer ${first}` } });
+  check(old.status === 401, `${tag}: the rotated-out key is refused (${old.status})`);
+
+  // Revoke: asked first, then the key stops working.
+  await confirmWith('button[data-revoke]', 'stops working', false);
+  const kept = await fetch(`${api}/v1/models`, { headers: { authorization: `Bearer ${second}` } });
+  check(kept.status === 200, `${tag}: dismissing the revocation keeps the key (${kept.status})`);
   await page.click('button[data-revoke]');
+  await page.waitForSelector('dialog#confirm[open]');
+  await shot('13-confirm');
+  await page.click('#confirm-ok');
   await page.waitForSelector('.badge.revoked');
-  const after = await fetch(`${api}/v1/models`, { headers: { authorization: `Bearer ${secret}` } });
-  check(after.status === 401, `the revoked key is refused (${after.status})`);
-  await shot('09-revoked');
+  await page.waitForSelector('button[data-revoke]', { state: 'detached' });
+  const after = await fetch(`${api}/v1/models`, { headers: { authorization: `Bearer ${second}` } });
+  check(after.status === 401, `${tag}: the revoked key is refused (${after.status})`);
+  await fits('keys after revoking');
+  await shot('14-revoked');
 
   // Sign out.
   await page.click('#signout');
@@ -178,11 +315,19 @@ try {
   await ready('/panel/signin');
 
   const bad = problems.filter((p) => !/favicon/.test(p));
-  if (bad.length) throw new Error(`browser problems:\n${bad.join('\n')}`);
+  if (bad.length) throw new Error(`browser problems (${tag}):\n${bad.join('\n')}`);
+  await context.close();
+  return second;
+}
+
+let exitCode = 0;
+try {
+  const key = await scenario('desktop', { viewport: { width: 1200, height: 900 }, deviceScaleFactor: 1 });
+  console.log(`KEY=${key}`);
+  await scenario('mobile', { viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
   console.log('PANEL_OK');
 } catch (e) {
   console.error(e && e.stack ? e.stack : String(e));
-  if (problems.length) console.error(problems.join('\n'));
   exitCode = 1;
 } finally {
   await browser.close();
