@@ -716,6 +716,33 @@ async fn usage_report_matches_what_the_developer_api_recorded() {
         assert_eq!(v["summary"]["requests"], json!(4), "{asked}");
         let n = v["daily"].as_array().expect("daily").len();
         assert!(days.contains(&n), "{asked}: {n} days");
+        // 1h and 24h also chart by hour: every UTC hour of the window, this one last, holding
+        // all four requests; longer periods have no hourly array.
+        match answered {
+            "1h" | "24h" => {
+                let hourly = v["hourly"].as_array().expect("hourly");
+                let want = if answered == "1h" { 2..=2 } else { 25..=25 };
+                assert!(want.contains(&hourly.len()), "{asked}: {} hours", hourly.len());
+                let hour_of = |ms: i64| json!(format!("{}:00:00.000Z", &iso(ms)[..13]));
+                let last = &hourly.last().expect("this hour")["hour"];
+                assert!(
+                    *last == hour_of(t0) || *last == hour_of(now_ms()),
+                    "{asked}: {last}"
+                );
+                let requests: i64 = hourly
+                    .iter()
+                    .map(|h| h["requests"].as_i64().expect("requests"))
+                    .sum();
+                assert_eq!(requests, 4, "{asked}: {hourly:?}");
+                let hours: Vec<&str> = hourly
+                    .iter()
+                    .map(|h| h["hour"].as_str().expect("hour"))
+                    .collect();
+                assert!(hours.windows(2).all(|w| w[0] < w[1]), "{hours:?}");
+                assert!(hours.iter().all(|h| h.ends_with(":00:00.000Z")), "{hours:?}");
+            }
+            _ => assert!(v.get("hourly").is_none(), "{asked}"),
+        }
         assert_eq!(
             v["daily"]
                 .as_array()
@@ -796,6 +823,7 @@ async fn usage_rollup_equals_raw_events() {
             .expect("report");
         let mut want_daily: BTreeMap<i64, UsageTotals> = BTreeMap::new();
         let mut want_models: BTreeMap<String, UsageTotals> = BTreeMap::new();
+        let mut want_hourly: BTreeMap<i64, UsageTotals> = BTreeMap::new();
         let inside_iter = events
             .iter()
             .filter(|e| e.user_id == user && e.created_at >= from && e.created_at <= now);
@@ -812,8 +840,15 @@ async fn usage_rollup_equals_raw_events() {
                 .or_default()
                 .add(&t);
             want_models.entry(e.model.clone()).or_default().add(&t);
+            want_hourly
+                .entry(e.created_at.div_euclid(hour))
+                .or_default()
+                .add(&t);
         }
         assert_eq!(report.daily, want_daily, "from {}", iso(from));
+        // Windows of a day or less also carry their hours, the cut first hour included.
+        let want_hourly = (now - from <= 24 * hour).then_some(want_hourly);
+        assert_eq!(report.hourly, want_hourly, "from {}", iso(from));
         assert_eq!(report.by_model, want_models, "from {}", iso(from));
         inside.sort_by_key(|e| std::cmp::Reverse(e.created_at));
         let want_recent: Vec<&str> = inside.iter().take(50).map(|e| e.id.as_str()).collect();

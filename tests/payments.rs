@@ -707,6 +707,112 @@ async fn pending_orders_expire() {
 }
 
 #[tokio::test]
+async fn owners_cancel_pending_orders_and_late_transfers_stay_unmatched() {
+    let (_mock, gw) = start(PAY);
+    let email = "cancel@example.com";
+    let mut b = signed_in(&gw, email).await;
+    let order = b.order(json!({"packageId": "steady-100m"})).await.ok_json()["order"].clone();
+    let id = order["id"].as_str().expect("id").to_string();
+    let code = order["paymentCode"].as_str().expect("code").to_string();
+    let cancel = format!("/api/payment/orders/{id}/cancel");
+
+    // A mutation: the origin, then a session, then the CSRF token.
+    let r = client()
+        .post(gw.site_url(&cancel))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status(), 403);
+    let (status, err) = Browser::new(&gw).post(&cancel, &json!({})).await.error();
+    assert_eq!((status, err.as_str()), (401, "unauthorized"));
+    let (status, err) = b
+        .post_with(&cancel, &json!({}), &[("x-csrf-token", "")])
+        .await
+        .error();
+    assert_eq!((status, err.as_str()), (403, "invalid_csrf"));
+
+    // Another account's order reads as missing, like an unknown or malformed id.
+    let mut other = signed_in(&gw, "other@example.com").await;
+    let (status, err) = other.post(&cancel, &json!({})).await.error();
+    assert_eq!((status, err.as_str()), (404, "not_found"));
+    for bad in ["ord_AAAAAAAAAAAAAAAAAAAA", "nope", "ord_%2e%2e"] {
+        let (status, err) = b
+            .post(&format!("/api/payment/orders/{bad}/cancel"), &json!({}))
+            .await
+            .error();
+        assert_eq!((status, err.as_str()), (404, "not_found"), "{bad}");
+    }
+
+    let v = b.post(&cancel, &json!({})).await.ok_json();
+    assert_eq!(v["ok"], json!(true));
+    assert_eq!(v["order"]["id"], json!(id));
+    assert_eq!(v["order"]["paymentStatus"], "cancelled");
+    assert!(v["order"].get("transfer").is_none(), "{v}");
+    // Twice: no longer pending.
+    let (status, err) = b.post(&cancel, &json!({})).await.error();
+    assert_eq!((status, err.as_str()), (409, "order_not_pending"));
+    let listed = b.get("/api/payment/orders").await.ok_json();
+    assert_eq!(listed["orders"][0]["paymentStatus"], "cancelled");
+    // Cancelled orders do not count against the pending limit (three here).
+    for _ in 0..3 {
+        b.order(json!({"packageId": "steady-100m"})).await.ok_json();
+    }
+
+    // A transfer that arrives later is unmatched, with the order named, and grants nothing.
+    let v = hook(
+        &gw,
+        &notification(vec![item("CANCELLED-1", "IN", 85_000, &code)]),
+    )
+    .await;
+    assert_eq!(statuses(&v), ["unmatched"]);
+    assert_eq!(v["processed"][0]["orderId"], json!(id));
+    assert!(lots_of(&gw, email).await.is_empty());
+    let listed = b.get("/api/payment/orders").await.ok_json();
+    let stored = listed["orders"]
+        .as_array()
+        .expect("orders")
+        .iter()
+        .find(|o| o["id"] == json!(id))
+        .expect("the cancelled order");
+    assert_eq!(stored["paymentStatus"], "cancelled");
+    // The operator sees it and may credit it to the order after all.
+    let pending = gw.admin_json(&["payment", "list", "--status", "unmatched"]);
+    assert!(pending.to_string().contains("CANCELLED-1"), "{pending}");
+    let c = gw.admin_json(&[
+        "payment",
+        "credit",
+        "--transaction",
+        "CANCELLED-1",
+        "--order",
+        &id,
+    ]);
+    assert_eq!(c["order"]["paymentStatus"], "paid");
+    assert_eq!(lots_of(&gw, email).await.len(), 1);
+
+    // A paid order cannot be cancelled.
+    let first_pending = listed["orders"][0]["id"].as_str().expect("id").to_string();
+    let first_code = listed["orders"][0]["paymentCode"]
+        .as_str()
+        .expect("code")
+        .to_string();
+    let v = hook(
+        &gw,
+        &notification(vec![item("PAID-1", "IN", 85_000, &first_code)]),
+    )
+    .await;
+    assert_eq!(statuses(&v), ["matched"]);
+    let (status, err) = b
+        .post(
+            &format!("/api/payment/orders/{first_pending}/cancel"),
+            &json!({}),
+        )
+        .await
+        .error();
+    assert_eq!((status, err.as_str()), (409, "order_not_pending"));
+}
+
+#[tokio::test]
 async fn personal_code_tops_up_tokens() {
     let (_mock, gw) = start(PAY);
     let email = "topup@example.com";

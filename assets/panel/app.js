@@ -337,7 +337,7 @@ function quotaSection(q, lots = []) {
     el('div', { class: 'grid tight' },
       el('div', { class: 'stat' }, el('div', { class: 'v', id: 'quota-left' }, short(q.tokensRemaining)), el('div', { class: 'k' }, `tokens left (${fmt(q.tokensRemaining)})`)),
       el('div', { class: 'stat' }, el('div', { class: 'v', id: 'quota-used' }, short(q.weeklyTokensUsed)), el('div', { class: 'k' }, 'tokens used this week'))),
-    el('dl', { class: 'kv' },
+    el('dl', { class: 'kv plain' },
       el('dt', {}, 'Weekly allowance'),
       el('dd', { id: 'quota-allowance' }, `${fmt(allowanceLeft)} of ${fmt(allowance)} tokens left`, el('br'), meter(allowanceUsed, allowance, 'Weekly allowance used')),
       el('dt', {}, 'Purchased lots'),
@@ -464,7 +464,7 @@ async function keysPage() {
  */
 function usageChart(buckets, hourly) {
   const W = Math.round(Math.max(300, Math.min(760, main.clientWidth - 48)));
-  const H = W < 500 ? 220 : 260; const L = 44; const B = 28; const T = 12; const R = 8;
+  const H = W < 500 ? 220 : 260; const L = 44; const B = 28; const T = 12; const R = 20;
   const peak = Math.max(1, ...buckets.map((d) => Math.max(d.inputTokens || 0, d.outputTokens || 0)));
   // A round axis top that splits into four whole ticks.
   const mag = 10 ** Math.floor(Math.log10(peak));
@@ -622,7 +622,7 @@ function transferBox(order, onCancel) {
     return el('section', { class: `card notice-card ${order.paymentStatus}`, id: 'order-state', role: 'status' },
       el('h2', {}, paid ? `Order ${order.id} is paid` : `Order ${order.id} is ${order.paymentStatus}`),
       el('p', {}, paid
-        ? `Thank you: ${order.packageName || `${fmt(order.quantity)} ${order.quotaType}s`} ${order.quotaType === 'request' ? 'were' : 'are'} added to your quota.`
+        ? `Thank you: ${order.packageName ? `${order.packageName} is` : `${fmt(order.quantity)} ${order.quotaType}s are`} added to your quota.`
         : 'Nothing more to do for this order.'));
   }
   const qr = el('div', { class: 'code', id: 'transfer-qr' });
@@ -810,6 +810,7 @@ async function start() {
   const nav = document.getElementById('nav');
   if (session) {
     nav.hidden = false;
+    document.getElementById('account').hidden = false;
     document.getElementById('who').textContent = session.user.email;
     for (const a of nav.querySelectorAll('a')) if (a.getAttribute('href') === path) a.setAttribute('aria-current', 'page');
     document.getElementById('signout').addEventListener('click', async () => {

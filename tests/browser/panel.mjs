@@ -91,7 +91,7 @@ async function scenario(tag, contextOptions) {
     const m = await page.evaluate(() => {
       const root = document.documentElement;
       const wide = [...document.querySelectorAll('body *')]
-        .filter((e) => e.getBoundingClientRect().right > root.clientWidth + 1 && !e.closest('.table-wrap, nav'))
+        .filter((e) => e.getBoundingClientRect().right > root.clientWidth + 1 && !e.closest('.table-wrap, header nav'))
         .slice(0, 5)
         .map((e) => `${e.tagName.toLowerCase()}${e.id ? `#${e.id}` : ''}.${e.className}`);
       return { scroll: root.scrollWidth, client: root.clientWidth, inner: window.innerWidth, wide };
