@@ -709,7 +709,7 @@ function renderBilling(data, shownId) {
   const orders = data.orders || [];
   const shown = shownId ? orders.find((o) => o.id === shownId) : null;
   const orderRows = orders.map((o) => {
-    const actions = el('span', { class: 'row tight' });
+    const actions = o.transfer ? el('span', { class: 'row tight' }) : '';
     if (o.transfer) {
       const details = el('button', { type: 'button', class: 'link', 'data-details': o.id }, 'Payment details');
       details.addEventListener('click', () => {
