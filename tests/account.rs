@@ -722,7 +722,11 @@ async fn usage_report_matches_what_the_developer_api_recorded() {
             "1h" | "24h" => {
                 let hourly = v["hourly"].as_array().expect("hourly");
                 let want = if answered == "1h" { 2..=2 } else { 25..=25 };
-                assert!(want.contains(&hourly.len()), "{asked}: {} hours", hourly.len());
+                assert!(
+                    want.contains(&hourly.len()),
+                    "{asked}: {} hours",
+                    hourly.len()
+                );
                 let hour_of = |ms: i64| json!(format!("{}:00:00.000Z", &iso(ms)[..13]));
                 let last = &hourly.last().expect("this hour")["hour"];
                 assert!(
@@ -739,7 +743,10 @@ async fn usage_report_matches_what_the_developer_api_recorded() {
                     .map(|h| h["hour"].as_str().expect("hour"))
                     .collect();
                 assert!(hours.windows(2).all(|w| w[0] < w[1]), "{hours:?}");
-                assert!(hours.iter().all(|h| h.ends_with(":00:00.000Z")), "{hours:?}");
+                assert!(
+                    hours.iter().all(|h| h.ends_with(":00:00.000Z")),
+                    "{hours:?}"
+                );
             }
             _ => assert!(v.get("hourly").is_none(), "{asked}"),
         }

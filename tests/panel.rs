@@ -85,7 +85,11 @@ async fn pages_assets_headers_and_qr() {
     let r = http.get(gw.site_url("/")).send().await.expect("root");
     assert_eq!(r.status(), 307);
     assert_eq!(header(&r, "location"), "/panel");
-    for missing in ["/panel/nope", "/panel/keys/extra", "/panel/assets/missing.js"] {
+    for missing in [
+        "/panel/nope",
+        "/panel/keys/extra",
+        "/panel/assets/missing.js",
+    ] {
         let r = http.get(gw.site_url(missing)).send().await.expect("404");
         assert_eq!(r.status(), 404, "{missing}");
         assert_eq!(header(&r, "content-type"), "text/html; charset=utf-8");
@@ -96,7 +100,11 @@ async fn pages_assets_headers_and_qr() {
         assert!(html.contains(r#"<script type="module" src="/panel/assets/app.js">"#));
     }
     // The API keeps its JSON 404.
-    let r = http.get(gw.site_url("/api/nope")).send().await.expect("api 404");
+    let r = http
+        .get(gw.site_url("/api/nope"))
+        .send()
+        .await
+        .expect("api 404");
     assert_eq!(r.status(), 404);
     assert_eq!(r.json::<Value>().await.expect("json")["code"], "not_found");
 

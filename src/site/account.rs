@@ -264,7 +264,9 @@ pub fn report_json(report: &UsageReport, from: i64, now: i64) -> serde_json::Map
             .map(|hour| {
                 let mut m = serde_json::Map::new();
                 m.insert("hour".into(), iso(hour.saturating_mul(MS_PER_HOUR)).into());
-                m.extend(totals_json(stored.get(&hour).unwrap_or(&UsageTotals::default())));
+                m.extend(totals_json(
+                    stored.get(&hour).unwrap_or(&UsageTotals::default()),
+                ));
                 Value::Object(m)
             })
             .collect()
@@ -674,7 +676,10 @@ mod tests {
         assert_eq!(v["byModel"][0]["model"], json!("b"));
         assert_eq!(v["byModel"][1]["requests"], json!(2));
         assert_eq!(v["recentRequests"][0]["reasoningEffort"], json!("low"));
-        assert!(v.get("hourly").is_none(), "no hours in a report without them");
+        assert!(
+            v.get("hourly").is_none(),
+            "no hours in a report without them"
+        );
 
         // A day's window: one bucket per hour, the cut first hour included, zeros filled.
         let from = day * MS_PER_DAY + 5 * MS_PER_HOUR + 60_000;

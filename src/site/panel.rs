@@ -73,22 +73,22 @@ pub fn router() -> Router<SharedState> {
     r.route("/", get(|| async { Redirect::temporary("/panel") }))
         .route("/panel/{*rest}", get(not_found))
         .route(
-        "/panel/assets/app.js",
-        get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
-    )
-    .route(
-        "/panel/assets/panel.css",
-        get(|| async { asset("text/css; charset=utf-8", PANEL_CSS) }),
-    )
-    .route(
-        "/panel/assets/icon.svg",
-        get(|| async { asset("image/svg+xml", ICON_SVG) }),
-    )
-    .route(
-        "/panel/qr",
-        post(qr).layer(DefaultBodyLimit::max(QR_BODY_LIMIT)),
-    )
-    .layer(map_response(security_headers))
+            "/panel/assets/app.js",
+            get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
+        )
+        .route(
+            "/panel/assets/panel.css",
+            get(|| async { asset("text/css; charset=utf-8", PANEL_CSS) }),
+        )
+        .route(
+            "/panel/assets/icon.svg",
+            get(|| async { asset("image/svg+xml", ICON_SVG) }),
+        )
+        .route(
+            "/panel/qr",
+            post(qr).layer(DefaultBodyLimit::max(QR_BODY_LIMIT)),
+        )
+        .layer(map_response(security_headers))
 }
 
 /// CSP and friends on every panel answer, errors included.

@@ -38,8 +38,8 @@ use super::session::{current_session, SessionInfo};
 use crate::config::{Config, PaymentConfig, Tier};
 use crate::state::{AppState, SharedState};
 use crate::storage::payments::{
-    find_codes, CancelError, IncomingItem, ItemStatus, MatchRules, NewOrder, OrderError, OrderRecord,
-    OrderRules, OrderStatus, TransactionRecord,
+    find_codes, CancelError, IncomingItem, ItemStatus, MatchRules, NewOrder, OrderError,
+    OrderRecord, OrderRules, OrderStatus, TransactionRecord,
 };
 use crate::storage::quota::LotKind;
 use crate::storage::StoreError;

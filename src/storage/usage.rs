@@ -458,7 +458,8 @@ impl UsageStore<'_> {
         to_hour: i64,
         by_hour: bool,
     ) -> StoreResult<BTreeMap<i64, UsageTotals>> {
-        const BY_DAY: &str = "SELECT hour / 24 AS bucket, CAST(SUM(requests) AS BIGINT) AS requests, \
+        const BY_DAY: &str =
+            "SELECT hour / 24 AS bucket, CAST(SUM(requests) AS BIGINT) AS requests, \
              CAST(SUM(input_tokens) AS BIGINT) AS input_tokens, \
              CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, \
              CAST(SUM(total_tokens) AS BIGINT) AS total_tokens \
@@ -471,11 +472,11 @@ impl UsageStore<'_> {
              FROM usage_rollup WHERE user_id = $1 AND hour >= $2 AND hour <= $3 \
              GROUP BY hour";
         let rows = sqlx::query(if by_hour { BY_HOUR } else { BY_DAY })
-        .bind(user_id)
-        .bind(from_hour)
-        .bind(to_hour)
-        .fetch_all(&self.db.pool)
-        .await?;
+            .bind(user_id)
+            .bind(from_hour)
+            .bind(to_hour)
+            .fetch_all(&self.db.pool)
+            .await?;
         rows.iter()
             .map(|r| Ok((r.try_get::<i64, _>("bucket")?, UsageTotals::from_row(r)?)))
             .collect()
