@@ -591,6 +591,8 @@ async function securityPage() {
 /** How often the billing page asks whether a pending order was paid. */
 const BILLING_POLL_MS = 4000;
 let billingPoll = null;
+/** Bumped by every billing render, so a poll from an earlier render never redraws. */
+let billingRender = 0;
 
 /** Asks to cancel `order`, then cancels it; true when it was cancelled. */
 async function cancelOrder(order, button, error) {
@@ -663,6 +665,7 @@ async function billingPage(shownId = null) {
 
 function renderBilling(data, shownId) {
   clearTimeout(billingPoll);
+  const generation = ++billingRender;
   const error = el('p', { class: 'error', role: 'alert', id: 'billing-error' });
   const orderButtons = [];
   const order = (body, button) => {
@@ -742,9 +745,15 @@ function renderBilling(data, shownId) {
   if (!pending.length) return;
   const before = JSON.stringify(orders.map((o) => [o.id, o.paymentStatus]));
   billingPoll = setTimeout(async function poll() {
-    if (location.pathname !== '/panel/billing') return;
+    if (location.pathname !== '/panel/billing' || generation !== billingRender) return;
+    // A tab in the background asks again when it is looked at, not every few seconds.
+    if (document.hidden) {
+      document.addEventListener('visibilitychange', poll, { once: true });
+      return;
+    }
     try {
       const next = await api('/api/payment/orders');
+      if (generation !== billingRender) return;
       const now = JSON.stringify((next.orders || []).map((o) => [o.id, o.paymentStatus]));
       if (now !== before) {
         const shownNow = (next.orders || []).find((o) => o.id === shownId);

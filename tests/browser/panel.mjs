@@ -123,6 +123,7 @@ async function scenario(tag, contextOptions) {
   await page.click('#request-form button[type=submit]');
   await page.waitForSelector('#code-form:not([hidden])');
   check((await page.textContent('#check-mail')).includes(email), `${tag}: "check your mail" names the address`);
+  await fits('sign-in code');
   await shot('02-code');
   const mail = await mailCode(email);
   check(mail.link, `${tag}: the mail carries the magic link too`);
@@ -179,6 +180,8 @@ async function scenario(tag, contextOptions) {
   await page.click('button[data-period="1h"]');
   await page.waitForSelector('main[data-shown-period="1h"]');
   check(await page.getAttribute('#usage-chart', 'data-unit') === 'hour', `${tag}: the 1h chart is per hour`);
+  check(await page.$$eval('#usage-chart rect.bar.in', (rs) => rs.length) === 2, `${tag}: the 1h chart has the two hours it touches`);
+  await fits('usage 1h');
   await page.click('button[data-period="7d"]');
   await page.waitForSelector('main[data-shown-period="7d"]');
   check(await page.getAttribute('#usage-chart', 'data-unit') === 'day', `${tag}: the 7d chart is per day`);
