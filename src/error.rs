@@ -34,6 +34,9 @@ pub enum ApiError {
         what: &'static str,
     },
     RoutingUnavailable,
+    /// A provider refused the operator's credential (its 401 or 403): the gateway's fault, not
+    /// the developer's key's.
+    ProviderAuthFailed,
     ServerError,
     /// 400 for malformed requests: missing `model`, non-JSON body, bad field.
     InvalidRequest {
@@ -60,7 +63,7 @@ impl ApiError {
             | ApiError::InsufficientScope
             | ApiError::ModelNotAllowed(_) => 403,
             ApiError::InsufficientQuota | ApiError::RateLimited { .. } => 429,
-            ApiError::RoutingUnavailable => 502,
+            ApiError::RoutingUnavailable | ApiError::ProviderAuthFailed => 502,
             ApiError::ServerError => 500,
             ApiError::PayloadTooLarge => 413,
             ApiError::MethodNotAllowed => 405,
@@ -84,6 +87,7 @@ impl ApiError {
             ApiError::InsufficientQuota => "insufficient_quota",
             ApiError::RateLimited { .. } => "rate_limit_exceeded",
             ApiError::RoutingUnavailable => "routing_unavailable",
+            ApiError::ProviderAuthFailed => "provider_auth_failed",
             ApiError::ServerError => "server_error",
             ApiError::InvalidRequest { code, .. } => code,
             ApiError::PayloadTooLarge => "request_too_large",
@@ -135,6 +139,7 @@ impl ApiError {
                 what,
             } => format!("Rate limit exceeded for {what}; retry after {retry_after_secs} s."),
             ApiError::RoutingUnavailable => "The model route is temporarily unavailable.".into(),
+            ApiError::ProviderAuthFailed => "The provider refused the gateway's own credential for this model. Your API key is fine; the operator has to fix the provider credential.".into(),
             ApiError::ServerError => "The request could not be completed.".into(),
             ApiError::InvalidRequest { message, .. } => message.clone(),
             ApiError::PayloadTooLarge => "Request body too large.".into(),

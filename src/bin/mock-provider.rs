@@ -35,6 +35,12 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
+// Replay of recorded provider answers and the optional TLS listener, each in its own file.
+#[path = "mock_provider/replay.rs"]
+mod replay;
+#[path = "mock_provider/tls.rs"]
+mod tls;
+
 /// Largest request body accepted; tests push multi-megabyte bodies through
 /// the gateway and check they arrive intact.
 const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
@@ -83,6 +89,16 @@ struct Cli {
     /// Tokio worker threads.
     #[arg(long, default_value_t = 2)]
     workers: usize,
+    /// Directory of recorded provider answers (`<name>.http`), replayed for the model
+    /// `replay:<name>[@whole|@every-N|@awkward]` (see `mock_provider/replay.rs`).
+    #[arg(long)]
+    fixtures: Option<std::path::PathBuf>,
+    /// PEM certificate chain: serve HTTPS instead of HTTP (with `--tls-key`).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<String>,
+    /// PEM private key for `--tls-cert`.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<String>,
 }
 
 /// Settings the request handlers need, derived once from the CLI.
@@ -92,6 +108,7 @@ struct Config {
     chunk_delay: Duration,
     latency: Duration,
     record: bool,
+    fixtures: Option<std::path::PathBuf>,
 }
 
 /// One recorded request, as returned by `GET /__mock/requests`.
@@ -153,6 +170,7 @@ impl State {
             "served": self.served.load(Ordering::Relaxed),
             "connections": self.connections.load(Ordering::Relaxed),
             "by_path": by_path,
+            "tls_server_names": tls::server_names(),
         })
     }
 }
@@ -341,6 +359,8 @@ enum Reply {
     },
     Audio(Bytes),
     Events(EventPlan),
+    /// A recorded provider answer (`--fixtures`), sent as recorded.
+    Replay(replay::Answer),
 }
 
 impl Reply {
@@ -1056,6 +1076,8 @@ fn render(
                 .header("cache-control", "no-cache");
             paced_body(assemble(plan, b), chunk_delay)
         }
+        // Sent as recorded: none of the mock's own headers.
+        Reply::Replay(answer) => return replay::render(answer, chunk_delay),
     };
     builder.body(body)
 }
@@ -1169,6 +1191,9 @@ async fn answer(
         lock(&state.records).push(record);
     }
     let info = RequestInfo::parse(&body);
+    if let Some(recorded) = replay::answer(state.config.fixtures.as_deref(), info.model()) {
+        return (Reply::Replay(recorded), Behaviour::default());
+    }
     let behaviour = select_behaviour(info.model(), forced_status(&parts.headers));
     let mut delay = state.config.latency;
     if behaviour.slow {
@@ -1209,9 +1234,27 @@ async fn handle(
     Ok(response)
 }
 
-async fn serve_connection(stream: tokio::net::TcpStream, state: Arc<State>) {
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    state: Arc<State>,
+    tls: Option<pingora_rustls::TlsAcceptor>,
+) {
     // Small SSE frames must leave immediately, not wait for Nagle.
     let _ = stream.set_nodelay(true);
+    match tls {
+        None => serve_io(stream, state).await,
+        Some(acceptor) => match acceptor.accept(stream).await {
+            Ok(stream) => serve_io(stream, state).await,
+            // Untrusting clients hang up here; that is what TLS tests provoke.
+            Err(e) => eprintln!("mock-provider: TLS handshake failed: {e}"),
+        },
+    }
+}
+
+async fn serve_io<S>(stream: S, state: Arc<State>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let service = service_fn(move |req| handle(req, Arc::clone(&state)));
     // Errors here are clients going away or our own deliberate cuts.
     let _ = http1::Builder::new()
@@ -1220,12 +1263,16 @@ async fn serve_connection(stream: tokio::net::TcpStream, state: Arc<State>) {
         .await;
 }
 
-async fn accept_loop(listener: TcpListener, state: Arc<State>) {
+async fn accept_loop(
+    listener: TcpListener,
+    state: Arc<State>,
+    tls: Option<pingora_rustls::TlsAcceptor>,
+) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
                 state.connections.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(serve_connection(stream, Arc::clone(&state)));
+                tokio::spawn(serve_connection(stream, Arc::clone(&state), tls.clone()));
             }
             Err(e) => {
                 // Typically EMFILE under load: back off instead of spinning.
@@ -1260,6 +1307,13 @@ async fn shutdown_signal() {
 }
 
 async fn run(cli: Cli) -> io::Result<()> {
+    if let Some(dir) = &cli.fixtures {
+        replay::check_dir(dir)?;
+    }
+    let tls = match (&cli.tls_cert, &cli.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
+        _ => None,
+    };
     let listener = TcpListener::bind(cli.listen)
         .await
         .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {}: {e}", cli.listen)))?;
@@ -1273,9 +1327,10 @@ async fn run(cli: Cli) -> io::Result<()> {
         chunk_delay: Duration::from_millis(cli.chunk_delay_ms),
         latency: Duration::from_millis(cli.latency_ms),
         record: !cli.no_record,
+        fixtures: cli.fixtures.clone(),
     }));
     tokio::select! {
-        _ = accept_loop(listener, state) => {}
+        _ = accept_loop(listener, state, tls) => {}
         _ = shutdown_signal() => {}
     }
     Ok(())

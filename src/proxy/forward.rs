@@ -21,6 +21,7 @@ use crate::proxy::pipeline::Admitted;
 use crate::proxy::respond;
 use crate::proxy::route::Endpoint;
 use crate::proxy::routing::Target;
+use crate::proxy::sanitize;
 use crate::proxy::settle::{InFlight, Reason};
 use crate::proxy::shape::{ClientSide, Crossing, Shaper};
 use crate::proxy::sse::{usage_from_body, StreamKind, StreamUsageTracker};
@@ -56,32 +57,6 @@ static PASS_REQUEST_HEADERS: [HeaderName; 3] = [
 static ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
 static COMPAT_VERSION: HeaderName = HeaderName::from_static("compat-version");
 static ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
-
-/// Provider headers never shown to clients. The provider's rate-limit headers describe the
-/// operator's provider account, not the developer's key: the answer carries the gateway's own
-/// `x-ratelimit-*` instead, and two values under one name would be read joined by clients.
-fn drop_response_header(name: &str) -> bool {
-    name.starts_with("x-ratelimit-")
-        || name.starts_with("anthropic-ratelimit-")
-        || matches!(
-            name,
-            "connection"
-                | "keep-alive"
-                | "proxy-connection"
-                | "transfer-encoding"
-                | "te"
-                | "trailer"
-                | "upgrade"
-                | "set-cookie"
-                | "set-cookie2"
-                | "content-length"
-                | "x-request-id"
-                | "openai-organization"
-                | "openai-project"
-                | "anthropic-organization-id"
-                | "request-id"
-        )
-}
 
 /// The body to send to one target. Same style: the client's bytes untouched unless the model is
 /// renamed or a streaming chat request needs `stream_options.include_usage` (the gateway always
@@ -236,8 +211,8 @@ async fn connect(
     Err(last_failure.unwrap_or(ApiError::RoutingUnavailable))
 }
 
-/// The client's response header: the provider's headers minus the ones never shown, the request
-/// id and rate-limit headers. A translated answer gets `content_type` (and, when held whole,
+/// The client's response header: the provider's headers that pass
+/// [`sanitize::client_header_name`], the gateway's request id and rate-limit headers. A translated answer gets `content_type` (and, when held whole,
 /// `content_length`) in place of the provider's, whose body it no longer describes.
 ///
 /// Built as a plain `http` header map and handed to Pingora whole: Pingora's own
@@ -262,8 +237,8 @@ fn client_header(
     headers.reserve(up.headers.len() + 3);
     for (name, value) in up.headers.iter() {
         let replaced = content_type.is_some() && name == CONTENT_TYPE;
-        if !drop_response_header(name.as_str()) && !replaced {
-            headers.append(name.clone(), value.clone());
+        if let Some(name) = sanitize::client_header_name(name).filter(|_| !replaced) {
+            headers.append(name, value.clone());
         }
     }
     if let Some(ct) = content_type {
@@ -391,6 +366,17 @@ pub async fn forward(
     let (mut ex, target, crossing) = Box::pin(connect(state, session, adm, attempts)).await?;
     flight.event.deployment = Some(target.label().to_string());
     let mut status = ex.status();
+    if sanitize::refuses_operator(status) {
+        let body = ex.read_all(ERROR_BODY_LIMIT).await.unwrap_or_default();
+        state.upstreams.finish(ex).await;
+        let p = &target.provider;
+        return Err(sanitize::operator_refused(
+            &p.name,
+            status,
+            &body,
+            p.api_key.as_deref(),
+        ));
+    }
     let client = ClientSide::of(adm, reply.style_b);
     let mut shaper = Shaper::new(crossing, client, status, content_type(&ex));
     flight.tracker = shaper.tracker();
@@ -473,6 +459,10 @@ pub async fn forward(
     let client_here = reason != Reason::ClientDisconnect;
     if shaper.holds_header() && client_here {
         let (client_status, body) = shaper.whole(reason);
+        let body = match client_status {
+            400.. => sanitize::mask_credential(body, target.provider.api_key.as_deref()),
+            _ => body,
+        };
         status = client_status;
         let header = ex.header().and_then(|up| {
             client_header(up, status, shaper.content_type(), Some(body.len()), reply)

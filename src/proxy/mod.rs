@@ -19,6 +19,7 @@ pub mod query;
 pub mod respond;
 pub mod route;
 pub mod routing;
+pub mod sanitize;
 pub mod settle;
 pub mod shape;
 pub mod sse;

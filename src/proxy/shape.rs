@@ -249,10 +249,11 @@ impl Shaper {
         });
         let provider_endpoint = crossing.provider_endpoint(client.endpoint);
         let body = match crossing {
-            // An error is translated whole, whatever its content type claims.
-            Crossing::ChatToMessages | Crossing::MessagesToChat if status >= 400 || !sse => {
-                Body::Whole(Vec::new())
-            }
+            // An error is held whole, whatever its content type claims: translated, or (same
+            // style) relayed as it is once the caller has masked any echo of the provider's
+            // credential in it.
+            _ if status >= 400 => Body::Whole(Vec::new()),
+            Crossing::ChatToMessages | Crossing::MessagesToChat if !sse => Body::Whole(Vec::new()),
             Crossing::ChatToMessages => Body::Events(
                 SseParser::without_raw(),
                 Shape::ChatFromMessages(Box::new(chat_to_messages::StreamTranslator::new(
@@ -400,6 +401,10 @@ impl Shaper {
             return (self.status, Bytes::new());
         };
         let (status, answer) = match (reason, self.overflow) {
+            // Same style: the provider's error as it came.
+            (Reason::Complete, false) if self.crossing == Crossing::Native => {
+                return (self.status, Bytes::copy_from_slice(buf));
+            }
             (Reason::Complete, false) if self.status >= 400 => (self.status, self.error(buf)),
             (Reason::Complete, false) => match serde_json::from_slice::<Value>(buf) {
                 Ok(v) => (self.status, self.response(&v)),
@@ -423,6 +428,7 @@ impl Shaper {
     fn error(&self, body: &[u8]) -> Value {
         match self.crossing {
             Crossing::MessagesToChat => messages_to_chat::error(body),
+            Crossing::Native if self.style_b => messages_to_chat::error(body),
             _ => chat_to_messages::error(body),
         }
     }

@@ -1,0 +1,153 @@
+//! What of a provider's answer a client may see.
+//!
+//! A provider answers the operator's account, not the developer: its cookies, organization and
+//! project ids, rate-limit state, server software and any custom `x-*` header describe that
+//! account and its infrastructure. So the client's header is built from an allowlist (content
+//! headers, `retry-after`, the provider's request id under a name of its own), never from a
+//! deny-list that a new provider header would slip past. The gateway adds its own `x-request-id`
+//! and `x-ratelimit-*` itself.
+//!
+//! A provider 401 or 403 means the operator's credential is wrong or lacks access: passed on as
+//! it is, it would tell the developer that *their* key is bad (and may quote the operator's
+//! key). It becomes a 502 of its own ([`ApiError::ProviderAuthFailed`]) whose message says
+//! nothing of the provider's. Every other provider error keeps its status and body, with any
+//! echo of the provider credential masked.
+
+use bytes::Bytes;
+use http::HeaderName;
+
+use crate::error::ApiError;
+
+/// The provider's request id, as the client sees it: the gateway's own `x-request-id` names the
+/// client's request, so the provider's (`x-request-id` at OpenAI, `request-id` at Anthropic)
+/// is passed on under this name.
+pub const PROVIDER_REQUEST_ID: HeaderName = HeaderName::from_static("x-provider-request-id");
+
+/// What replaces an echoed provider credential.
+const MASK: &str = "***";
+
+/// Credentials shorter than this are not masked: masking a two-letter test key would rewrite
+/// ordinary words in the body.
+const MIN_MASKED_LEN: usize = 8;
+
+/// The name a provider response header is passed to the client under, or `None` when it stays
+/// behind. Framing headers (`content-length`, `transfer-encoding`) are the gateway's own and
+/// are set by the caller.
+pub fn client_header_name(name: &HeaderName) -> Option<HeaderName> {
+    use http::header;
+    const PASSED: [HeaderName; 7] = [
+        header::CONTENT_TYPE,
+        header::CONTENT_ENCODING,
+        header::CONTENT_LANGUAGE,
+        header::CONTENT_DISPOSITION,
+        header::CACHE_CONTROL,
+        header::RETRY_AFTER,
+        header::VARY,
+    ];
+    if PASSED.contains(name) {
+        return Some(name.clone());
+    }
+    match name.as_str() {
+        "x-request-id" | "request-id" => Some(PROVIDER_REQUEST_ID),
+        _ => None,
+    }
+}
+
+/// True for a provider status that speaks of the operator's credential, not the client's
+/// request.
+pub fn refuses_operator(status: u16) -> bool {
+    matches!(status, 401 | 403)
+}
+
+/// The error the client gets for a provider 401/403. The provider's message is logged (with its
+/// credential masked) for the operator and never sent.
+pub fn operator_refused(
+    provider: &str,
+    status: u16,
+    body: &[u8],
+    secret: Option<&str>,
+) -> ApiError {
+    let body = mask_credential(Bytes::copy_from_slice(body), secret);
+    let text = String::from_utf8_lossy(&body);
+    let text: String = text.chars().take(300).collect();
+    log::error!(
+        "provider {provider} refused the gateway's credential ({status}): {text}; \
+         check its api_key_env"
+    );
+    ApiError::ProviderAuthFailed
+}
+
+/// `body` with every occurrence of `secret` replaced by `***`. Runs on provider error bodies
+/// only, which are held whole before they are sent.
+pub fn mask_credential(body: Bytes, secret: Option<&str>) -> Bytes {
+    let Some(secret) = secret.filter(|s| s.len() >= MIN_MASKED_LEN) else {
+        return body;
+    };
+    let finder = memchr::memmem::Finder::new(secret.as_bytes());
+    let mut hits = finder.find_iter(&body).peekable();
+    if hits.peek().is_none() {
+        return body;
+    }
+    let mut out = Vec::with_capacity(body.len());
+    let mut at = 0;
+    for hit in hits {
+        out.extend_from_slice(&body[at..hit]);
+        out.extend_from_slice(MASK.as_bytes());
+        at = hit + secret.len();
+    }
+    out.extend_from_slice(&body[at..]);
+    Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_allowlisted_headers_pass() {
+        let pass = |n: &str| client_header_name(&HeaderName::from_bytes(n.as_bytes()).unwrap());
+        for kept in [
+            "content-type",
+            "content-encoding",
+            "cache-control",
+            "retry-after",
+        ] {
+            assert_eq!(pass(kept).as_ref().map(HeaderName::as_str), Some(kept));
+        }
+        assert_eq!(pass("x-request-id"), Some(PROVIDER_REQUEST_ID));
+        assert_eq!(pass("request-id"), Some(PROVIDER_REQUEST_ID));
+        for dropped in [
+            "www-authenticate",
+            "server",
+            "set-cookie",
+            "openai-organization",
+            "openai-processing-ms",
+            "anthropic-organization-id",
+            "x-ratelimit-limit-requests",
+            "anthropic-ratelimit-tokens-limit",
+            "x-envoy-upstream-service-time",
+            "cf-ray",
+            "content-length",
+            "transfer-encoding",
+            "connection",
+        ] {
+            assert_eq!(pass(dropped), None, "{dropped}");
+        }
+    }
+
+    #[test]
+    fn echoed_credentials_are_masked() {
+        let body = Bytes::from_static(
+            b"{\"error\":{\"message\":\"key sk-operator-123 has no access; sk-operator-123\"}}",
+        );
+        let out = mask_credential(body.clone(), Some("sk-operator-123"));
+        assert_eq!(
+            &out[..],
+            b"{\"error\":{\"message\":\"key *** has no access; ***\"}}"
+        );
+        assert_eq!(mask_credential(body.clone(), Some("absent-secret")), body);
+        assert_eq!(mask_credential(body.clone(), Some("sk-")), body);
+        assert_eq!(mask_credential(body.clone(), None), body);
+        assert!(refuses_operator(401) && refuses_operator(403) && !refuses_operator(429));
+    }
+}
