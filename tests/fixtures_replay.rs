@@ -708,3 +708,100 @@ async fn provider_errors_keep_their_status_in_the_clients_shape() {
         }
     }
 }
+
+const OPENAI_SECRET: &str = "provider-openai-secret";
+const ANTHROPIC_SECRET: &str = "provider-anthropic-secret";
+
+#[tokio::test]
+async fn provider_credential_refusals_become_502_with_a_code_of_their_own() {
+    // (fixture, client path): same style and translated, both providers, 401 and 403.
+    let cases = [
+        ("openai/error_401", "/v1/chat/completions"),
+        ("openai/error_403", "/v1/chat/completions"),
+        ("anthropic/error_401", "/v1/messages"),
+        ("anthropic/error_401", "/v1/chat/completions"),
+        ("openai/error_401", "/v1/messages"),
+    ];
+    let names: Vec<(&str, &str)> = cases.iter().map(|c| (c.0, "awkward")).collect();
+    let r = start(&names);
+    for (i, (name, path)) in cases.iter().enumerate() {
+        let fx = fixture(name);
+        let fx_json: Value = serde_json::from_slice(&fx.body).unwrap();
+        let provider_message = fx_json["error"]["message"].as_str().unwrap();
+        let body = if path.starts_with("/v1/messages") {
+            messages(true)
+        } else {
+            chat(true)
+        };
+        let got = r.call(path, i, body).await;
+        assert_eq!(got.status, 502, "{name} via {path}: {}", got.text());
+        let v = got.json();
+        assert_eq!(v["error"]["code"], "provider_auth_failed", "{v}");
+        assert_eq!(v["error"]["type"], "server_error", "{v}");
+        assert_eq!(
+            v.get("type").is_some(),
+            path.starts_with("/v1/messages"),
+            "{v}"
+        );
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains("Your API key is fine"), "{message}");
+        for leaked in [provider_message, OPENAI_SECRET, ANTHROPIC_SECRET] {
+            assert!(!got.text().contains(leaked), "{name}: {}", got.text());
+        }
+        for name in ["www-authenticate", "x-should-retry", "server", "set-cookie"] {
+            assert!(got.header(name).is_none(), "{name} reached the client");
+        }
+        assert_eq!(
+            got.header("content-type"),
+            Some("application/json; charset=utf-8")
+        );
+    }
+    // Settled as the gateway's failure: nothing charged, the code recorded.
+    for i in 0..cases.len() {
+        assert_eq!(r.usage(i).await, (0, 0, 0), "case {i}");
+    }
+    let events = r.gw.usage_events().await;
+    assert!(events
+        .iter()
+        .all(|e| e["status"] == 502 && e["error_code"] == "provider_auth_failed"));
+    // The operator reads the provider's word in the log, without the credential.
+    let log = r.gw.log();
+    assert!(
+        log.contains("refused the gateway's credential (401)"),
+        "{log}"
+    );
+    assert!(
+        log.contains("refused the gateway's credential (403)"),
+        "{log}"
+    );
+    assert!(log.contains("invalid x-api-key: ***"), "{log}");
+    assert!(!log.contains(OPENAI_SECRET) && !log.contains(ANTHROPIC_SECRET));
+}
+
+#[tokio::test]
+async fn an_echoed_provider_credential_is_masked_in_relayed_errors() {
+    let r = start(&[
+        ("openai/error_400_key_echo", "awkward"),
+        ("openai/error_400_key_echo", "every-7"),
+    ]);
+    let fx = fixture("openai/error_400_key_echo");
+    assert!(
+        fx.text().contains(OPENAI_SECRET),
+        "the fixture echoes the key"
+    );
+    let got = r.call("/v1/chat/completions", 0, chat(false)).await;
+    assert_eq!(got.status, 400);
+    assert_eq!(got.text(), fx.text().replace(OPENAI_SECRET, "***"));
+    assert_headers_sanitised(&fx, &got);
+    // Translated for an Anthropic client: same status, its shape, still masked.
+    let got = r.call("/v1/messages", 1, messages(false)).await;
+    assert_eq!(got.status, 400);
+    let v = got.json();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert_eq!(
+        v["error"]["message"],
+        "Project-scoped key *** cannot be used with organization org-operator0123456789 for \
+         this model."
+    );
+}
