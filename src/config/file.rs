@@ -146,6 +146,9 @@ pub struct ProviderFile {
     pub idle_timeout_ms: Option<u64>,
     /// Seconds a deployment is skipped after a failure.
     pub cooldown_seconds: Option<u64>,
+    /// PEM file of the certificate authorities trusted for this (https) provider, in place of
+    /// the system's roots (or `SSL_CERT_FILE`).
+    pub ca_file: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -207,6 +207,40 @@ pub struct Provider {
     pub first_byte_timeout: Duration,
     pub idle_timeout: Duration,
     pub cooldown: Duration,
+    /// Trust anchors from `ca_file`, loaded and checked at load time; `None`: the system's
+    /// roots (which honour `SSL_CERT_FILE`).
+    pub ca: Option<ProviderCa>,
+}
+
+/// The certificate authorities a provider's TLS certificate must chain to, and the file they
+/// came from (it also keys the connection pool: a connection verified against one set of
+/// anchors is never handed to a provider that trusts another).
+#[derive(Debug, Clone)]
+pub struct ProviderCa {
+    pub file: String,
+    pub certs: Arc<pingora_core::protocols::tls::CaType>,
+}
+
+/// Reads a PEM bundle of CA certificates; the error says what is wrong with the file.
+fn load_ca_file(path: &str) -> Result<ProviderCa, String> {
+    use pingora_core::utils::tls::WrappedX509;
+    let text = std::fs::read(path).map_err(|e| format!("cannot read {path:?}: {e}"))?;
+    let mut certs = Vec::new();
+    for item in rustls_pemfile::certs(&mut text.as_slice()) {
+        let der = item.map_err(|e| format!("{path:?} is not a PEM certificate file: {e}"))?;
+        // Parsed here so that a certificate the TLS layer cannot read fails the load, not a
+        // request.
+        x509_parser::parse_x509_certificate(&der)
+            .map_err(|e| format!("{path:?} holds a certificate that cannot be parsed: {e}"))?;
+        certs.push(WrappedX509::new(der.to_vec(), pingora_core::utils::tls::parse_x509));
+    }
+    if certs.is_empty() {
+        return Err(format!("{path:?} holds no PEM certificate"));
+    }
+    Ok(ProviderCa {
+        file: path.to_string(),
+        certs: Arc::from(certs.into_boxed_slice()),
+    })
 }
 
 #[derive(Debug, Clone)]
@@ -708,6 +742,13 @@ impl Config {
             } else {
                 format!("{host}:{port}")
             };
+            let ca = match p.ca_file.as_deref().filter(|f| !f.is_empty()) {
+                None => None,
+                Some(_) if !tls => {
+                    return Err(c.err(key("ca_file"), "is only used with an https base_url"))
+                }
+                Some(file) => Some(load_ca_file(file).map_err(|e| c.err(key("ca_file"), e))?),
+            };
             let api_key_env = p.api_key_env.clone().filter(|s| !s.is_empty());
             let api_key = api_key_env
                 .as_deref()
@@ -731,6 +772,7 @@ impl Config {
                     ),
                     idle_timeout: Duration::from_millis(p.idle_timeout_ms.unwrap_or(120_000)),
                     cooldown: Duration::from_secs(p.cooldown_seconds.unwrap_or(30)),
+                    ca,
                 }),
             );
         }

@@ -36,6 +36,13 @@ pub enum UpstreamError {
     Resolve(String, String),
     #[error("connect: {0}")]
     Connect(String),
+    /// The TLS handshake failed: most often a certificate that does not chain to a trusted
+    /// authority or does not name the host.
+    #[error(
+        "TLS handshake with {0} failed: the provider's certificate is not trusted or not valid \
+         for its name (a private CA is trusted through the provider's ca_file or SSL_CERT_FILE): {1}"
+    )]
+    Tls(String, String),
     #[error("timeout waiting for the provider")]
     Timeout,
     #[error("i/o: {0}")]
@@ -115,6 +122,7 @@ impl UpstreamPool {
         peer.options.connection_timeout = Some(p.connect_timeout);
         peer.options.total_connection_timeout = Some(p.connect_timeout + Duration::from_secs(5));
         peer.options.idle_timeout = Some(POOL_IDLE);
+        peer.options.ca = p.ca.as_ref().map(|ca| Arc::clone(&ca.certs));
         peer
     }
 
@@ -135,7 +143,7 @@ impl UpstreamPool {
                 None => (
                     Box::pin(self.connector.new_stream(&Self::peer(p, addr)))
                         .await
-                        .map_err(|e| UpstreamError::Connect(e.to_string()))?,
+                        .map_err(|e| connect_error(p, &e))?,
                     false,
                 ),
             };
@@ -212,8 +220,21 @@ fn pool_key(p: &Provider, addr: SocketAddr) -> u64 {
     p.tls.hash(&mut h);
     if p.tls {
         p.host.hash(&mut h);
+        p.ca.as_ref().map(|ca| ca.file.as_str()).hash(&mut h);
     }
     h.finish()
+}
+
+/// A dialing failure, with TLS handshake failures told apart: their log line has to say that
+/// trust is the likely problem, not the network.
+fn connect_error(p: &Provider, e: &pingora_error::Error) -> UpstreamError {
+    use pingora_error::ErrorType;
+    match e.etype() {
+        ErrorType::TLSHandshakeFailure | ErrorType::InvalidCert | ErrorType::TLSWantX509Lookup => {
+            UpstreamError::Tls(p.host.clone(), e.to_string())
+        }
+        _ => UpstreamError::Connect(e.to_string()),
+    }
 }
 
 /// The request on the wire: header and body in one buffer, written directly (no header map:
@@ -370,6 +391,7 @@ mod tests {
             first_byte_timeout: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(1),
             cooldown: Duration::from_secs(1),
+            ca: None,
         }
     }
 
