@@ -232,7 +232,10 @@ fn load_ca_file(path: &str) -> Result<ProviderCa, String> {
         // request.
         x509_parser::parse_x509_certificate(&der)
             .map_err(|e| format!("{path:?} holds a certificate that cannot be parsed: {e}"))?;
-        certs.push(WrappedX509::new(der.to_vec(), pingora_core::utils::tls::parse_x509));
+        certs.push(WrappedX509::new(
+            der.to_vec(),
+            pingora_core::utils::tls::parse_x509,
+        ));
     }
     if certs.is_empty() {
         return Err(format!("{path:?} holds no PEM certificate"));
