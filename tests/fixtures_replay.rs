@@ -805,3 +805,34 @@ async fn an_echoed_provider_credential_is_masked_in_relayed_errors() {
          this model."
     );
 }
+
+#[tokio::test]
+async fn official_sdks_read_the_replayed_answers() {
+    let Ok(python) = std::env::var("GATEWAY_TEST_PYTHON") else {
+        eprintln!("GATEWAY_TEST_PYTHON not set (scripts/test sets it); skipping the SDK test");
+        return;
+    };
+    // The models tests/sdk/sdk_replay.py expects, in order.
+    let r = start(&[
+        ("anthropic/messages_stream_thinking_tools", "awkward"),
+        ("openai/chat_stream_tools", "awkward"),
+        ("anthropic/messages_stream_thinking_tools", "every-7"),
+        ("openai/chat_stream_text", "awkward"),
+        ("openai/responses_stream", "awkward"),
+        ("anthropic/error_529", "whole"),
+        ("openai/error_429", "whole"),
+        ("openai/error_401", "whole"),
+        ("anthropic/messages_stream_overloaded", "awkward"),
+    ]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/sdk_replay.py");
+    let out = std::process::Command::new(python)
+        .args([script, &r.gw.api, &r.key])
+        .output()
+        .expect("python");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
