@@ -165,7 +165,7 @@ impl Replay {
     }
 
     /// The usage event of case `case`: (input, output, cached).
-    async fn usage(&self, case: usize) -> (i64, i64, i64) {
+    async fn usage(&self, case: usize) -> Tokens {
         let model = format!("m{case}");
         for _ in 0..200 {
             let events = self.gw.usage_events().await;
@@ -223,10 +223,13 @@ fn assert_headers_sanitised(fx: &Fixture, got: &Answer) {
     }
 }
 
+/// Input, output and cached tokens of a usage event.
+type Tokens = (i64, i64, i64);
+
 #[tokio::test]
 async fn native_streams_pass_through_byte_for_byte_and_bill_the_fixture_usage() {
     // (fixture, endpoint, expected (input, output, cached) of the provider's own usage)
-    let streams: [(&str, &str, Option<(i64, i64, i64)>); 8] = [
+    let streams: [(&str, &str, Option<Tokens>); 8] = [
         (
             "openai/chat_stream_text",
             "/v1/chat/completions",
