@@ -4,8 +4,10 @@
 //! 429 or 5xx moves on to the next deployment and cools the failing one down. Once the response
 //! header is written, the body is relayed chunk by chunk through a [`Shaper`] (which passes it
 //! through or translates it into the client's style), usage is observed on the way, and the
-//! client is watched so an abort is seen at once. Only a translated non-stream answer is held
-//! until it is complete: it has to be parsed whole to be translated.
+//! client is watched so an abort is seen at once. Only a translated non-stream answer and a
+//! provider error are held until complete: the one has to be parsed whole to be translated, the
+//! other is checked for an echo of the provider credential ([`sanitize`]). A provider 401/403 is
+//! not relayed at all.
 
 use std::borrow::Cow;
 

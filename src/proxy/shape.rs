@@ -212,7 +212,8 @@ enum Body {
     Events(SseParser, Shape),
     /// Relayed as it comes; `copy` keeps (up to a cap) a successful JSON answer to read its usage.
     Plain { copy: Option<Vec<u8>> },
-    /// A translated non-stream answer or error: collected whole, translated at the end.
+    /// A translated non-stream answer, or any provider error: collected whole, translated (or,
+    /// same style, handed back as it came) at the end.
     Whole(Vec<u8>),
 }
 
@@ -394,7 +395,8 @@ impl Shaper {
     }
 
     /// For a held answer ([`Shaper::holds_header`]): the status and body the client gets. A
-    /// complete answer is translated (errors keep the provider's status); one that broke off,
+    /// complete answer is translated, or as it came when same-style (errors keep the provider's
+    /// status); one that broke off,
     /// could not be read or was too large becomes a 502 in the client's error shape.
     pub fn whole(&self, reason: Reason) -> (u16, Bytes) {
         let Body::Whole(buf) = &self.body else {
@@ -811,6 +813,27 @@ mod tests {
             s.feed(Bytes::from_static(b"{}"), None);
             assert_eq!(s.provider_body(), None, "{other}");
             assert!(s.tracker().is_none(), "{other}");
+        }
+
+        // A same-style error is held too (the caller masks the credential in it) and handed
+        // back as it came; cut short, it becomes a 502 in the client's own shape.
+        for (endpoint, ct) in [
+            (Endpoint::ChatCompletions, "text/event-stream"),
+            (Endpoint::Messages, "application/json"),
+        ] {
+            let native = client(endpoint, false);
+            let mut s = Shaper::new(Crossing::Native, native, 429, Some(ct));
+            assert!(s.holds_header() && s.tracker().is_none());
+            let body = br#"{"error":{"message":"slow down"}}"#;
+            for piece in body.chunks(5) {
+                assert!(s.feed(Bytes::copy_from_slice(piece), None).is_empty());
+            }
+            assert_eq!(s.whole(Reason::Complete), (429, Bytes::from_static(body)));
+            assert_eq!(s.content_type(), None, "the provider's content type stays");
+            let (status, out) = s.whole(Reason::UpstreamError);
+            let v: Value = serde_json::from_slice(&out).unwrap();
+            assert_eq!(status, 502);
+            assert_eq!(v["type"] == "error", endpoint == Endpoint::Messages, "{v}");
         }
 
         // A success that is not JSON cannot be translated.
