@@ -214,8 +214,9 @@ async fn connect(
 }
 
 /// The client's response header: the provider's headers that pass
-/// [`sanitize::client_header_name`], the gateway's request id and rate-limit headers. A translated answer gets `content_type` (and, when held whole,
-/// `content_length`) in place of the provider's, whose body it no longer describes.
+/// [`sanitize::client_header_name`], the gateway's request id and rate-limit headers. A
+/// translated answer gets `content_type` (and, when held whole, `content_length`) in place of
+/// the provider's, whose body it no longer describes.
 ///
 /// Built as a plain `http` header map and handed to Pingora whole: Pingora's own
 /// `insert_header`/`append_header` turn every name into a title-cased copy and parse it back,
