@@ -31,20 +31,37 @@ use pingora_core::protocols::{
 use pingora_core::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter, ReadBuf};
 
-/// A `ServerApp` whose connections are served by the worker their socket is registered with.
+use crate::conn_limits::{Limiter, Phase, Verdict, Watch};
+
+/// A `ServerApp` whose connections are served by the worker their socket is registered with,
+/// each one counted and watched by the connection limits ([`crate::conn_limits`]).
 pub struct ThreadAffine<A> {
     inner: Arc<A>,
     write_buffer: usize,
+    limiter: Arc<Limiter>,
+    /// The listener's name, for the refusal log line.
+    name: &'static str,
+    /// The listener's answer to a request head over the cap.
+    too_large: &'static [u8],
 }
 
 impl<A> ThreadAffine<A> {
     /// Wraps `inner`; `write_buffer` is the size of the write buffer put in front of each moved
     /// connection. The listener itself should be unbuffered: its buffers are dropped with the
     /// original stream.
-    pub fn new(inner: A, write_buffer: usize) -> Self {
+    pub fn new(
+        inner: A,
+        write_buffer: usize,
+        limiter: Arc<Limiter>,
+        name: &'static str,
+        too_large: &'static [u8],
+    ) -> Self {
         ThreadAffine {
             inner: Arc::new(inner),
             write_buffer,
+            limiter,
+            name,
+            too_large,
         }
     }
 }
@@ -56,8 +73,29 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for ThreadAffine<A> {
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
-        // A kept-alive connection comes back as the `Moved` stream: moved once only.
-        let stream = move_here(stream, self.write_buffer);
+        // A kept-alive connection comes back as the `Moved` stream: moved (and counted) once
+        // only, and idle until its next request's first byte.
+        let stream = match stream.as_any().downcast_ref::<Moved>() {
+            Some(moved) => {
+                if let Some(watch) = &moved.watch {
+                    watch.set_phase(Phase::Idle);
+                }
+                stream
+            }
+            None => {
+                let accepted = tokio::time::Instant::now();
+                let peer = stream
+                    .get_socket_digest()
+                    .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()));
+                // Refused: closed at once, before anything is read or allocated for it.
+                let slot = self.limiter.admit(peer, self.name)?;
+                move_here(
+                    stream,
+                    self.write_buffer,
+                    Some(Watch::new(slot, accepted, self.too_large)),
+                )?
+            }
+        };
         self.inner.process_new(stream, shutdown).await
     }
 
@@ -66,12 +104,12 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for ThreadAffine<A> {
     }
 }
 
-/// Re-registers a freshly accepted TCP stream with the current worker's reactor. Any other
-/// stream (one moved already, TLS) and any failure leave the stream as it was: it still works,
-/// through the hand-over.
-fn move_here(stream: Stream, write_buffer: usize) -> Stream {
+/// Re-registers a freshly accepted TCP stream with the current worker's reactor, under
+/// `watch`. Any other stream (TLS) is left as it was, unwatched. `None` when the descriptor
+/// cannot be duplicated (out of descriptors): the connection is closed.
+fn move_here(stream: Stream, write_buffer: usize, watch: Option<Watch>) -> Option<Stream> {
     let Some(accepted) = stream.as_any().downcast_ref::<TcpStream>() else {
-        return stream;
+        return Some(stream);
     };
     let fd = accepted.as_raw_fd();
     let established_ts = accepted.established_ts;
@@ -82,12 +120,18 @@ fn move_here(stream: Stream, write_buffer: usize) -> Stream {
     // duplication.
     let duplicate = match unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned() {
         Ok(fd) => fd,
-        Err(_) => return stream,
+        Err(e) => {
+            log::warn!("closing a new connection: cannot duplicate its descriptor: {e}");
+            return None;
+        }
     };
     // The duplicate shares the socket's open file description, so it is non-blocking already.
     let socket = match tokio::net::TcpStream::from_std(std::net::TcpStream::from(duplicate)) {
         Ok(s) => s,
-        Err(_) => return stream,
+        Err(e) => {
+            log::warn!("closing a new connection: cannot register it: {e}");
+            return None;
+        }
     };
     let mut moved = TcpStream::from(socket);
     moved.established_ts = established_ts;
@@ -99,10 +143,22 @@ fn move_here(stream: Stream, write_buffer: usize) -> Stream {
     // Dropping the original deregisters it from the accepting reactor and closes its
     // descriptor; the connection lives on in the duplicate.
     drop(stream);
-    Box::new(Moved(
-        BufWriter::with_capacity(write_buffer, moved),
-        AtomicBool::new(false),
-    ))
+    Some(Box::new(Moved {
+        io: BufWriter::with_capacity(write_buffer, moved),
+        hold: AtomicBool::new(false),
+        watch,
+    }))
+}
+
+/// Moves the request on `stream` to `phase` (see [`crate::conn_limits`]); nothing for a stream
+/// that is not watched.
+pub fn set_phase(stream: &Stream, phase: Phase) {
+    if let Some(Moved {
+        watch: Some(watch), ..
+    }) = stream.as_any().downcast_ref::<Moved>()
+    {
+        watch.set_phase(phase);
+    }
 }
 
 /// Keeps what the next flush of `stream` would send in its write buffer, to go out with the
@@ -116,17 +172,21 @@ fn move_here(stream: Stream, write_buffer: usize) -> Stream {
 pub fn hold_next_flush(stream: &Stream) -> bool {
     match stream.as_any().downcast_ref::<Moved>() {
         Some(moved) => {
-            moved.1.store(true, Ordering::Relaxed);
+            moved.hold.store(true, Ordering::Relaxed);
             true
         }
         None => false,
     }
 }
 
-/// A moved connection: Pingora's TCP stream behind a write buffer, and whether the next flush
-/// is held ([`hold_next_flush`]).
+/// A moved connection: Pingora's TCP stream behind a write buffer, whether the next flush is
+/// held ([`hold_next_flush`]), and the connection's limits.
 #[derive(Debug)]
-struct Moved(BufWriter<TcpStream>, AtomicBool);
+struct Moved {
+    io: BufWriter<TcpStream>,
+    hold: AtomicBool,
+    watch: Option<Watch>,
+}
 
 impl AsyncRead for Moved {
     fn poll_read(
@@ -134,7 +194,31 @@ impl AsyncRead for Moved {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        let this = &mut *self;
+        let Some(watch) = this.watch.as_mut() else {
+            return Pin::new(&mut this.io).poll_read(cx, buf);
+        };
+        watch.before_read();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => match watch.after_read(buf.filled().len() - before) {
+                Verdict::Fine => Poll::Ready(Ok(())),
+                Verdict::HeadTooLarge => {
+                    // Best effort, straight to the socket (nothing of this request is in the
+                    // write buffer yet): a small answer fits the socket's send buffer.
+                    let _ = Pin::new(this.io.get_mut()).poll_write(cx, watch.too_large);
+                    Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "request head over server.limits.max_header_bytes",
+                    )))
+                }
+            },
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => match watch.on_pending(cx) {
+                Some(e) => Poll::Ready(Err(e)),
+                None => Poll::Pending,
+            },
+        }
     }
 }
 
@@ -144,7 +228,7 @@ impl AsyncWrite for Moved {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -152,22 +236,22 @@ impl AsyncWrite for Moved {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
+        self.io.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        if self.1.swap(false, Ordering::Relaxed) {
+        if self.hold.swap(false, Ordering::Relaxed) {
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut self.0).poll_flush(cx)
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
@@ -175,13 +259,13 @@ impl AsyncWrite for Moved {
 impl Shutdown for Moved {
     async fn shutdown(&mut self) {
         // Flushes what is buffered, then shuts the socket's write side, as Pingora's own does.
-        let _ = AsyncWriteExt::shutdown(&mut self.0).await;
+        let _ = AsyncWriteExt::shutdown(&mut self.io).await;
     }
 }
 
 impl UniqueID for Moved {
     fn id(&self) -> UniqueIDType {
-        self.0.get_ref().id()
+        self.io.get_ref().id()
     }
 }
 
@@ -189,42 +273,42 @@ impl Ssl for Moved {}
 
 impl GetTimingDigest for Moved {
     fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-        self.0.get_ref().get_timing_digest()
+        self.io.get_ref().get_timing_digest()
     }
 
     fn get_read_pending_time(&self) -> Duration {
-        self.0.get_ref().get_read_pending_time()
+        self.io.get_ref().get_read_pending_time()
     }
 
     fn get_write_pending_time(&self) -> Duration {
-        self.0.get_ref().get_write_pending_time()
+        self.io.get_ref().get_write_pending_time()
     }
 }
 
 impl GetProxyDigest for Moved {
     fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
-        self.0.get_ref().get_proxy_digest()
+        self.io.get_ref().get_proxy_digest()
     }
 
     fn set_proxy_digest(&mut self, digest: ProxyDigest) {
-        self.0.get_mut().set_proxy_digest(digest)
+        self.io.get_mut().set_proxy_digest(digest)
     }
 }
 
 impl GetSocketDigest for Moved {
     fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
-        self.0.get_ref().get_socket_digest()
+        self.io.get_ref().get_socket_digest()
     }
 
     fn set_socket_digest(&mut self, digest: SocketDigest) {
-        self.0.get_mut().set_socket_digest(digest)
+        self.io.get_mut().set_socket_digest(digest)
     }
 }
 
 #[async_trait]
 impl Peek for Moved {
     async fn try_peek(&mut self, buf: &mut [u8]) -> std::io::Result<bool> {
-        self.0.get_mut().try_peek(buf).await
+        self.io.get_mut().try_peek(buf).await
     }
 }
 
@@ -268,7 +352,7 @@ mod tests {
         drop(accepting);
 
         runtime().block_on(async move {
-            let mut moved = move_here(accepted, 16 * 1024);
+            let mut moved = move_here(accepted, 16 * 1024, None).expect("moved");
             assert!(moved.as_any().is::<Moved>(), "the stream was not moved");
 
             client.write_all(b"ping").expect("client write");
@@ -305,7 +389,7 @@ mod tests {
                 tokio::net::TcpStream::from_std(socket).expect("register"),
             ));
             assert!(!hold_next_flush(&accepted), "a stream not moved was held");
-            let mut moved = move_here(accepted, 16 * 1024);
+            let mut moved = move_here(accepted, 16 * 1024, None).expect("moved");
 
             assert!(hold_next_flush(&moved));
             moved.write_all(b"last events;").await.expect("write");

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
+use bytes::Bytes;
 use pingora_core::listeners::{L4BufferSettings, ListenerConfig};
 use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::server::{ExecutionPhase, RunArgs, Server, ShutdownSignal, ShutdownSignalWatch};
@@ -22,7 +23,8 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_proxy::{ProxyHttp, Session};
 
 use crate::affinity::ThreadAffine;
-use crate::config::Config;
+use crate::config::{Config, EdgeLimits};
+use crate::conn_limits::{Limiter, Phase};
 use crate::identity::IdentityCache;
 use crate::proxy::routing::Routing;
 use crate::proxy::tokens::TokenCounter;
@@ -108,6 +110,47 @@ fn concrete_addr(addr: &str) -> Result<String, String> {
     Ok(real.to_string())
 }
 
+/// Descriptors kept for everything that is not a client connection: listeners, upstream and
+/// database pools, the log, files.
+const RESERVED_DESCRIPTORS: u64 = 512;
+
+/// Raises the open-file limit to its hard maximum and lowers `max_connections` to fit under it
+/// with [`RESERVED_DESCRIPTORS`] to spare (each client connection holds one descriptor), so the
+/// cap, not the kernel, refuses the excess and the listeners keep answering.
+fn fit_descriptors(mut limits: EdgeLimits) -> EdgeLimits {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+    let soft = unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return limits;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+        lim.rlim_cur as u64
+    };
+    let room = soft.saturating_sub(RESERVED_DESCRIPTORS).max(1) as usize;
+    if limits.max_connections > room {
+        log::warn!(
+            "server.limits.max_connections {} is above what the open-file limit ({soft}) \
+             allows; using {room}",
+            limits.max_connections
+        );
+        limits.max_connections = room;
+        limits.max_connections_per_address = limits.max_connections_per_address.min(room);
+    }
+    limits
+}
+
 /// Builds the shared state on `rt`.
 pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedState, String> {
     let secrets = Secrets::load(&cfg.secrets)?;
@@ -190,6 +233,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     let api_listen = cfg.server.api_listen.clone();
     let site_listen = cfg.server.site_listen.clone();
     let drain = cfg.server.shutdown_drain;
+    let limits = cfg.server.limits;
     let admin_listen = match &cfg.server.admin_listen {
         Some(a) => Some(concrete_addr(a)?),
         None => None,
@@ -267,20 +311,38 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     // buffer in front of the moved socket; the accepted one needs no buffers. With a single
     // worker the move is needless but costs only a dup and two epoll_ctl per connection: one
     // code path for every thread count.
+    // Both listeners share one set of connection counts: the descriptors they use are the
+    // process's.
+    let limiter = Limiter::new(fit_descriptors(limits));
     let mut api = Service::new(
         "developer-api".to_string(),
-        ThreadAffine::new(dev_api, CLIENT_WRITE_BUFFER),
+        ThreadAffine::new(
+            dev_api,
+            CLIENT_WRITE_BUFFER,
+            limiter.clone(),
+            "developer API",
+            crate::conn_limits::API_HEAD_TOO_LARGE,
+        ),
     );
     api.add_listener(ListenerConfig::tcp(&api_listen).l4_buffer(L4BufferSettings::unbuffered()));
     server.add_service(api);
-    let mut site = pingora_proxy::http_proxy_service_with_name(
+    let site_proxy = pingora_proxy::http_proxy(
         &server.configuration,
         SiteEdge {
             socket: uds.clone(),
         },
-        "site",
     );
-    site.add_tcp(&site_listen);
+    let mut site = Service::new(
+        "site".to_string(),
+        ThreadAffine::new(
+            site_proxy,
+            CLIENT_WRITE_BUFFER,
+            limiter,
+            "site",
+            crate::conn_limits::SITE_HEAD_TOO_LARGE,
+        ),
+    );
+    site.add_listener(ListenerConfig::tcp(&site_listen).l4_buffer(L4BufferSettings::unbuffered()));
     server.add_service(site);
 
     if let Some(admin) = &admin_listen {
@@ -404,6 +466,38 @@ impl ProxyHttp for SiteEdge {
     type CTX = ();
 
     fn new_ctx(&self) {}
+
+    /// The head is in: the connection's limits move on to the body, or straight to serving.
+    async fn request_filter(
+        &self,
+        session: &mut Session,
+        _ctx: &mut (),
+    ) -> pingora_error::Result<bool> {
+        let phase = if session.is_body_empty() {
+            Phase::Serving
+        } else {
+            Phase::Body
+        };
+        if let Some(stream) = session.as_downstream().stream() {
+            crate::affinity::set_phase(stream, phase);
+        }
+        Ok(false)
+    }
+
+    async fn request_body_filter(
+        &self,
+        session: &mut Session,
+        _body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        _ctx: &mut (),
+    ) -> pingora_error::Result<()> {
+        if end_of_stream {
+            if let Some(stream) = session.as_downstream().stream() {
+                crate::affinity::set_phase(stream, Phase::Serving);
+            }
+        }
+        Ok(())
+    }
 
     async fn upstream_peer(
         &self,

@@ -44,6 +44,8 @@ pub enum ApiError {
         message: String,
     },
     PayloadTooLarge,
+    /// The process-wide budget of request-body bytes in flight is spent (503).
+    ServerBusy,
     MethodNotAllowed,
     UnknownModel(String),
 }
@@ -57,7 +59,7 @@ impl ApiError {
             | ApiError::MaxOutputTokensExceeded { .. }
             | ApiError::ContextWindowExceeded { .. }
             | ApiError::InvalidRequest { .. } => 400,
-            ApiError::KeySecretNotConfigured => 503,
+            ApiError::KeySecretNotConfigured | ApiError::ServerBusy => 503,
             ApiError::MissingApiKey | ApiError::InvalidApiKey => 401,
             ApiError::AccountSuspended
             | ApiError::InsufficientScope
@@ -91,6 +93,7 @@ impl ApiError {
             ApiError::ServerError => "server_error",
             ApiError::InvalidRequest { code, .. } => code,
             ApiError::PayloadTooLarge => "request_too_large",
+            ApiError::ServerBusy => "server_busy",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::UnknownModel(_) => "model_not_found",
         }
@@ -143,6 +146,10 @@ impl ApiError {
             ApiError::ServerError => "The request could not be completed.".into(),
             ApiError::InvalidRequest { message, .. } => message.clone(),
             ApiError::PayloadTooLarge => "Request body too large.".into(),
+            ApiError::ServerBusy => {
+                "The server is receiving as many request bodies as it can hold; retry shortly."
+                    .into()
+            }
             ApiError::MethodNotAllowed => "Method not allowed for this endpoint.".into(),
             ApiError::UnknownModel(m) => format!("The model {m:?} does not exist."),
         }

@@ -9,6 +9,7 @@ pub mod affinity;
 pub mod apikey;
 pub mod cli;
 pub mod config;
+pub mod conn_limits;
 pub mod edge;
 pub mod error;
 pub mod identity;

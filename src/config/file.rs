@@ -59,6 +59,23 @@ pub struct ServerFile {
     pub upgrade_sock: Option<String>,
     /// Pid file (default `<secrets.dir>/gateway.pid`).
     pub pid_file: Option<String>,
+    /// Connection and request-size limits of both listeners (`[server.limits]`).
+    #[serde(default)]
+    pub limits: EdgeLimitsFile,
+}
+
+/// `[server.limits]`: what one client may hold of the listeners, as a public edge bounds it.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeLimitsFile {
+    pub header_timeout_seconds: Option<u64>,
+    pub idle_timeout_seconds: Option<u64>,
+    pub body_timeout_seconds: Option<u64>,
+    pub body_min_rate_bytes: Option<u64>,
+    pub max_header_bytes: Option<u64>,
+    pub max_connections: Option<u64>,
+    pub max_connections_per_address: Option<u64>,
+    pub max_body_bytes_in_flight: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, Default)]

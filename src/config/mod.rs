@@ -109,6 +109,32 @@ pub struct ServerConfig {
     pub access_log: bool,
     pub upgrade_sock: PathBuf,
     pub pid_file: PathBuf,
+    pub limits: EdgeLimits,
+}
+
+/// `[server.limits]`: bounds on what a client can hold of either listener. Read at start
+/// (like the listen addresses): a change needs a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EdgeLimits {
+    /// The whole request head (request line and headers) must arrive within this time of the
+    /// connection's start or of its first byte after an idle keep-alive; not reset by each byte.
+    pub header_timeout: Duration,
+    /// A kept-alive connection with no request started is closed after this long.
+    pub idle_timeout: Duration,
+    /// A request body may pause this long at most, and gets this long before its average
+    /// rate has to reach `body_min_rate`.
+    pub body_timeout: Duration,
+    /// Bytes per second a request body has to average after `body_timeout`.
+    pub body_min_rate: u64,
+    /// Largest request head (request line and headers) in bytes; larger ones get 431.
+    pub max_header_bytes: usize,
+    /// Open client connections over both listeners together.
+    pub max_connections: usize,
+    /// Open client connections from one address over both listeners together.
+    pub max_connections_per_address: usize,
+    /// Request-body bytes the developer API holds at once over all requests; a request
+    /// beyond it gets 503 `server_busy`.
+    pub max_body_bytes_in_flight: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -345,6 +371,69 @@ struct Checker {
     file: String,
 }
 
+/// Validates `[server.limits]` against safe defaults.
+fn edge_limits(
+    c: &Checker,
+    f: &file::EdgeLimitsFile,
+    max_body_bytes: u64,
+) -> Result<EdgeLimits, ConfigError> {
+    let within = |key: &str, v: Option<u64>, default: u64, min: u64, max: u64| {
+        let v = v.unwrap_or(default);
+        if v < min || v > max {
+            return Err(c.err(
+                format!("server.limits.{key}"),
+                format!("must be between {min} and {max}"),
+            ));
+        }
+        Ok(v)
+    };
+    let secs = |key: &str, v: Option<u64>, default: u64| {
+        within(key, v, default, 1, 3600).map(Duration::from_secs)
+    };
+    let limits = EdgeLimits {
+        header_timeout: secs("header_timeout_seconds", f.header_timeout_seconds, 10)?,
+        idle_timeout: secs("idle_timeout_seconds", f.idle_timeout_seconds, 60)?,
+        body_timeout: secs("body_timeout_seconds", f.body_timeout_seconds, 30)?,
+        body_min_rate: within(
+            "body_min_rate_bytes",
+            f.body_min_rate_bytes,
+            16 * 1024,
+            1,
+            1 << 30,
+        )?,
+        max_header_bytes: within(
+            "max_header_bytes",
+            f.max_header_bytes,
+            32 * 1024,
+            1024,
+            1024 * 1024,
+        )? as usize,
+        max_connections: within("max_connections", f.max_connections, 10_000, 1, 1_000_000)?
+            as usize,
+        max_connections_per_address: within(
+            "max_connections_per_address",
+            f.max_connections_per_address,
+            256,
+            1,
+            1_000_000,
+        )? as usize,
+        max_body_bytes_in_flight: within(
+            "max_body_bytes_in_flight",
+            f.max_body_bytes_in_flight,
+            (512 * 1024 * 1024).max(max_body_bytes),
+            max_body_bytes,
+            u64::MAX,
+        )?,
+    };
+    if limits.max_connections_per_address > limits.max_connections {
+        return Err(c.err(
+            "server.limits.max_connections_per_address",
+            "must not exceed server.limits.max_connections",
+        ));
+    }
+    Ok(limits)
+}
+
 impl Checker {
     fn err(&self, key: impl Into<String>, message: impl Into<String>) -> ConfigError {
         ConfigError {
@@ -543,7 +632,9 @@ impl Config {
         if threads == 0 || threads > 256 {
             return Err(c.err("server.threads", "must be between 1 and 256"));
         }
+        let limits = edge_limits(c, &f.server.limits, max_body_bytes)?;
         let server = ServerConfig {
+            limits,
             api_listen,
             site_listen,
             site_origin,

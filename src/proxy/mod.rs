@@ -146,6 +146,9 @@ impl DevApi {
         // instead of dropping them (the next request would then arrive cut).
         if let ServerSession::H1(h1) = session.as_downstream_mut() {
             h1.set_pipelining_enabled(true);
+            // The head is in: no read deadline until a body is read (a streamed answer watches
+            // the connection for a disconnect for as long as it runs).
+            crate::affinity::set_phase(h1.stream(), crate::conn_limits::Phase::Serving);
         }
         let cfg = self.state.config();
         // Read while the request header is borrowed: no copies of the method, path or query.
@@ -194,13 +197,26 @@ impl DevApi {
             pipeline::gate(&identity, sensitive_query, endpoint, method_ok).map_err(fail)?;
         ctx.endpoint = Some(endpoint);
 
-        // Checks 6–8 need the body.
-        let body = if endpoint.is_get() {
-            Bytes::new()
+        // Checks 6–8 need the body. A large one is read only if the key could be admitted at
+        // all: a key with nothing left cannot make the gateway read and parse megabytes.
+        if !endpoint.is_get() && pipeline::large_body(session) {
+            if let Err(denied) = self.state.quota.precheck(&cfg.quota, &identity).await {
+                // The body stays unread: the connection cannot be reused.
+                session.as_downstream_mut().set_keepalive(None);
+                return Err(fail(denied_error(denied)));
+            }
+        }
+        // Held until the request ends: its body is in memory until then.
+        let (body, _body_permit) = if endpoint.is_get() {
+            (Bytes::new(), pipeline::BodyPermit::none())
         } else {
-            pipeline::read_body(session, cfg.server.max_body_bytes)
-                .await
-                .map_err(|s| (s, style_b))?
+            pipeline::read_body(
+                session,
+                cfg.server.max_body_bytes,
+                cfg.server.limits.max_body_bytes_in_flight,
+            )
+            .await
+            .map_err(|s| (s, style_b))?
         };
         let adm = pipeline::admit(&self.state, &cfg, endpoint, identity.clone(), body)
             .await
@@ -227,17 +243,7 @@ impl DevApi {
             Ok(r) => r,
             Err((denied, rate)) => {
                 ctx.rate = rate;
-                return Err(fail(match denied {
-                    Denied::InsufficientQuota => ApiError::InsufficientQuota,
-                    Denied::RateLimited {
-                        retry_after_secs,
-                        what,
-                    } => ApiError::RateLimited {
-                        retry_after_secs,
-                        what,
-                    },
-                    Denied::Unavailable => ApiError::ServerError,
-                }));
+                return Err(fail(denied_error(denied)));
             }
         };
         ctx.rate = reservation.rate;
@@ -391,6 +397,21 @@ impl DevApi {
             reason: Reason::Complete,
             error_code: None,
         })
+    }
+}
+
+/// The answer to a refused reservation.
+fn denied_error(denied: Denied) -> ApiError {
+    match denied {
+        Denied::InsufficientQuota => ApiError::InsufficientQuota,
+        Denied::RateLimited {
+            retry_after_secs,
+            what,
+        } => ApiError::RateLimited {
+            retry_after_secs,
+            what,
+        },
+        Denied::Unavailable => ApiError::ServerError,
     }
 }
 

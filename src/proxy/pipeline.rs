@@ -1,6 +1,7 @@
 //! The nine checks of spec §4.1, in the spec's order. Each returns the spec's error; the first
 //! failure wins. What survives is an `Admitted` request ready to route.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -10,6 +11,7 @@ use serde_json::Value;
 
 use crate::apikey;
 use crate::config::{Config, Model};
+use crate::conn_limits::Phase;
 use crate::error::ApiError;
 use crate::identity::Identity;
 use crate::proxy::auth::{presented_key, Presented};
@@ -127,20 +129,78 @@ pub fn gate(
     Ok(endpoint)
 }
 
-/// Reads the whole request body, answering `Expect: 100-continue` first and refusing bodies
-/// over `limit` (413) as soon as that is known.
-pub async fn read_body(session: &mut Session, limit: u64) -> Result<Bytes, Stop> {
-    let declared = session
+/// Request-body bytes held by the developer API's requests in flight, over all of them.
+static BODY_BYTES_IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
+
+/// A request's share of `server.limits.max_body_bytes_in_flight`, given back when dropped
+/// (with the request, after its body was forwarded).
+pub struct BodyPermit(u64);
+
+impl BodyPermit {
+    pub fn none() -> BodyPermit {
+        BodyPermit(0)
+    }
+
+    /// Takes `n` more bytes of the budget, or false (and nothing taken) when it is spent.
+    fn grow(&mut self, n: u64, budget: u64) -> bool {
+        if n == 0 {
+            return true;
+        }
+        let before = BODY_BYTES_IN_FLIGHT.fetch_add(n, Ordering::AcqRel);
+        if before.saturating_add(n) > budget {
+            BODY_BYTES_IN_FLIGHT.fetch_sub(n, Ordering::AcqRel);
+            return false;
+        }
+        self.0 += n;
+        true
+    }
+}
+
+impl Drop for BodyPermit {
+    fn drop(&mut self) {
+        if self.0 > 0 {
+            BODY_BYTES_IN_FLIGHT.fetch_sub(self.0, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The body length the client declared, if any.
+pub fn declared_length(session: &Session) -> Option<u64> {
+    session
         .req_header()
         .headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
+        .and_then(|v| v.trim().parse::<u64>().ok())
+}
+
+/// Whether the body is parsed as a large one: declared over [`INLINE_COUNT_MAX`], or of a
+/// length not declared (chunked). Such a body is only read once the key could be admitted at
+/// all (`Engine::precheck`).
+pub fn large_body(session: &Session) -> bool {
+    declared_length(session).is_none_or(|n| n > INLINE_COUNT_MAX as u64)
+}
+
+/// Reads the whole request body, answering `Expect: 100-continue` first and refusing bodies
+/// over `limit` (413) as soon as that is known, and bodies that would take the bytes in
+/// flight over `budget` (503 `server_busy`): a declared length is taken from the budget before
+/// anything is read, a chunked body as it arrives.
+pub async fn read_body(
+    session: &mut Session,
+    limit: u64,
+    budget: u64,
+) -> Result<(Bytes, BodyPermit), Stop> {
+    let declared = declared_length(session);
     let ds = session.as_downstream_mut();
     if declared.is_some_and(|n| n > limit) {
         // The body will not be read: the connection cannot be reused.
         ds.set_keepalive(None);
         return Err(Stop::Api(ApiError::PayloadTooLarge));
+    }
+    let mut permit = BodyPermit::none();
+    if !permit.grow(declared.unwrap_or(0), budget) {
+        ds.set_keepalive(None);
+        return Err(Stop::Api(ApiError::ServerBusy));
     }
     let expects_continue = ds
         .req_header()
@@ -151,6 +211,9 @@ pub async fn read_body(session: &mut Session, limit: u64) -> Result<Bytes, Stop>
     if expects_continue && ds.write_continue_response().await.is_err() {
         return Err(Stop::ClientGone);
     }
+    if let Some(stream) = ds.stream() {
+        crate::affinity::set_phase(stream, Phase::Body);
+    }
     let mut buf = BytesMut::with_capacity(declared.unwrap_or(0).min(limit) as usize);
     loop {
         match ds.read_request_body().await {
@@ -159,13 +222,20 @@ pub async fn read_body(session: &mut Session, limit: u64) -> Result<Bytes, Stop>
                     ds.set_keepalive(None);
                     return Err(Stop::Api(ApiError::PayloadTooLarge));
                 }
+                if declared.is_none() && !permit.grow(chunk.len() as u64, budget) {
+                    ds.set_keepalive(None);
+                    return Err(Stop::Api(ApiError::ServerBusy));
+                }
                 buf.extend_from_slice(&chunk);
             }
             Ok(None) => break,
             Err(_) => return Err(Stop::ClientGone),
         }
     }
-    Ok(buf.freeze())
+    if let Some(stream) = ds.stream() {
+        crate::affinity::set_phase(stream, Phase::Serving);
+    }
+    Ok((buf.freeze(), permit))
 }
 
 /// Bodies up to this size are counted on the async worker, and may be read as plain chat
@@ -269,6 +339,143 @@ impl<'a> PlainBody<'a> {
     }
 }
 
+/// The top-level fields admission reads, in [`Head`]'s order then the text parts'.
+const LARGE_FIELDS: [&str; 15] = [
+    "model",
+    "stream",
+    "stream_options",
+    "reasoning_effort",
+    "reasoning",
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "messages",
+    "system",
+    "tools",
+    "functions",
+    "instructions",
+    "input",
+    "prompt",
+];
+/// Where the text parts start in [`LARGE_FIELDS`].
+const LARGE_TEXT_AT: usize = 8;
+
+/// A head field of a large body is built as a value only up to this size (a string of any
+/// size is fine: it costs its length); larger, the body is refused.
+const HEAD_FIELD_MAX: usize = 64 * 1024;
+
+/// What admission reads from a body over [`INLINE_COUNT_MAX`], without building its tree: the
+/// top-level object is walked with every value borrowed raw, the head fields are built, and
+/// the input is estimated one array element at a time ([`tokens::TokenCounter::estimate_raw`]).
+/// Memory stays near the body's own size: a tree of many tiny messages cost ~40 times it.
+struct LargeBody {
+    head: [Option<Value>; LARGE_TEXT_AT],
+    estimate: u64,
+}
+
+impl LargeBody {
+    fn read(counter: &tokens::TokenCounter, body: &[u8]) -> Result<LargeBody, ApiError> {
+        let text = std::str::from_utf8(body).map_err(|e| {
+            ApiError::invalid(
+                "invalid_json",
+                format!("The request body is not valid JSON: {e}"),
+            )
+        })?;
+        let raw = match serde_json::from_str::<TopFields<'_>>(text) {
+            Ok(f) => f.0,
+            // Not an object (or not JSON): worded as the tree path words it.
+            Err(e) => {
+                return Err(match serde_json::from_str::<IgnoredAny>(text) {
+                    Ok(_) => {
+                        ApiError::invalid("invalid_json", "The request body must be a JSON object.")
+                    }
+                    Err(_) => ApiError::invalid(
+                        "invalid_json",
+                        format!("The request body is not valid JSON: {e}"),
+                    ),
+                })
+            }
+        };
+        let mut head: [Option<Value>; LARGE_TEXT_AT] = Default::default();
+        for (i, slot) in head.iter_mut().enumerate() {
+            let Some(r) = raw[i] else { continue };
+            let t = r.get();
+            if t.len() > HEAD_FIELD_MAX && !t.starts_with('"') {
+                return Err(ApiError::invalid(
+                    "invalid_request",
+                    format!("`{}` is too large.", LARGE_FIELDS[i]),
+                ));
+            }
+            *slot = Some(serde_json::from_str(t).map_err(|e| {
+                ApiError::invalid(
+                    "invalid_json",
+                    format!("The request body is not valid JSON: {e}"),
+                )
+            })?);
+        }
+        let parts = tokens::RawParts {
+            messages: raw[LARGE_TEXT_AT],
+            system: raw[LARGE_TEXT_AT + 1],
+            tools: raw[LARGE_TEXT_AT + 2],
+            functions: raw[LARGE_TEXT_AT + 3],
+            instructions: raw[LARGE_TEXT_AT + 4],
+            input: raw[LARGE_TEXT_AT + 5],
+            prompt: raw[LARGE_TEXT_AT + 6],
+        };
+        let estimate = counter.estimate_raw(&parts).map_err(|e| {
+            ApiError::invalid(
+                "invalid_json",
+                format!("The request body is not valid JSON: {e}"),
+            )
+        })?;
+        Ok(LargeBody { head, estimate })
+    }
+
+    fn head(&self) -> Head<'_> {
+        let h = &self.head;
+        Head {
+            model: h[0].as_ref(),
+            stream: h[1].as_ref(),
+            stream_options: h[2].as_ref(),
+            reasoning_effort: h[3].as_ref(),
+            reasoning: h[4].as_ref(),
+            output: [h[5].as_ref(), h[6].as_ref(), h[7].as_ref()],
+        }
+    }
+}
+
+/// The raw values of [`LARGE_FIELDS`] in a top-level object (the last of a repeated key, as in
+/// a tree); every other member is skipped unbuilt.
+struct TopFields<'a>([Option<&'a serde_json::value::RawValue>; LARGE_FIELDS.len()]);
+
+impl<'de> serde::Deserialize<'de> for TopFields<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = TopFields<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<TopFields<'de>, A::Error> {
+                let mut out = TopFields([None; LARGE_FIELDS.len()]);
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    match LARGE_FIELDS.iter().position(|f| *f == key) {
+                        Some(i) => out.0[i] = Some(map.next_value()?),
+                        None => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(Fields)
+    }
+}
+
 /// Parses the JSON body and runs checks 6–8 (model allowlist, per-key token limits, model
 /// limits). Token estimation of large bodies runs off the async workers.
 pub async fn admit(
@@ -281,12 +488,25 @@ pub async fn admit(
     // A plain chat body is read for its fields without building a tree (most of admission's
     // parsing cost was allocating one); any other body, and a body that is not valid JSON, is
     // read as a tree, which also words the error.
-    let plain = if endpoint.is_get() || body.len() > INLINE_COUNT_MAX {
+    let large_body = !endpoint.is_get() && body.len() > INLINE_COUNT_MAX;
+    let plain = if endpoint.is_get() || large_body {
         None
     } else {
         PlainBody::read(&body)
     };
-    let json: Option<Value> = if endpoint.is_get() || plain.is_some() {
+    // A large body is read without a tree, off the async workers.
+    let large = if large_body {
+        let counter = state.tokens.clone();
+        let shared = body.clone();
+        Some(
+            tokio::task::spawn_blocking(move || LargeBody::read(&counter, &shared))
+                .await
+                .map_err(|_| ApiError::ServerError)??,
+        )
+    } else {
+        None
+    };
+    let json: Option<Value> = if endpoint.is_get() || plain.is_some() || large.is_some() {
         None
     } else {
         match serde_json::from_slice::<Value>(&body) {
@@ -305,10 +525,11 @@ pub async fn admit(
             }
         }
     };
-    let head = match (&plain, &json) {
-        (Some(p), _) => p.head(),
-        (None, Some(j)) => Head::of_tree(j),
-        (None, None) => Head::default(),
+    let head = match (&plain, &json, &large) {
+        (Some(p), _, _) => p.head(),
+        (None, Some(j), _) => Head::of_tree(j),
+        (None, None, Some(l)) => l.head(),
+        (None, None, None) => Head::default(),
     };
     let model_name = match head.model {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
@@ -368,20 +589,11 @@ pub async fn admit(
                 .estimate_plain(p.messages.as_deref().unwrap_or_default()),
             tokens::requested_output_of(head.output),
         ),
-        (None, Some(j)) => {
-            let requested = tokens::requested_output(j);
-            let estimate = if body.len() > INLINE_COUNT_MAX {
-                let counter = state.tokens.clone();
-                let j = j.clone();
-                tokio::task::spawn_blocking(move || counter.estimate_input(&j))
-                    .await
-                    .map_err(|_| ApiError::ServerError)?
-            } else {
-                state.tokens.estimate_input(j)
-            };
-            (estimate, requested)
-        }
-        (None, None) => (0, None),
+        (None, Some(j)) => (state.tokens.estimate_input(j), tokens::requested_output(j)),
+        (None, None) => match &large {
+            Some(l) => (l.estimate, tokens::requested_output_of(head.output)),
+            None => (0, None),
+        },
     };
     // The plain reading borrows the body, which the admitted request takes below.
     drop(plain);
@@ -510,6 +722,41 @@ mod tests {
                 counter().estimate_input(&tree),
                 "{body}"
             );
+        }
+    }
+
+    /// A large body read without its tree gives what the tree gives: the fields the checks
+    /// read and the input estimate, for every shape the estimator knows.
+    #[test]
+    fn large_bodies_read_as_their_trees() {
+        let long = "word ".repeat(20_000);
+        let bodies = [
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5}"#.to_string(),
+            r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]},{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}],"tools":[{"type":"function","function":{"name":"f"}}]}"#.to_string(),
+            r#"{"model":"c","system":[{"type":"text","text":"be brief"}],"messages":[{"role":"user","content":"x"}],"reasoning":{"effort":"low"}}"#.to_string(),
+            r#"{"model":"r","instructions":"do","input":[{"role":"user","content":"a"},{"type":"function_call_output","output":"o"},"s",3],"max_output_tokens":9}"#.to_string(),
+            r#"{"model":"e","input":["a","b"],"prompt":"p","functions":{"name":"f"},"system":"s","model":"z"}"#.to_string(),
+            r#"{"model":"m","messages":{"role":"user","content":"not a list"}}"#.to_string(),
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{long}"}}],"other":[1,2,{{"a":"b"}}]}}"#),
+        ];
+        for body in &bodies {
+            let large = LargeBody::read(counter(), body.as_bytes()).expect("read");
+            let tree: Value = serde_json::from_str(body).expect("valid JSON");
+            assert_eq!(
+                reading(&large.head()),
+                reading(&Head::of_tree(&tree)),
+                "{body}"
+            );
+            assert_eq!(large.estimate, counter().estimate_input(&tree), "{body}");
+        }
+        for bad in [
+            "[1]",
+            "{\"model\":",
+            "\"text\"",
+            "{\"model\":\"m\",\"messages\":[1,}",
+        ] {
+            let err = LargeBody::read(counter(), bad.as_bytes()).err().expect(bad);
+            assert_eq!(err.code(), "invalid_json", "{bad}");
         }
     }
 

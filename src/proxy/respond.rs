@@ -74,5 +74,8 @@ pub async fn error(
             HeaderValue::from(*retry_after_secs),
         ));
     }
+    if *err == ApiError::ServerBusy {
+        extra.push((http::header::RETRY_AFTER, HeaderValue::from_static("1")));
+    }
     json(session, err.status(), err.body(style_b), request_id, &extra).await;
 }

@@ -13,6 +13,7 @@ use std::hash::BuildHasher;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::LazyLock;
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tiktoken_rs::CoreBPE;
 
@@ -183,6 +184,133 @@ impl TokenCounter {
         }
         t.total()
     }
+}
+
+/// The text-carrying top-level parts of a body, borrowed raw (unparsed) from it.
+#[derive(Default)]
+pub struct RawParts<'a> {
+    pub messages: Option<&'a RawValue>,
+    pub system: Option<&'a RawValue>,
+    pub tools: Option<&'a RawValue>,
+    pub functions: Option<&'a RawValue>,
+    pub instructions: Option<&'a RawValue>,
+    pub input: Option<&'a RawValue>,
+    pub prompt: Option<&'a RawValue>,
+}
+
+/// An element of a large body larger than this (other than a string) is not built as a tree
+/// but charged by its size: a tree of many tiny values costs tens of times its JSON.
+pub const ELEMENT_TREE_MAX: usize = 256 * 1024;
+
+impl TokenCounter {
+    /// [`estimate_input`](Self::estimate_input) of a large body without its tree: each part
+    /// that is an array is built one element at a time (the element counted, then dropped), so
+    /// memory stays near one element's tree whatever the body holds. An element over
+    /// [`ELEMENT_TREE_MAX`] that is not a string is charged one token per four bytes. The same
+    /// count as the tree's for every body without such elements.
+    pub fn estimate_raw(&self, parts: &RawParts<'_>) -> Result<u64, serde_json::Error> {
+        let mut t = Tally::new(self);
+        if let Some(messages) = parts.messages {
+            let mut any = false;
+            each_element(
+                messages,
+                &mut t,
+                |t, v| t.messages(v, 0),
+                |t, m| {
+                    any = true;
+                    t.fixed(TOKENS_PER_MESSAGE);
+                    match m {
+                        Value::Object(m) => t.message(m, 1),
+                        other => t.generic(other, 1),
+                    }
+                },
+            )?;
+            if any {
+                t.fixed(REPLY_PRIMING_TOKENS);
+            }
+        }
+        if let Some(system) = parts.system {
+            each_element(system, &mut t, |t, v| t.content(v, 0), |t, p| t.part(p, 1))?;
+        }
+        for defs in [parts.tools, parts.functions].into_iter().flatten() {
+            each_element(
+                defs,
+                &mut t,
+                |t, v| t.generic(v, 1),
+                |t, d| t.serialized(d, 1),
+            )?;
+        }
+        if let Some(instructions) = parts.instructions {
+            each_element(
+                instructions,
+                &mut t,
+                |t, v| t.content(v, 0),
+                |t, p| t.part(p, 1),
+            )?;
+        }
+        for input in [parts.input, parts.prompt].into_iter().flatten() {
+            each_element(
+                input,
+                &mut t,
+                |t, v| t.input(v, 0),
+                |t, item| match item {
+                    Value::Object(obj) => t.input_item(obj, 1),
+                    other => t.input(other, 1),
+                },
+            )?;
+        }
+        Ok(t.total())
+    }
+}
+
+/// Calls `item` with each element of `raw` when it is an array, built one at a time, else
+/// `whole` with `raw` built whole; either way a value over [`ELEMENT_TREE_MAX`] that is not a
+/// string is charged by its size instead.
+fn each_element<'a>(
+    raw: &'a RawValue,
+    t: &mut Tally<'_>,
+    mut whole: impl FnMut(&mut Tally<'_>, &Value),
+    mut item: impl FnMut(&mut Tally<'_>, &Value),
+) -> Result<(), serde_json::Error> {
+    let text = raw.get();
+    if !text.starts_with('[') {
+        return built(text, t, &mut whole);
+    }
+    /// Counts each element as it is read: only one element's tree exists at a time.
+    struct Elements<'v, 'c, F> {
+        t: &'v mut Tally<'c>,
+        item: &'v mut F,
+    }
+    impl<'de, F: FnMut(&mut Tally<'_>, &Value)> serde::de::Visitor<'de> for Elements<'_, '_, F> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an array")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            while let Some(e) = seq.next_element::<&'de RawValue>()? {
+                built(e.get(), self.t, self.item).map_err(serde::de::Error::custom)?;
+            }
+            Ok(())
+        }
+    }
+    use serde::Deserializer as _;
+    let mut de = serde_json::Deserializer::from_str(text);
+    de.deserialize_seq(Elements { t, item: &mut item })
+}
+
+/// Builds `text` as a tree for `f`, unless it is too large to (see [`each_element`]).
+fn built(
+    text: &str,
+    t: &mut Tally<'_>,
+    f: &mut impl FnMut(&mut Tally<'_>, &Value),
+) -> Result<(), serde_json::Error> {
+    if text.len() > ELEMENT_TREE_MAX && !text.starts_with('"') {
+        t.fixed((text.len() as u64).div_ceil(MIN_BYTES_PER_TOKEN_FLOOR));
+        return Ok(());
+    }
+    let v: Value = serde_json::from_str(text)?;
+    f(t, &v);
+    Ok(())
 }
 
 /// The output ceiling the client asked for, under whichever name its API

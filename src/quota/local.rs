@@ -148,6 +148,53 @@ impl Local {
         })
     }
 
+    /// Whether a request of this key could be admitted at all: its per-minute windows have room
+    /// for one more request (and one token where tokens are limited) and the account has some
+    /// quota left. Reads only; loads the account like a reservation would.
+    pub async fn precheck(
+        &self,
+        db: &Db,
+        cfg: &QuotaConfig,
+        who: &Identity,
+        now: i64,
+    ) -> Result<(), (Denied, RateView)> {
+        let cell = self
+            .account(db, &who.user.id, now)
+            .await
+            .map_err(|d| (d, RateView::default()))?;
+        let Some(account) = cell.get() else {
+            return Err((Denied::Unavailable, RateView::default()));
+        };
+        let acct = account.lock();
+        let tier = acct.effective_tier(cfg, who.user.manual_tier, who.user.max_tier, now);
+        let limits = *cfg.limits(tier);
+        let plan = RatePlan::for_key(who, &limits);
+        let caps = [plan.rpm, plan.itpm, plan.otpm];
+        let names = ["requests", "input tokens", "output tokens"];
+        if let Some(w) = self.windows.get(&plan.scope) {
+            let mut w = *w;
+            w.roll(now.div_euclid(WINDOW_MS));
+            for d in 0..DIMS {
+                if let Err(wait) = check(caps[d], w.prev[d], w.curr[d], 1, now) {
+                    return Err((
+                        Denied::RateLimited {
+                            retry_after_secs: wait,
+                            what: names[d],
+                        },
+                        rate_view(&caps, &w, now),
+                    ));
+                }
+            }
+        }
+        if !who.user.unlimited {
+            let (tokens, requests) = acct.available(&limits, now);
+            if tokens == 0 || requests == Some(0) {
+                return Err((Denied::InsufficientQuota, RateView::default()));
+            }
+        }
+        Ok(())
+    }
+
     pub fn settle(&self, t: &Ticket, used: Used, now: i64) -> Breakdown {
         let breakdown = match self
             .accounts

@@ -241,7 +241,16 @@ pub struct Engine {
     db: Db,
     instance: String,
     seq: AtomicU64,
+    /// Keys refused a reservation lately, until when (ms): lets [`Engine::precheck`] refuse
+    /// without a round trip to Redis.
+    refused: dashmap::DashMap<String, (i64, Denied), crate::util::FastHash>,
 }
+
+/// How long a key refused for want of quota is refused by [`Engine::precheck`] without asking
+/// the engine again (a purchase shows within this).
+const REFUSED_QUOTA_MS: i64 = 2_000;
+/// Keys remembered as refused at most; beyond, the memory is cleared.
+const REFUSED_MAX: usize = 100_000;
 
 pub type Quota = Arc<Engine>;
 
@@ -252,6 +261,7 @@ impl Engine {
             db,
             instance: random_base62(8),
             seq: AtomicU64::new(0),
+            refused: Default::default(),
         })
     }
 
@@ -279,9 +289,55 @@ impl Engine {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let id = [self.instance.as_str(), "-", itoa::Buffer::new().format(seq)].concat();
         let now = now_ms();
-        match &self.backend {
+        let result = match &self.backend {
             Backend::Local(l) => l.reserve(&self.db, cfg, who, id, input, output, now).await,
             Backend::Shared(s) => s.reserve(&self.db, cfg, who, id, input, output, now).await,
+        };
+        if let Err((denied, _)) = &result {
+            let until = match denied {
+                Denied::InsufficientQuota => Some(now + REFUSED_QUOTA_MS),
+                Denied::RateLimited {
+                    retry_after_secs,
+                    what: "requests",
+                } => Some(now + *retry_after_secs as i64 * 1000),
+                _ => None,
+            };
+            if let Some(until) = until {
+                if self.refused.len() >= REFUSED_MAX {
+                    self.refused.clear();
+                }
+                self.refused
+                    .insert(who.key.id.clone(), (until, denied.clone()));
+            }
+        }
+        result
+    }
+
+    /// Before a large body is read and parsed: refuses a key that cannot be admitted whatever
+    /// the body holds (no request left in its per-minute window, no quota left), so a key with
+    /// nothing left cannot make the gateway read and parse megabytes. The in-process engine
+    /// checks exactly; the Redis engine refuses a key refused on this instance within the last
+    /// moments (its reservation is one round trip that this would double).
+    pub async fn precheck(&self, cfg: &QuotaConfig, who: &Identity) -> Result<(), Denied> {
+        let now = now_ms();
+        if let Some((until, denied)) = self.refused.get(&who.key.id).map(|r| r.clone()) {
+            if until > now {
+                return Err(match denied {
+                    Denied::RateLimited { what, .. } => Denied::RateLimited {
+                        retry_after_secs: ((until - now) as u64).div_ceil(1000).max(1),
+                        what,
+                    },
+                    other => other,
+                });
+            }
+            self.refused.remove_if(&who.key.id, |_, (u, _)| *u <= now);
+        }
+        match &self.backend {
+            Backend::Local(l) => l
+                .precheck(&self.db, cfg, who, now)
+                .await
+                .map_err(|(d, _)| d),
+            Backend::Shared(_) => Ok(()),
         }
     }
 
