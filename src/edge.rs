@@ -455,6 +455,19 @@ impl ShutdownSignalWatch for Signals {
     }
 }
 
+/// A request on this connection is over: until the next one starts, the connection is idle
+/// (and closed after `server.limits.idle_timeout_seconds`). Not while its body is still
+/// unread: Pingora may drain it before the next request, and those bytes are no head.
+pub fn request_done(session: &mut Session) {
+    let ds = session.as_downstream_mut();
+    if !ds.is_body_done() {
+        return;
+    }
+    if let Some(stream) = ds.stream() {
+        crate::affinity::set_phase(stream, Phase::Idle);
+    }
+}
+
 /// The site listener: forwards everything to the account service's private socket, telling it
 /// the real client address (any client-sent forwarding header is replaced, never trusted).
 struct SiteEdge {
@@ -497,6 +510,15 @@ impl ProxyHttp for SiteEdge {
             }
         }
         Ok(())
+    }
+
+    async fn logging(
+        &self,
+        session: &mut Session,
+        _e: Option<&pingora_error::Error>,
+        _ctx: &mut (),
+    ) {
+        request_done(session);
     }
 
     async fn upstream_peer(

@@ -128,7 +128,8 @@ impl ProxyHttp for DevApi {
         Ok(true)
     }
 
-    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+        crate::edge::request_done(session);
         crate::accesslog::developer_request(ctx, self.state.config.load().server.access_log);
     }
 }

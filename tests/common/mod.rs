@@ -183,6 +183,8 @@ pub struct Options {
     /// Replaces the body of the harness's `[mail]` section (`transport = "file"` writing to
     /// `<dir>/outbox`); an empty string leaves mail unconfigured.
     pub mail_toml: Option<String>,
+    /// Extra keys of the `[server]` section (e.g. `max_body_bytes = 65536`).
+    pub server_toml: String,
 }
 
 impl Default for Options {
@@ -196,6 +198,7 @@ impl Default for Options {
             site_origin: None,
             admin: false,
             mail_toml: None,
+            server_toml: String::new(),
         }
     }
 }
@@ -313,6 +316,12 @@ impl Gateway {
             text = text.replace(
                 "shutdown_drain_seconds = 5\n",
                 "shutdown_drain_seconds = 5\nadmin_listen = \"127.0.0.1:0\"\n",
+            );
+        }
+        if !opts.server_toml.is_empty() {
+            text = text.replace(
+                "shutdown_drain_seconds = 5\n",
+                &format!("shutdown_drain_seconds = 5\n{}\n", opts.server_toml),
             );
         }
         text.push_str(&opts.extra_toml);
