@@ -34,10 +34,16 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter, ReadBuf};
 use crate::conn_limits::{Limiter, Phase, Verdict, Watch};
 
 /// A `ServerApp` whose connections are served by the worker their socket is registered with,
-/// each one counted and watched by the connection limits ([`crate::conn_limits`]).
+/// each one counted and watched by the connection limits ([`crate::conn_limits`]) when
+/// [`ThreadAffine::limited`].
 pub struct ThreadAffine<A> {
     inner: Arc<A>,
     write_buffer: usize,
+    limits: Option<Limits>,
+}
+
+/// The connection limits of a listener.
+struct Limits {
     limiter: Arc<Limiter>,
     /// The listener's name, for the refusal log line.
     name: &'static str,
@@ -49,20 +55,28 @@ impl<A> ThreadAffine<A> {
     /// Wraps `inner`; `write_buffer` is the size of the write buffer put in front of each moved
     /// connection. The listener itself should be unbuffered: its buffers are dropped with the
     /// original stream.
-    pub fn new(
-        inner: A,
-        write_buffer: usize,
+    pub fn new(inner: A, write_buffer: usize) -> Self {
+        ThreadAffine {
+            inner: Arc::new(inner),
+            write_buffer,
+            limits: None,
+        }
+    }
+
+    /// Counts and watches every connection under `limiter`. The served app must move each
+    /// request through its phases ([`set_phase`]): the head phase never ends by itself.
+    pub fn limited(
+        mut self,
         limiter: Arc<Limiter>,
         name: &'static str,
         too_large: &'static [u8],
     ) -> Self {
-        ThreadAffine {
-            inner: Arc::new(inner),
-            write_buffer,
+        self.limits = Some(Limits {
             limiter,
             name,
             too_large,
-        }
+        });
+        self
     }
 }
 
@@ -83,17 +97,19 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for ThreadAffine<A> {
                 stream
             }
             None => {
-                let accepted = tokio::time::Instant::now();
-                let peer = stream
-                    .get_socket_digest()
-                    .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()));
-                // Refused: closed at once, before anything is read or allocated for it.
-                let slot = self.limiter.admit(peer, self.name)?;
-                move_here(
-                    stream,
-                    self.write_buffer,
-                    Some(Watch::new(slot, accepted, self.too_large)),
-                )?
+                let watch = match &self.limits {
+                    Some(limits) => {
+                        let accepted = tokio::time::Instant::now();
+                        let peer = stream
+                            .get_socket_digest()
+                            .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()));
+                        // Refused: closed at once, before anything is read or allocated for it.
+                        let slot = limits.limiter.admit(peer, limits.name)?;
+                        Some(Watch::new(slot, accepted, limits.too_large))
+                    }
+                    None => None,
+                };
+                move_here(stream, self.write_buffer, watch)?
             }
         };
         self.inner.process_new(stream, shutdown).await

@@ -136,7 +136,7 @@ fn fit_descriptors(mut limits: EdgeLimits) -> EdgeLimits {
                 lim.rlim_cur = lim.rlim_max;
             }
         }
-        lim.rlim_cur as u64
+        lim.rlim_cur
     };
     let room = soft.saturating_sub(RESERVED_DESCRIPTORS).max(1) as usize;
     if limits.max_connections > room {
@@ -316,9 +316,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     let limiter = Limiter::new(fit_descriptors(limits));
     let mut api = Service::new(
         "developer-api".to_string(),
-        ThreadAffine::new(
-            dev_api,
-            CLIENT_WRITE_BUFFER,
+        ThreadAffine::new(dev_api, CLIENT_WRITE_BUFFER).limited(
             limiter.clone(),
             "developer API",
             crate::conn_limits::API_HEAD_TOO_LARGE,
@@ -334,9 +332,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     );
     let mut site = Service::new(
         "site".to_string(),
-        ThreadAffine::new(
-            site_proxy,
-            CLIENT_WRITE_BUFFER,
+        ThreadAffine::new(site_proxy, CLIENT_WRITE_BUFFER).limited(
             limiter,
             "site",
             crate::conn_limits::SITE_HEAD_TOO_LARGE,

@@ -201,7 +201,13 @@ impl DevApi {
         // Checks 6–8 need the body. A large one is read only if the key could be admitted at
         // all: a key with nothing left cannot make the gateway read and parse megabytes.
         if !endpoint.is_get() && pipeline::large_body(session) {
-            if let Err(denied) = self.state.quota.precheck(&cfg.quota, &identity).await {
+            let tokens = endpoint != Endpoint::CountTokens;
+            if let Err(denied) = self
+                .state
+                .quota
+                .precheck(&cfg.quota, &identity, tokens)
+                .await
+            {
                 // The body stays unread: the connection cannot be reused.
                 session.as_downstream_mut().set_keepalive(None);
                 return Err(fail(denied_error(denied)));

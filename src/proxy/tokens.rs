@@ -266,8 +266,8 @@ impl TokenCounter {
 /// Calls `item` with each element of `raw` when it is an array, built one at a time, else
 /// `whole` with `raw` built whole; either way a value over [`ELEMENT_TREE_MAX`] that is not a
 /// string is charged by its size instead.
-fn each_element<'a>(
-    raw: &'a RawValue,
+fn each_element(
+    raw: &RawValue,
     t: &mut Tally<'_>,
     mut whole: impl FnMut(&mut Tally<'_>, &Value),
     mut item: impl FnMut(&mut Tally<'_>, &Value),

@@ -148,14 +148,16 @@ impl Local {
         })
     }
 
-    /// Whether a request of this key could be admitted at all: its per-minute windows have room
-    /// for one more request (and one token where tokens are limited) and the account has some
-    /// quota left. Reads only; loads the account like a reservation would.
+    /// Whether a request of this key could be admitted at all: its per-minute request window
+    /// has room for one more, its token windows are not over their limits, and (when `tokens`:
+    /// the request will reserve some) the account has tokens left. Reads only; loads the
+    /// account like a reservation would.
     pub async fn precheck(
         &self,
         db: &Db,
         cfg: &QuotaConfig,
         who: &Identity,
+        tokens: bool,
         now: i64,
     ) -> Result<(), (Denied, RateView)> {
         let cell = self
@@ -175,7 +177,8 @@ impl Local {
             let mut w = *w;
             w.roll(now.div_euclid(WINDOW_MS));
             for d in 0..DIMS {
-                if let Err(wait) = check(caps[d], w.prev[d], w.curr[d], 1, now) {
+                let cost = u64::from(d == 0);
+                if let Err(wait) = check(caps[d], w.prev[d], w.curr[d], cost, now) {
                     return Err((
                         Denied::RateLimited {
                             retry_after_secs: wait,
@@ -187,8 +190,8 @@ impl Local {
             }
         }
         if !who.user.unlimited {
-            let (tokens, requests) = acct.available(&limits, now);
-            if tokens == 0 || requests == Some(0) {
+            let (tokens_left, requests_left) = acct.available(&limits, now);
+            if (tokens && tokens_left == 0) || requests_left == Some(0) {
                 return Err((Denied::InsufficientQuota, RateView::default()));
             }
         }

@@ -318,10 +318,18 @@ impl Engine {
     /// nothing left cannot make the gateway read and parse megabytes. The in-process engine
     /// checks exactly; the Redis engine refuses a key refused on this instance within the last
     /// moments (its reservation is one round trip that this would double).
-    pub async fn precheck(&self, cfg: &QuotaConfig, who: &Identity) -> Result<(), Denied> {
+    ///
+    /// `tokens`: the request will reserve tokens (token counting reserves none: a key out of
+    /// tokens may still count).
+    pub async fn precheck(
+        &self,
+        cfg: &QuotaConfig,
+        who: &Identity,
+        tokens: bool,
+    ) -> Result<(), Denied> {
         let now = now_ms();
         if let Some((until, denied)) = self.refused.get(&who.key.id).map(|r| r.clone()) {
-            if until > now {
+            if until > now && (tokens || denied != Denied::InsufficientQuota) {
                 return Err(match denied {
                     Denied::RateLimited { what, .. } => Denied::RateLimited {
                         retry_after_secs: ((until - now) as u64).div_ceil(1000).max(1),
@@ -334,7 +342,7 @@ impl Engine {
         }
         match &self.backend {
             Backend::Local(l) => l
-                .precheck(&self.db, cfg, who, now)
+                .precheck(&self.db, cfg, who, tokens, now)
                 .await
                 .map_err(|(d, _)| d),
             Backend::Shared(_) => Ok(()),
