@@ -114,14 +114,23 @@ async fn main() {
     println!("|---|---|---|---|---|---|");
     run(
         "in-process",
-        Engine::new(Backend::Local(Local::new()), db.clone()),
+        Engine::new(
+            Backend::Local(Local::new(std::time::Duration::from_secs(2))),
+            db.clone(),
+        ),
         &cfg,
         &who,
         n,
     )
     .await;
     let prefix = format!("qbench:{}:", gateway::util::random_base62(8));
-    match Shared::connect("redis://127.0.0.1:6379", &prefix).await {
+    let settings = gateway::quota::shared::Settings {
+        timeout: std::time::Duration::from_millis(50),
+        outage: gateway::config::RedisOutage::Refuse,
+        db_timeout: std::time::Duration::from_secs(2),
+        usage: None,
+    };
+    match Shared::connect("redis://127.0.0.1:6379", &prefix, settings).await {
         Ok(s) => {
             run(
                 "redis (2 scripts = 2 round trips)",

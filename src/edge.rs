@@ -160,7 +160,10 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
         );
     }
     let db = rt
-        .block_on(Db::connect(&cfg.storage.database_url))
+        .block_on(Db::connect_with_timeout(
+            &cfg.storage.database_url,
+            cfg.storage.database_timeout,
+        ))
         .map_err(|e| format!("database {}: {e}", redact_url(&cfg.storage.database_url)))?;
     let tokens = Arc::new(TokenCounter::new().map_err(|e| format!("tokenizer: {e}"))?);
     let usage = UsageSink::start(
@@ -169,16 +172,26 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
         cfg.storage.usage_batch_size,
         cfg.storage.usage_flush,
     );
-    let identity = Arc::new(IdentityCache::new());
+    let identity = Arc::new(IdentityCache::new(cfg.storage.database_timeout));
     rt.spawn(identity.clone().run_feed(db.clone()));
     let backend = match &cfg.storage.redis_url {
         Some(url) => {
             let prefix = std::env::var("GATEWAY_REDIS_PREFIX").unwrap_or_else(|_| "gw:".into());
-            let shared = rt.block_on(crate::quota::shared::Shared::connect(url, &prefix))?;
+            let settings = crate::quota::shared::Settings {
+                timeout: cfg.storage.redis_timeout,
+                outage: cfg.storage.redis_outage,
+                db_timeout: cfg.storage.database_timeout,
+                usage: Some(usage.clone()),
+            };
+            let shared = rt.block_on(crate::quota::shared::Shared::connect(
+                url, &prefix, settings,
+            ))?;
             log::info!("quota and limits shared through Redis");
             crate::quota::Backend::Shared(shared)
         }
-        None => crate::quota::Backend::Local(crate::quota::local::Local::new()),
+        None => crate::quota::Backend::Local(crate::quota::local::Local::new(
+            cfg.storage.database_timeout,
+        )),
     };
     let quota = crate::quota::Engine::new(backend, db.clone());
     rt.spawn(quota.clone().run_maintenance(cfg.quota.reservation_timeout));

@@ -37,6 +37,9 @@ pub enum ApiError {
     /// A provider refused the operator's credential (its 401 or 403): the gateway's fault, not
     /// the developer's key's.
     ProviderAuthFailed,
+    /// 503: the balance store (Redis under `redis_outage = "refuse"`, or the database) did not
+    /// answer within its deadline; retrying shortly may succeed.
+    QuotaUnavailable,
     ServerError,
     /// 400 for malformed requests: missing `model`, non-JSON body, bad field.
     InvalidRequest {
@@ -59,7 +62,9 @@ impl ApiError {
             | ApiError::MaxOutputTokensExceeded { .. }
             | ApiError::ContextWindowExceeded { .. }
             | ApiError::InvalidRequest { .. } => 400,
-            ApiError::KeySecretNotConfigured | ApiError::ServerBusy => 503,
+            ApiError::KeySecretNotConfigured
+            | ApiError::ServerBusy
+            | ApiError::QuotaUnavailable => 503,
             ApiError::MissingApiKey | ApiError::InvalidApiKey => 401,
             ApiError::AccountSuspended
             | ApiError::InsufficientScope
@@ -90,6 +95,7 @@ impl ApiError {
             ApiError::RateLimited { .. } => "rate_limit_exceeded",
             ApiError::RoutingUnavailable => "routing_unavailable",
             ApiError::ProviderAuthFailed => "provider_auth_failed",
+            ApiError::QuotaUnavailable => "quota_unavailable",
             ApiError::ServerError => "server_error",
             ApiError::InvalidRequest { code, .. } => code,
             ApiError::PayloadTooLarge => "request_too_large",
@@ -143,6 +149,9 @@ impl ApiError {
             } => format!("Rate limit exceeded for {what}; retry after {retry_after_secs} s."),
             ApiError::RoutingUnavailable => "The model route is temporarily unavailable.".into(),
             ApiError::ProviderAuthFailed => "The provider refused the gateway's own credential for this model. Your API key is fine; the operator has to fix the provider credential.".into(),
+            ApiError::QuotaUnavailable => {
+                "Quota accounting is temporarily unavailable; retry shortly.".into()
+            }
             ApiError::ServerError => "The request could not be completed.".into(),
             ApiError::InvalidRequest { message, .. } => message.clone(),
             ApiError::PayloadTooLarge => "Request body too large.".into(),

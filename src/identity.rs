@@ -39,11 +39,16 @@ pub struct IdentityCache {
     users: DashMap<String, Arc<UserRecord>, FastHash>,
     negative: DashMap<String, Instant, FastHash>,
     feed_cursor: AtomicI64,
+    /// How long a request waits for the database on a miss (`storage.database_timeout_ms`).
+    deadline: Duration,
 }
 
 impl IdentityCache {
-    pub fn new() -> Self {
-        let c = IdentityCache::default();
+    pub fn new(deadline: Duration) -> Self {
+        let c = IdentityCache {
+            deadline,
+            ..IdentityCache::default()
+        };
         c.feed_cursor.store(now_ms(), Ordering::Relaxed);
         c
     }
@@ -68,14 +73,15 @@ impl IdentityCache {
         }
         let db2 = db.clone();
         let h = hash.to_string();
+        let deadline = self.deadline;
         let found = rt
-            .spawn(async move {
+            .spawn(crate::storage::within(deadline, async move {
                 let Some(key) = db2.keys().find_by_hash(&h).await? else {
                     return Ok(None);
                 };
                 let user = db2.users().get(&key.user_id).await?;
                 Ok::<_, crate::storage::StoreError>(user.map(|u| (key, u)))
-            })
+            }))
             .await
             .map_err(|e| crate::storage::StoreError::Invalid(format!("lookup task: {e}")))??;
         match found {

@@ -87,6 +87,12 @@ pub struct StorageFile {
     pub usage_batch_size: Option<usize>,
     /// ... or at least this often, in milliseconds (default 200).
     pub usage_flush_ms: Option<u64>,
+    /// Deadline of one Redis call, waiting for a connection included (default 50).
+    pub redis_timeout_ms: Option<u64>,
+    /// While Redis is unreachable: "local" (in-process limits and quota) or "refuse" (503).
+    pub redis_outage: Option<String>,
+    /// Deadline of database work on the request path and of a pool acquire (default 2000).
+    pub database_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, Default)]

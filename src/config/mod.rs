@@ -143,6 +143,22 @@ pub struct StorageConfig {
     pub redis_url: Option<String>,
     pub usage_batch_size: usize,
     pub usage_flush: Duration,
+    /// Deadline of one Redis call, including the wait for a connection.
+    pub redis_timeout: Duration,
+    pub redis_outage: RedisOutage,
+    /// Deadline of database work a request waits for (key and balance loads) and of a pool
+    /// acquire anywhere.
+    pub database_timeout: Duration,
+}
+
+/// What the developer API does while Redis is unreachable (the circuit breaker is open).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisOutage {
+    /// Serve with in-process limits and quota, loaded from the database; reconciled into Redis
+    /// when it is back. Overspend is bounded (README, "Redis outages").
+    Local,
+    /// Answer 503 `quota_unavailable` until Redis is back.
+    Refuse,
 }
 
 #[derive(Debug, Clone)]
@@ -685,6 +701,36 @@ impl Config {
             // 500 every 200 ms. The flush interval stays 200 ms, so records lag no more.
             usage_batch_size: f.storage.usage_batch_size.unwrap_or(5000).clamp(1, 10_000),
             usage_flush: Duration::from_millis(f.storage.usage_flush_ms.unwrap_or(200).max(10)),
+            redis_timeout: Duration::from_millis(match f.storage.redis_timeout_ms {
+                None => 50,
+                Some(ms @ 1..=10_000) => ms,
+                Some(_) => {
+                    return Err(c.err(
+                        "storage.redis_timeout_ms",
+                        "must be between 1 and 10000 milliseconds",
+                    ))
+                }
+            }),
+            redis_outage: match f.storage.redis_outage.as_deref().unwrap_or("local") {
+                "local" => RedisOutage::Local,
+                "refuse" => RedisOutage::Refuse,
+                other => {
+                    return Err(c.err(
+                        "storage.redis_outage",
+                        format!("must be \"local\" or \"refuse\", got {other:?}"),
+                    ))
+                }
+            },
+            database_timeout: Duration::from_millis(match f.storage.database_timeout_ms {
+                None => 2000,
+                Some(ms @ 10..=600_000) => ms,
+                Some(_) => {
+                    return Err(c.err(
+                        "storage.database_timeout_ms",
+                        "must be between 10 and 600000 milliseconds",
+                    ))
+                }
+            }),
         };
 
         // [secrets]

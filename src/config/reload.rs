@@ -33,6 +33,12 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.storage.redis_url != new.storage.redis_url {
         out.push("storage.redis_url");
     }
+    if old.storage.redis_timeout != new.storage.redis_timeout
+        || old.storage.redis_outage != new.storage.redis_outage
+        || old.storage.database_timeout != new.storage.database_timeout
+    {
+        out.push("storage.redis_timeout_ms, redis_outage, database_timeout_ms");
+    }
     if old.secrets.dir != new.secrets.dir || old.secrets.dev_generate != new.secrets.dev_generate {
         out.push("secrets");
     }
@@ -60,6 +66,9 @@ pub fn reload(state: &SharedState, path: &Path) -> bool {
     new.server.threads = old.server.threads;
     new.storage.database_url = old.storage.database_url.clone();
     new.storage.redis_url = old.storage.redis_url.clone();
+    new.storage.redis_timeout = old.storage.redis_timeout;
+    new.storage.redis_outage = old.storage.redis_outage;
+    new.storage.database_timeout = old.storage.database_timeout;
     new.secrets = old.secrets.clone();
     state.config.store(Arc::new(new));
     log::info!("config reloaded from {}", path.display());

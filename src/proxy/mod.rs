@@ -418,7 +418,7 @@ fn denied_error(denied: Denied) -> ApiError {
             retry_after_secs,
             what,
         },
-        Denied::Unavailable => ApiError::ServerError,
+        Denied::Unavailable => ApiError::QuotaUnavailable,
     }
 }
 

@@ -74,7 +74,7 @@ pub async fn error(
             HeaderValue::from(*retry_after_secs),
         ));
     }
-    if *err == ApiError::ServerBusy {
+    if matches!(err, ApiError::ServerBusy | ApiError::QuotaUnavailable) {
         extra.push((http::header::RETRY_AFTER, HeaderValue::from_static("1")));
     }
     json(session, err.status(), err.body(style_b), request_id, &extra).await;

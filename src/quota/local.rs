@@ -3,6 +3,7 @@
 //! per scope, locked together with the account so check-and-charge is one atomic step.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use dashmap::DashMap;
 use parking_lot::Mutex;
@@ -45,15 +46,20 @@ impl Windows {
 
 type Cell = Arc<OnceCell<Mutex<AccountState>>>;
 
-#[derive(Default)]
 pub struct Local {
     accounts: DashMap<String, Cell, FastHash>,
     windows: DashMap<String, Windows, FastHash>,
+    /// How long a request waits for an account's balance to load (`storage.database_timeout_ms`).
+    deadline: Duration,
 }
 
 impl Local {
-    pub fn new() -> Self {
-        Self::default()
+    pub fn new(deadline: Duration) -> Self {
+        Local {
+            accounts: DashMap::default(),
+            windows: DashMap::default(),
+            deadline,
+        }
     }
 
     async fn account(&self, db: &Db, user_id: &str, now: i64) -> Result<Cell, Denied> {
@@ -67,10 +73,12 @@ impl Local {
                 .or_insert_with(|| Arc::new(OnceCell::new()))
                 .clone(),
         };
-        cell.get_or_try_init(|| async {
-            let spend = db.quota().spend(user_id, now).await?;
-            let lots = db.quota().lots(user_id, now).await?;
-            Ok::<_, crate::storage::StoreError>(Mutex::new(AccountState::new(user_id, spend, lots)))
+        cell.get_or_try_init(|| {
+            crate::storage::within(self.deadline, async {
+                let spend = db.quota().spend(user_id, now).await?;
+                let lots = db.quota().lots(user_id, now).await?;
+                Ok(Mutex::new(AccountState::new(user_id, spend, lots)))
+            })
         })
         .await
         .map_err(|e| {
@@ -143,6 +151,7 @@ impl Local {
                 plan,
                 limits,
                 unlimited: who.user.unlimited,
+                in_process: true,
             },
             rate,
         })
@@ -196,6 +205,35 @@ impl Local {
             }
         }
         Ok(())
+    }
+
+    /// Settles a ticket this engine may not hold (a Redis reservation settled while Redis is
+    /// unreachable, or one of ours after `clear`): loads the account first, so the usage is
+    /// paid from its real balance. Without the database the whole usage goes on the allowance,
+    /// so the record still adds up.
+    pub async fn settle_loading(&self, db: &Db, t: &Ticket, used: Used, now: i64) -> Breakdown {
+        if let Err(d) = self.account(db, &t.user_id, now).await {
+            log::error!("settling {} without its balance ({d:?})", t.id);
+            return Breakdown {
+                user_id: t.user_id.clone(),
+                at_ms: now,
+                allowance_tokens: used.input_tokens + used.output_tokens,
+                allowance_requests: t.requests,
+                lots: vec![],
+            };
+        }
+        self.settle(t, used, now)
+    }
+
+    /// The accounts this engine has loaded.
+    pub fn account_ids(&self) -> Vec<String> {
+        self.accounts.iter().map(|e| e.key().clone()).collect()
+    }
+
+    /// Forgets every balance and window: the next use reloads from the database.
+    pub fn clear(&self) {
+        self.accounts.clear();
+        self.windows.clear();
     }
 
     pub fn settle(&self, t: &Ticket, used: Used, now: i64) -> Breakdown {

@@ -7,8 +7,13 @@
 //!
 //! Both start from the database (`storage::quota`), which stays the record of truth: every
 //! settlement's breakdown is written there in the same transaction as its usage event.
+//!
+//! The Redis engine never waits on Redis longer than `storage.redis_timeout_ms`; while Redis is
+//! unreachable a circuit breaker (`breaker`) stops calling it and the engine follows
+//! `storage.redis_outage`: serve from an in-process engine or refuse (README, "Redis outages").
 
 pub mod account;
+pub mod breaker;
 pub mod limits;
 pub mod local;
 pub mod shared;
@@ -221,6 +226,8 @@ pub struct Ticket {
     pub plan: RatePlan,
     pub limits: TierLimits,
     pub unlimited: bool,
+    /// Held by an in-process engine (the Redis engine's fallback during an outage), not Redis.
+    pub in_process: bool,
 }
 
 /// A granted reservation. Settle it exactly once with `Engine::settle`; `InFlight` guarantees
@@ -367,8 +374,12 @@ impl Engine {
     }
 
     /// Keeps hot balances in step with lots granted elsewhere and reaps reservations whose
-    /// request never settled. Runs until the process ends.
+    /// request never settled. Runs until the process ends. With Redis, a second task watches
+    /// the connection (probes while the breaker is open) and sweeps stale reservations.
     pub async fn run_maintenance(self: Arc<Self>, timeout: std::time::Duration) {
+        if self.is_shared() {
+            tokio::spawn(self.clone().run_redis_keeper(timeout));
+        }
         let mut cursor = now_ms();
         let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -379,21 +390,47 @@ impl Engine {
             let started = now_ms();
             match self.db.quota().lots_created_since(cursor - 5_000).await {
                 Ok(lots) => {
+                    let mut all_added = true;
                     for lot in lots {
                         match &self.backend {
                             Backend::Local(l) => l.add_lot(lot),
-                            Backend::Shared(s) => s.add_lot(lot).await,
+                            Backend::Shared(s) => all_added &= s.add_lot(lot).await,
                         }
                     }
-                    cursor = started;
+                    // A lot Redis missed is offered again next time (adding is idempotent).
+                    if all_added {
+                        cursor = started;
+                    }
                 }
                 Err(e) => log::warn!("quota lot feed: {e}"),
             }
             if n.is_multiple_of(4) {
                 match &self.backend {
                     Backend::Local(l) => l.reap(now_ms(), timeout.as_millis() as i64),
-                    Backend::Shared(_) => {} // reaped inside the reserve script
+                    Backend::Shared(_) => {} // swept by run_redis_keeper
                 }
+            }
+        }
+    }
+
+    /// Redis's own upkeep, apart from the database feed so a slow database cannot delay it:
+    /// every `PROBE_EVERY` while the breaker is open, a fresh connection is tried (and, once
+    /// one answers, what was served in process is reconciled and the breaker closes); every
+    /// second while it is closed, reservations older than `timeout` are released.
+    async fn run_redis_keeper(self: Arc<Self>, timeout: std::time::Duration) {
+        let Backend::Shared(s) = &self.backend else {
+            return;
+        };
+        let mut tick = tokio::time::interval(shared::PROBE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_sweep = 0;
+        loop {
+            tick.tick().await;
+            if s.is_down() {
+                s.recover(&self.db).await;
+            } else if now_ms() - last_sweep >= 1_000 {
+                last_sweep = now_ms();
+                s.sweep(last_sweep, timeout.as_millis() as i64).await;
             }
         }
     }

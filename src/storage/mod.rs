@@ -44,6 +44,9 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("{0}")]
     Invalid(String),
+    /// The database did not answer within the request path's deadline.
+    #[error("database deadline of {0:?} passed")]
+    Timeout(Duration),
 }
 
 impl StoreError {
@@ -60,6 +63,18 @@ impl StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// Runs database work a request waits for, giving up after `limit`: a slow or unreachable
+/// database costs a request its deadline, never an unbounded wait. Dropping the work returns
+/// its connection to the pool, which finishes the statement before reusing it.
+pub async fn within<T>(
+    limit: Duration,
+    work: impl std::future::Future<Output = StoreResult<T>>,
+) -> StoreResult<T> {
+    tokio::time::timeout(limit, work)
+        .await
+        .unwrap_or(Err(StoreError::Timeout(limit)))
+}
+
 /// The database handle: a pool plus which dialect it speaks.
 #[derive(Clone, Debug)]
 pub struct Db {
@@ -70,6 +85,12 @@ pub struct Db {
 impl Db {
     /// Connects (creating the SQLite file and its directory if needed) and applies migrations.
     pub async fn connect(url: &str) -> StoreResult<Db> {
+        Db::connect_with_timeout(url, Duration::from_secs(10)).await
+    }
+
+    /// `connect` whose pool gives up acquiring a connection after `acquire` (the server's
+    /// `storage.database_timeout_ms`), so no caller queues for the pool without bound.
+    pub async fn connect_with_timeout(url: &str, acquire: Duration) -> StoreResult<Db> {
         sqlx::any::install_default_drivers();
         let backend = if url.starts_with("sqlite:") {
             Backend::Sqlite
@@ -99,7 +120,7 @@ impl Db {
                 Backend::Sqlite => 8,
                 Backend::Postgres => 16,
             })
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(acquire)
             .after_connect(move |conn, _meta| {
                 Box::pin(async move {
                     if backend == Backend::Sqlite {

@@ -3,7 +3,9 @@
 --       6 rate window (previous minute), 7 rate window (current minute)
 -- ARGV: 1 now_ms, 2 reservation id, 3 tokens, 4 requests, 5 weekly_tokens, 6 weekly_requests,
 --       7 unlimited (0/1), 8 reservation timeout ms, 9 rpm, 10 itpm, 11 otpm,
---       12 input cost, 13 output cost, 14 account ttl seconds
+--       12 input cost, 13 output cost, 14 account ttl seconds, 15 account id (for KEYS[8])
+-- KEYS[8] (optional): the sorted set of accounts holding reservations, scored by the start of
+--       the oldest one they may hold; the periodic sweep (sweep.lua) reads it.
 -- Returns {'load'} when the account is not in Redis yet; {'rate', dim, wait_s, views...};
 -- {'quota', views...}; {'ok', weekly_total_tokens, max_lot_tier, views...}.
 -- views = for each of requests, input, output: limit, remaining, reset_s.
@@ -112,6 +114,9 @@ elseif m.rr == 0 then
   redis.call('EXPIRE', KEYS[2], ttl)
   redis.call('EXPIRE', KEYS[5], ttl)
 end
+-- An account holding reservations is always in the sweep's set: it enters with its first one
+-- (only the sweep takes it out, when it holds none), so this costs a call only then.
+if KEYS[8] and m.rr == 0 then redis.call('ZADD', KEYS[8], 'NX', now, ARGV[15]) end
 m.rt = m.rt + tokens
 m.rr = m.rr + requests
 write_account(KEYS[1], m)
