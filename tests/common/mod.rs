@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod private_redis;
 pub mod site;
 pub mod smtp;
 
@@ -172,6 +173,8 @@ pub struct Options {
     pub extra_toml: String,
     pub pepper: bool,
     pub redis_url: Option<String>,
+    /// Lines added to the harness's `[storage]` section (e.g. `redis_outage = "refuse"`).
+    pub storage_toml: String,
     /// Use this database instead of a fresh one (multi-instance tests).
     pub database_url: Option<String>,
     pub env: Vec<(String, String)>,
@@ -193,6 +196,7 @@ impl Default for Options {
             extra_toml: String::new(),
             pepper: true,
             redis_url: None,
+            storage_toml: String::new(),
             database_url: None,
             env: vec![],
             site_origin: None,
@@ -311,6 +315,12 @@ impl Gateway {
                 dir.path().display()
             );
             text = text.replace(&default_mail, &format!("[mail]\n{mail}\n"));
+        }
+        if !opts.storage_toml.is_empty() {
+            text = text.replace(
+                "usage_flush_ms = 20\n",
+                &format!("usage_flush_ms = 20\n{}\n", opts.storage_toml),
+            );
         }
         if opts.admin {
             text = text.replace(
