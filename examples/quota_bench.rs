@@ -134,7 +134,7 @@ async fn main() {
         Ok(s) => {
             run(
                 "redis (2 scripts = 2 round trips)",
-                Engine::new(Backend::Shared(s), db.clone()),
+                Engine::new(Backend::Shared(Box::new(s)), db.clone()),
                 &cfg,
                 &who,
                 n / 4,

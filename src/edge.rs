@@ -187,7 +187,7 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
                 url, &prefix, settings,
             ))?;
             log::info!("quota and limits shared through Redis");
-            crate::quota::Backend::Shared(shared)
+            crate::quota::Backend::Shared(Box::new(shared))
         }
         None => crate::quota::Backend::Local(crate::quota::local::Local::new(
             cfg.storage.database_timeout,

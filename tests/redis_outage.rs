@@ -192,14 +192,12 @@ async fn redis_down_serves_from_process_quota_then_reconciles() {
     // The in-process engine enforces the real balance: a reservation one token over what the
     // database says is left is refused, one that fits exactly is served.
     let left = db_lot_remaining(&s.gw, &s.user_id).await;
-    assert!(left < lot - 14, "outage usage was paid from the lot: {left}");
-    let (status, v, took) = timed(
-        &s.gw,
-        &s.key,
-        "/v1/chat/completions",
-        &chat(left - est + 1),
-    )
-    .await;
+    assert!(
+        left < lot - 14,
+        "outage usage was paid from the lot: {left}"
+    );
+    let (status, v, took) =
+        timed(&s.gw, &s.key, "/v1/chat/completions", &chat(left - est + 1)).await;
     assert_eq!(status, 429, "one token over the balance: {v}");
     assert_eq!(v["error"]["code"], "insufficient_quota");
     assert!(took < ANSWER_DEADLINE);
@@ -207,11 +205,16 @@ async fn redis_down_serves_from_process_quota_then_reconciles() {
     // Redis comes back empty. Within about a second the gateway reconnects and reloads the
     // account from the database, without any request.
     s.redis.restart();
-    let back = within(Duration::from_secs(3), "account reconciled into Redis", || async {
-        redis_lot_remaining(&s).await == Some(left)
-    })
+    let back = within(
+        Duration::from_secs(3),
+        "account reconciled into Redis",
+        || async { redis_lot_remaining(&s).await == Some(left) },
+    )
     .await;
-    assert!(back < Duration::from_millis(1500), "reconciled after {back:?}");
+    assert!(
+        back < Duration::from_millis(1500),
+        "reconciled after {back:?}"
+    );
 
     // Requests use Redis again: the settlement is paid from the lot Redis holds.
     let (status, v, _) = timed(&s.gw, &s.key, "/v1/chat/completions", &chat(50)).await;
@@ -290,7 +293,10 @@ async fn redis_down_refuses_with_503_then_recovers_within_a_second() {
         }
     })
     .await;
-    assert!(back < Duration::from_millis(1500), "served again after {back:?}");
+    assert!(
+        back < Duration::from_millis(1500),
+        "served again after {back:?}"
+    );
     // Through Redis: the account was loaded into it again.
     s.gw.wait_usage(2).await;
     assert_eq!(
@@ -301,7 +307,12 @@ async fn redis_down_refuses_with_503_then_recovers_within_a_second() {
 
 #[tokio::test]
 async fn a_killed_instances_reservation_is_swept_without_a_request() {
-    let mut s = setup("local", 100_000, &["--chunks", "40", "--chunk-delay-ms", "100"]).await;
+    let mut s = setup(
+        "local",
+        100_000,
+        &["--chunks", "40", "--chunk-delay-ms", "100"],
+    )
+    .await;
     let held = format!("{}q:{{{}}}:res", s.prefix, s.user_id);
     let meta = format!("{}q:{{{}}}", s.prefix, s.user_id);
     let mut body = chat(1000);
@@ -343,7 +354,10 @@ async fn a_killed_instances_reservation_is_swept_without_a_request() {
         .zscore(format!("{}q:due", s.prefix), &s.user_id)
         .await
         .unwrap();
-    assert_eq!(due, None, "an account holding nothing leaves the sweep's set");
+    assert_eq!(
+        due, None,
+        "an account holding nothing leaves the sweep's set"
+    );
     assert_eq!(
         s.gw.usage_events().await.len(),
         0,

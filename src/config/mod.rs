@@ -1112,6 +1112,29 @@ mod tests {
     }
 
     #[test]
+    fn outage_settings_default_and_are_validated() {
+        let c = load("").unwrap();
+        assert_eq!(c.storage.redis_timeout, Duration::from_millis(50));
+        assert_eq!(c.storage.redis_outage, RedisOutage::Local);
+        assert_eq!(c.storage.database_timeout, Duration::from_millis(2000));
+        let c = load(
+            "[storage]\nredis_timeout_ms = 20\nredis_outage = \"refuse\"\ndatabase_timeout_ms = 500\n",
+        )
+        .unwrap();
+        assert_eq!(c.storage.redis_timeout, Duration::from_millis(20));
+        assert_eq!(c.storage.redis_outage, RedisOutage::Refuse);
+        assert_eq!(c.storage.database_timeout, Duration::from_millis(500));
+        for (text, key) in [
+            ("redis_timeout_ms = 0", "storage.redis_timeout_ms"),
+            ("redis_outage = \"ignore\"", "storage.redis_outage"),
+            ("database_timeout_ms = 5", "storage.database_timeout_ms"),
+        ] {
+            let e = load(&format!("[storage]\n{text}\n")).unwrap_err();
+            assert_eq!(e.key, key, "{e}");
+        }
+    }
+
+    #[test]
     fn model_needs_known_provider() {
         let e = load("[[models]]\nid=\"m\"\nprovider=\"nope\"\n").unwrap_err();
         assert_eq!(e.key, "models[0].provider");

@@ -240,7 +240,7 @@ pub struct Reservation {
 
 pub enum Backend {
     Local(local::Local),
-    Shared(shared::Shared),
+    Shared(Box<shared::Shared>),
 }
 
 pub struct Engine {

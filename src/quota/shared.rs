@@ -263,10 +263,7 @@ impl Shared {
                 (format!("redis {what}: {e}"), lost)
             }
             Err(_) => (
-                format!(
-                    "redis {what}: no answer within {:?}",
-                    self.settings.timeout
-                ),
+                format!("redis {what}: no answer within {:?}", self.settings.timeout),
                 false,
             ),
         };
@@ -725,10 +722,8 @@ impl Shared {
     /// replaces the old one and every account served in process is reloaded from the database
     /// into Redis; then the breaker closes. Anything failing leaves it open for the next probe.
     pub async fn recover(&self, db: &Db) {
-        let connect = ConnectionManager::new_with_config(
-            self.client.clone(),
-            self.manager_config.clone(),
-        );
+        let connect =
+            ConnectionManager::new_with_config(self.client.clone(), self.manager_config.clone());
         let Ok(Ok(mut fresh)) =
             tokio::time::timeout(self.settings.timeout.max(MIN_CONNECT), connect).await
         else {

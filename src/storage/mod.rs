@@ -199,3 +199,24 @@ fn sqlite_path(url: &str) -> Option<String> {
 pub(crate) fn flag(v: i64) -> bool {
     v != 0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn work_past_its_deadline_is_a_timeout() {
+        let slow = async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok(())
+        };
+        let started = std::time::Instant::now();
+        let r = within(Duration::from_millis(20), slow).await;
+        assert!(matches!(r, Err(StoreError::Timeout(_))), "{r:?}");
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(
+            within(Duration::from_secs(1), async { Ok(7) }).await.ok(),
+            Some(7)
+        );
+    }
+}
