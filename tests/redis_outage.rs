@@ -49,7 +49,9 @@ async fn setup(policy: &str, lot: u64, mock_args: &[&str]) -> Setup {
         Options {
             extra_toml: LOTS_ONLY.into(),
             redis_url: Some(redis.url()),
-            storage_toml: format!("redis_outage = \"{policy}\"\nredis_timeout_ms = 50"),
+            // Above the default (50 ms): the suite shares two cores with builds, and one slow
+            // answer must not send a healthy request to the outage policy here.
+            storage_toml: format!("redis_outage = \"{policy}\"\nredis_timeout_ms = 200"),
             env: vec![("GATEWAY_REDIS_PREFIX".into(), prefix.clone())],
             ..Options::default()
         },
@@ -167,7 +169,7 @@ async fn redis_down_serves_from_process_quota_then_reconciles() {
     // Healthy: served through Redis, which now holds the account.
     let (status, v, _) = timed(&s.gw, &s.key, "/v1/chat/completions", &chat(50)).await;
     assert_eq!(status, 200, "{v}");
-    s.gw.wait_usage(1).await;
+    s.gw.wait_usage(2).await;
     assert_eq!(
         redis_lot_remaining(&s).await,
         Some(db_lot_remaining(&s.gw, &s.user_id).await)
@@ -186,7 +188,7 @@ async fn redis_down_serves_from_process_quota_then_reconciles() {
         assert_eq!(status, 200);
         assert!(took < ANSWER_DEADLINE, "a parallel request took {took:?}");
     }
-    let served = 1 + 6 + 8;
+    let served = 2 + 6 + 8; // the estimate and the first chat, then the outage's
     s.gw.wait_usage(served).await;
 
     // The in-process engine enforces the real balance: a reservation one token over what the
@@ -219,10 +221,47 @@ async fn redis_down_serves_from_process_quota_then_reconciles() {
     // Requests use Redis again: the settlement is paid from the lot Redis holds.
     let (status, v, _) = timed(&s.gw, &s.key, "/v1/chat/completions", &chat(50)).await;
     assert_eq!(status, 200, "{v}");
-    s.gw.wait_usage(served + 2).await;
+    s.gw.wait_usage(served + 1).await;
     let after = db_lot_remaining(&s.gw, &s.user_id).await;
     assert!(after < left);
     assert_eq!(redis_lot_remaining(&s).await, Some(after));
+}
+
+#[tokio::test]
+async fn a_frozen_redis_costs_requests_only_their_deadline() {
+    let s = setup("local", 100_000, &[]).await;
+    let (status, v, _) = timed(&s.gw, &s.key, "/v1/chat/completions", &chat(50)).await;
+    assert_eq!(status, 200, "{v}");
+
+    // Redis stops answering without closing anything: only the calls' deadlines notice.
+    s.redis.freeze(true);
+    for i in 0..6 {
+        let (status, v, took) = timed(&s.gw, &s.key, "/v1/chat/completions", &chat(50)).await;
+        assert_eq!(status, 200, "request {i} while Redis is frozen: {v}");
+        assert!(took < ANSWER_DEADLINE, "request {i} took {took:?}");
+    }
+    s.gw.wait_usage(7).await;
+    let left = db_lot_remaining(&s.gw, &s.user_id).await;
+
+    // It answers again: the account is reconciled (Redis kept its stale copy) within ~1 s.
+    s.redis.freeze(false);
+    let back = within(
+        Duration::from_secs(3),
+        "account reconciled into Redis",
+        || async { redis_lot_remaining(&s).await == Some(left) },
+    )
+    .await;
+    assert!(
+        back < Duration::from_millis(1500),
+        "reconciled after {back:?}"
+    );
+    let (status, v, _) = timed(&s.gw, &s.key, "/v1/chat/completions", &chat(50)).await;
+    assert_eq!(status, 200, "{v}");
+    s.gw.wait_usage(8).await;
+    assert_eq!(
+        redis_lot_remaining(&s).await,
+        Some(db_lot_remaining(&s.gw, &s.user_id).await)
+    );
 }
 
 /// `n` requests at once; (status, time to answer) of each.
@@ -298,10 +337,12 @@ async fn redis_down_refuses_with_503_then_recovers_within_a_second() {
         "served again after {back:?}"
     );
     // Through Redis: the account was loaded into it again.
-    s.gw.wait_usage(2).await;
+    let events = s.gw.wait_usage(2).await;
     assert_eq!(
         redis_lot_remaining(&s).await,
-        Some(db_lot_remaining(&s.gw, &s.user_id).await)
+        Some(db_lot_remaining(&s.gw, &s.user_id).await),
+        "events {events:?}\nlog {}",
+        s.gw.log()
     );
 }
 

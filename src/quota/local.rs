@@ -230,6 +230,11 @@ impl Local {
         self.accounts.iter().map(|e| e.key().clone()).collect()
     }
 
+    /// Forgets one account's balance: its next use reloads it from the database.
+    pub fn forget(&self, user_id: &str) {
+        self.accounts.remove(user_id);
+    }
+
     /// Forgets every balance and window: the next use reloads from the database.
     pub fn clear(&self) {
         self.accounts.clear();

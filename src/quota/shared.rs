@@ -62,6 +62,15 @@ pub struct Settings {
 #[derive(Debug)]
 struct Unreachable(String);
 
+/// What a settle script call did.
+enum Settled {
+    Paid(Breakdown),
+    /// The account is not in Redis: load it, then call again.
+    Load,
+    /// Asked to pay only a held reservation, and none was: an earlier attempt paid it.
+    Gone,
+}
+
 /// Why an account could not be loaded.
 enum LoadError {
     Db(String),
@@ -268,6 +277,9 @@ impl Shared {
             ),
         };
         if self.breaker.failure(failure.1) {
+            // The outage engine starts from the database's balances, not from whatever it
+            // kept since the last outage.
+            self.fallback.clear();
             log::error!(
                 "{}; Redis is considered down: {} until it answers again",
                 failure.0,
@@ -558,35 +570,69 @@ impl Shared {
     /// Settles in Redis (a few tries while the breaker stays closed); otherwise in process,
     /// from the account's real balance, and the Redis reservation is released when Redis is
     /// back. Never waits on Redis longer than a few deadlines.
+    ///
+    /// A call that missed its deadline may still have run: a retry asks Redis to pay only if
+    /// the reservation is still held, so it is never paid twice (`Gone`: it was; the usage
+    /// event then takes its breakdown from the in-process engine).
     pub async fn settle(&self, db: &Db, t: &Ticket, used: Used, now: i64) -> Breakdown {
         let mut delay = Duration::from_millis(20);
-        for _attempt in 0..3 {
-            if self.breaker.is_open() {
-                break;
-            }
-            match self.try_settle(t, used, now).await {
-                Ok(Some(b)) => return b,
-                Ok(None) => match self.load_account(db, &t.user_id, now).await {
-                    Ok(()) => {}
-                    Err(LoadError::Redis(Unreachable(e)) | LoadError::Db(e)) => {
+        let mut only_if_held = false;
+        let mut failures_left = 3;
+        let mut loads_left = 1;
+        let mut paid_by_a_lost_answer = false;
+        while !self.breaker.is_open() {
+            match self.try_settle(t, used, now, only_if_held).await {
+                Ok(Settled::Paid(b)) => {
+                    if t.in_process {
+                        // Its in-process copy still holds the reservation: drop it.
+                        self.fallback.forget(&t.user_id);
+                    }
+                    return b;
+                }
+                Ok(Settled::Load) if loads_left > 0 => {
+                    loads_left -= 1;
+                    if let Err(LoadError::Redis(Unreachable(e)) | LoadError::Db(e)) =
+                        self.load_account(db, &t.user_id, now).await
+                    {
                         log::warn!("quota reload for settle: {e}");
                     }
-                },
+                    // Loading drops every reservation: this one is no longer held.
+                    only_if_held = false;
+                }
+                Ok(Settled::Load) => break,
+                Ok(Settled::Gone) => {
+                    paid_by_a_lost_answer = true;
+                    break;
+                }
                 Err(Unreachable(e)) => {
-                    log::warn!("{e}; settle of {} retried", t.id);
+                    log::warn!("{e}; settle of {}", t.id);
+                    failures_left -= 1;
+                    // A ticket held in process has no reservation in Redis to tell whether
+                    // that call paid: no second try, which could pay twice (a payment Redis
+                    // missed is at most this request's usage, and an outage's reconciliation
+                    // replaces it from the database).
+                    if t.in_process || failures_left == 0 {
+                        break;
+                    }
+                    only_if_held = true;
                     tokio::time::sleep(delay).await;
                     delay *= 2;
                 }
             }
         }
-        if !t.in_process {
+        if !t.in_process && !paid_by_a_lost_answer {
             self.orphans
                 .lock()
                 .entry(t.user_id.clone())
                 .or_default()
                 .push(t.id.clone());
         }
-        self.fallback.settle_loading(db, t, used, now).await
+        let b = self.fallback.settle_loading(db, t, used, now).await;
+        if !self.breaker.is_open() {
+            // Redis is in use: a copy kept here would go stale before the next outage.
+            self.fallback.forget(&t.user_id);
+        }
+        b
     }
 
     async fn try_settle(
@@ -594,7 +640,8 @@ impl Shared {
         t: &Ticket,
         used: Used,
         now: i64,
-    ) -> Result<Option<Breakdown>, Unreachable> {
+        only_if_held: bool,
+    ) -> Result<Settled, Unreachable> {
         let k = account_keys(&self.prefix, &t.user_id);
         let mut inv = self.settle.prepare_invoke();
         for key in &k {
@@ -610,10 +657,14 @@ impl Shared {
             .arg(used.input_tokens as i64 - t.input_cost as i64)
             .arg(used.output_tokens as i64 - t.output_cost as i64)
             .arg(ACCOUNT_TTL_SECS);
+        if only_if_held {
+            inv.arg(1);
+        }
         let mut conn = self.conn();
         let reply: Vec<RedisValue> = self.guarded("settle", inv.invoke_async(&mut conn)).await?;
         match reply.first().and_then(as_string).as_deref() {
-            Some("load") => Ok(None),
+            Some("load") => Ok(Settled::Load),
+            Some("gone") => Ok(Settled::Gone),
             Some("ok") => {
                 let mut b = Breakdown {
                     user_id: t.user_id.clone(),
@@ -634,11 +685,11 @@ impl Shared {
                     b.lots.push((id, kind, n));
                     i += 3;
                 }
-                Ok(Some(b))
+                Ok(Settled::Paid(b))
             }
             other => {
                 log::error!("redis settle: unexpected reply {other:?}");
-                Ok(Some(on_allowance(t, used, now)))
+                Ok(Settled::Paid(on_allowance(t, used, now)))
             }
         }
     }

@@ -49,6 +49,19 @@ impl PrivateRedis {
         panic!("redis-server on port {} did not answer", self.port);
     }
 
+    /// SIGSTOP (`true`) or SIGCONT (`false`): a Redis that accepts connections and commands
+    /// but answers nothing, as a hung host or a partition looks.
+    pub fn freeze(&self, frozen: bool) {
+        let child = self.child.as_ref().expect("running");
+        let sig = if frozen { "-STOP" } else { "-CONT" };
+        let ok = Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill {sig} redis-server");
+    }
+
     /// SIGKILL, as a crash: nothing is saved.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -69,6 +82,11 @@ impl PrivateRedis {
 
 impl Drop for PrivateRedis {
     fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .args(["-CONT", &c.id().to_string()])
+                .status();
+        }
         self.kill();
     }
 }

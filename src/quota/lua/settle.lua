@@ -4,12 +4,16 @@
 -- KEYS: 1 meta, 2 reservations, 3 spend buckets, 4 lots, 5 reservation start times,
 --       6 rate window charged at reserve time
 -- ARGV: 1 now_ms, 2 reservation id, 3 tokens, 4 requests, 5 weekly_tokens, 6 weekly_requests,
---       7 input correction (actual - charged), 8 output correction, 9 account ttl seconds
--- Returns {'load'} when the account is not in Redis (restarted): load it and call again.
+--       7 input correction (actual - charged), 8 output correction, 9 account ttl seconds,
+--       10 (optional) '1': pay only if the reservation is still held
+-- Returns {'load'} when the account is not in Redis (restarted): load it and call again;
+-- {'gone'} when ARGV[10] asked for a held reservation and there is none (a retry whose earlier
+-- attempt ran but whose answer was lost: it paid already).
 -- Otherwise {'ok', allowance_tokens, allowance_requests, lot_id, kind, amount, ...}.
 local now = tonumber(ARGV[1])
 local m = read_account(KEYS[1])
 if not m then return {'load'} end
+if ARGV[10] == '1' and redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then return {'gone'} end
 
 release(m, KEYS[2], KEYS[5], ARGV[2])
 spend_window(m, KEYS[3], KEYS[2], KEYS[5], now)
