@@ -1,5 +1,6 @@
 //! The Redis quota scripts driven directly, with the clock as an argument: the rolling week's
-//! running sums as hours leave it, stale reservations released whatever the request's outcome,
+//! running sums as hours leave it, stale reservations released whatever the request's outcome
+//! (and by the sweep), retried settlements paid once,
 //! and accounts written by the previous key layout. Runs when `GATEWAY_TEST_REDIS` is set (CI's
 //! Postgres + Redis run); the gateway-level quota tests (tests/quota.rs) run these scripts too.
 
@@ -323,4 +324,128 @@ async fn an_account_not_in_redis_asks_to_be_loaded() {
     };
     assert_eq!(a.reserve(H * HOUR, "r", 1, 100, 1_000).await, Reply::Load);
     a.cleanup().await;
+}
+
+/// Settles `id` only if it is still held (a retry after a lost answer); the reply's status.
+async fn settle_if_held(a: &mut Account, now: i64, id: &str, tokens: i64, weekly: i64) -> String {
+    let script = Script::new(SETTLE_LUA);
+    let mut inv = script.prepare_invoke();
+    for k in &a.keys {
+        inv.key(k);
+    }
+    inv.key(&a.rate[1]);
+    inv.arg(now)
+        .arg(id)
+        .arg(tokens)
+        .arg(1)
+        .arg(weekly)
+        .arg(0)
+        .arg(0)
+        .arg(0)
+        .arg(3600)
+        .arg(1);
+    let reply: Vec<Value> = inv.invoke_async(&mut a.conn).await.unwrap();
+    text(&reply[0])
+}
+
+#[tokio::test]
+async fn a_retried_settlement_never_pays_twice() {
+    let Some(mut a) = Account::new().await else {
+        return;
+    };
+    let now = H * HOUR + 1_000;
+    a.load(&[]).await;
+    assert_eq!(
+        a.reserve(now, "r1", 100, 1000, NO_TIMEOUT).await,
+        Reply::Ok { weekly_tokens: 0 }
+    );
+    // The first attempt ran (its answer was lost); the retry finds nothing held.
+    assert_eq!(a.settle(now + 1, "r1", 40, 1000).await, 40);
+    assert_eq!(
+        settle_if_held(&mut a, now + 2, "r1", 40, 1000).await,
+        "gone"
+    );
+    assert_eq!(a.meta("sa").await, Some(40), "paid once");
+    // A retry of an attempt that never ran pays.
+    assert_eq!(
+        a.reserve(now + 3, "r2", 100, 1000, NO_TIMEOUT).await,
+        Reply::Ok { weekly_tokens: 40 }
+    );
+    assert_eq!(settle_if_held(&mut a, now + 4, "r2", 10, 1000).await, "ok");
+    assert_eq!(a.meta("sa").await, Some(50));
+    assert_eq!(a.open().await, (0, 0));
+    a.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_sweep_releases_only_stale_reservations_and_keeps_the_set_exact() {
+    let Some(mut a) = Account::new().await else {
+        return;
+    };
+    let due = format!("{}:due", a.keys[0]);
+    let user = "usr_scripts";
+    let now = H * HOUR + 1_000;
+    a.load(&[]).await;
+    // Reservations at now and now + 5 s; the reserve script (given the set) enters the account.
+    for (at, id) in [(now, "old"), (now + 5_000, "new")] {
+        let script = Script::new(RESERVE_LUA);
+        let mut inv = script.prepare_invoke();
+        for k in a.keys.iter().chain(&a.rate) {
+            inv.key(k);
+        }
+        inv.key(&due);
+        inv.arg(at).arg(id).arg(10).arg(1).arg(1000).arg(0).arg("0");
+        inv.arg(NO_TIMEOUT)
+            .arg(0)
+            .arg(0)
+            .arg(0)
+            .arg(10)
+            .arg(0)
+            .arg(3600)
+            .arg(user);
+        let reply: Vec<Value> = inv.invoke_async(&mut a.conn).await.unwrap();
+        assert_eq!(text(&reply[0]), "ok");
+    }
+    let score: Option<f64> = a.conn.zscore(&due, user).await.unwrap();
+    assert_eq!(score, Some(now as f64), "scored by the oldest reservation");
+
+    assert_eq!(
+        sweep(&mut a, &due, user, now + 9_000).await,
+        0,
+        "nothing is stale yet"
+    );
+    assert_eq!(
+        sweep(&mut a, &due, user, now + 12_000).await,
+        1,
+        "the old one is"
+    );
+    assert_eq!(a.open().await, (1, 1));
+    assert_eq!(a.meta("rr").await, Some(1));
+    assert_eq!(a.meta("rt").await, Some(10));
+    let score: Option<f64> = a.conn.zscore(&due, user).await.unwrap();
+    assert_eq!(
+        score,
+        Some((now + 5_000) as f64),
+        "rescored to the one left"
+    );
+    assert_eq!(sweep(&mut a, &due, user, now + 16_000).await, 1);
+    assert_eq!(a.meta("rr").await, Some(0));
+    let score: Option<f64> = a.conn.zscore(&due, user).await.unwrap();
+    assert_eq!(score, None, "holding nothing, the account leaves the set");
+    let _: i64 = a.conn.del(&due).await.unwrap();
+    a.cleanup().await;
+}
+
+/// One sweep.lua call over the test account (10 s reservation timeout); how many it released.
+async fn sweep(a: &mut Account, due: &str, user: &str, at: i64) -> i64 {
+    let script = Script::new(gateway::quota::shared::SWEEP_LUA);
+    let mut inv = script.prepare_invoke();
+    inv.key(&a.keys[0])
+        .key(&a.keys[1])
+        .key(&a.keys[4])
+        .key(due)
+        .arg(at)
+        .arg(10_000)
+        .arg(user);
+    inv.invoke_async(&mut a.conn).await.unwrap()
 }
