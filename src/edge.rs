@@ -165,6 +165,14 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
             cfg.storage.database_timeout,
         ))
         .map_err(|e| format!("database {}: {e}", redact_url(&cfg.storage.database_url)))?;
+    if let Some(secret) = &secrets.session_secret {
+        let key = crate::site::twofactor::SeedKey::derive(secret.expose());
+        match rt.block_on(crate::site::twofactor::seal_plaintext_seeds(&db, &key)) {
+            Ok(0) => {}
+            Ok(n) => log::info!("sealed {n} plaintext two-factor seeds"),
+            Err(e) => log::warn!("cannot seal plaintext two-factor seeds: {e}"),
+        }
+    }
     let tokens = Arc::new(TokenCounter::new().map_err(|e| format!("tokenizer: {e}"))?);
     let usage = UsageSink::start(
         db.clone(),

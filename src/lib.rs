@@ -14,6 +14,7 @@ pub mod edge;
 pub mod error;
 pub mod identity;
 pub mod lifecycle;
+pub mod logging;
 pub mod metrics;
 pub mod proxy;
 pub mod quota;

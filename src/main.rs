@@ -29,9 +29,7 @@ pub static malloc_conf: &[u8; 18] = b"tcache_max:131072\0";
 
 fn main() -> ExitCode {
     pingora::tls::install_default_crypto_provider();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .target(env_logger::Target::Stderr)
-        .init();
+    gateway::logging::init();
     let cli = Cli::parse();
     let cfg = match Config::load(&cli.config) {
         Ok(c) => c,

@@ -68,19 +68,34 @@ fn env_secret(name: &str) -> Option<Secret> {
     std::env::var(name)
         .ok()
         .filter(|v| !v.is_empty())
-        .map(|v| Secret(v.into_bytes()))
+        .map(|v| known(Secret(v.into_bytes())))
+}
+
+/// `secret`, after telling the logger never to print it.
+fn known(secret: Secret) -> Secret {
+    crate::logging::never_print(&String::from_utf8_lossy(secret.expose()));
+    secret
 }
 
 /// One file per secret, hex text, created with mode 0600 so other local users cannot read it.
 fn load_or_generate(dir: &Path, name: &str) -> Result<Secret, String> {
     let path = dir.join(name);
     match std::fs::read_to_string(&path) {
-        Ok(text) if !text.trim().is_empty() => return Ok(Secret(text.trim().as_bytes().to_vec())),
+        Ok(text) if !text.trim().is_empty() => {
+            return Ok(known(Secret(text.trim().as_bytes().to_vec())))
+        }
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
     }
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
     let mut raw = [0u8; 32];
     rand::rng().fill_bytes(&mut raw);
     let value = hex::encode(raw);
@@ -96,13 +111,13 @@ fn load_or_generate(dir: &Path, name: &str) -> Result<Secret, String> {
             f.write_all(value.as_bytes())
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
             log::info!("generated development secret {name} in {}", path.display());
-            Ok(Secret(value.into_bytes()))
+            Ok(known(Secret(value.into_bytes())))
         }
         // Another process (a CLI command racing the server) created it first: use theirs.
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            Ok(Secret(text.trim().as_bytes().to_vec()))
+            Ok(known(Secret(text.trim().as_bytes().to_vec())))
         }
         Err(e) => Err(format!("cannot create {}: {e}", path.display())),
     }

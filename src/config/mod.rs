@@ -564,7 +564,7 @@ fn default_tier_limits(tier: Tier) -> TierLimits {
 }
 
 impl Config {
-    /// Reads and validates the file at `path`.
+    /// Reads and validates the file at `path` (see [`Config::from_file_text`]).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
@@ -572,10 +572,53 @@ impl Config {
             key: String::new(),
             message: format!("cannot read: {e}"),
         })?;
-        Config::from_str(path, &text)
+        Config::from_file_text(path, &text)
     }
 
-    /// Validates TOML text as if it were the file at `path`.
+    /// Validates the whole text of the config file at `path`: its settings, and that it is a
+    /// complete config. A file that is empty, or that names no provider or no model, or lacks
+    /// `[server]` or `[storage]`, is refused: such a file is almost always one caught while
+    /// being written (an editor's truncate-then-write) or cut short, and taking it live would
+    /// make every model disappear.
+    pub fn from_file_text(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let c = Checker {
+            file: path.display().to_string(),
+        };
+        if text.trim().is_empty() {
+            return Err(c.err(
+                "",
+                "the file is empty; a config needs [server], [storage], [[providers]] and \
+                 [[models]]",
+            ));
+        }
+        let config = Config::from_str(path, text)?;
+        // Parsed once more as a bare table only to see which sections are written out: the
+        // typed structs fill absent sections with defaults.
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| c.err("", e.message().trim().to_string()))?;
+        for section in ["server", "storage"] {
+            if !table.contains_key(section) {
+                return Err(c.err(
+                    section,
+                    format!("missing: a config needs a [{section}] section"),
+                ));
+            }
+        }
+        if config.providers.is_empty() {
+            return Err(c.err(
+                "providers",
+                "missing: a config needs at least one [[providers]]",
+            ));
+        }
+        if config.models.is_empty() {
+            return Err(c.err("models", "missing: a config needs at least one [[models]]"));
+        }
+        Ok(config)
+    }
+
+    /// Validates the settings in TOML text as if it were the file at `path`; unlike
+    /// [`Config::from_file_text`] it accepts a partial config (defaults fill the rest).
     pub fn from_str(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let c = Checker {
             file: path.display().to_string(),
@@ -893,7 +936,8 @@ impl Config {
             let api_key = api_key_env
                 .as_deref()
                 .and_then(|v| std::env::var(v).ok())
-                .filter(|v| !v.is_empty());
+                .filter(|v| !v.is_empty())
+                .inspect(|key| crate::logging::never_print(key));
             providers.insert(
                 p.name.clone(),
                 Arc::new(Provider {
@@ -1095,6 +1139,25 @@ mod tests {
         assert_eq!(c.server.api_listen, "127.0.0.1:8080");
         assert_eq!(c.quota.default_tier, Tier::Beginner);
         assert!(c.models.is_empty());
+    }
+
+    #[test]
+    fn a_file_must_be_a_complete_config() {
+        let file = |text: &str| Config::from_file_text(Path::new("gw.toml"), text);
+        let complete = "[server]\n[storage]\n[[providers]]\nname = \"p\"\nstyle = \"openai\"\n\
+                        base_url = \"http://127.0.0.1:1\"\n[[models]]\nid = \"m\"\nprovider = \"p\"\n";
+        assert!(file(complete).is_ok());
+        let e = file(" \n\n").unwrap_err();
+        assert_eq!(e.to_string().split(':').next(), Some("gw.toml"));
+        assert!(e.message.contains("empty"), "{e}");
+        let no_models = &complete[..complete.find("[[models]]").unwrap()];
+        assert_eq!(file(no_models).unwrap_err().key, "models");
+        let no_providers = complete.replace("[[providers]]", "[[nothing]]");
+        assert!(file(&no_providers).is_err());
+        let no_storage = complete.replace("[storage]\n", "");
+        assert_eq!(file(&no_storage).unwrap_err().key, "storage");
+        let cut = &complete[..complete.find("openai").unwrap()];
+        assert!(file(cut).is_err(), "a value cut mid-string does not parse");
     }
 
     #[test]

@@ -2,6 +2,12 @@
 //! whole before one atomic swap, so in-flight requests finish on the snapshot they started
 //! with and a broken file changes nothing. Settings bound at start (listen addresses, database
 //! and Redis URLs, secrets directory) need a restart; a change to them is logged and ignored.
+//!
+//! A file is taken only once it has stopped changing: after a burst of events settles, it
+//! must read the same twice [`STABLE_FOR`] apart. So a truncate-then-write (an editor saving in
+//! place, `cat > file`) is read whole, not in between. A file that is empty, incomplete (no
+//! provider or model) or does not parse is refused like any invalid one: the running config
+//! stays, and the next change to the file is tried again.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -45,9 +51,59 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     out
 }
 
-/// Re-reads the file and swaps it in. Returns whether the new config is live.
-pub fn reload(state: &SharedState, path: &Path) -> bool {
-    let mut new = match Config::load(path) {
+/// A burst of events (truncate, write, rename, chmod) settles this long into one reload.
+const DEBOUNCE: Duration = Duration::from_millis(150);
+/// The file must read the same twice this far apart before it is validated.
+const STABLE_FOR: Duration = Duration::from_millis(300);
+/// A file still changing after this many reads is left for its next change.
+const MAX_READS: usize = 20;
+
+/// The file's bytes once two reads `STABLE_FOR` apart agree; `None` if it kept changing.
+async fn read_when_stable(path: &Path) -> std::io::Result<Option<String>> {
+    let mut last = tokio::fs::read(path).await?;
+    for _ in 0..MAX_READS {
+        tokio::time::sleep(STABLE_FOR).await;
+        let now = tokio::fs::read(path).await?;
+        if now == last {
+            return Ok(Some(String::from_utf8_lossy(&now).into_owned()));
+        }
+        last = now;
+    }
+    Ok(None)
+}
+
+/// Reads the file once it is stable, validates it and swaps it in. `last` is the text the
+/// previous reload read: unless `forced` (SIGHUP), the same text again is not reloaded again
+/// (the events of one save often span two debounce windows). Returns whether a new config
+/// went live.
+async fn reload(state: &SharedState, path: &Path, forced: bool, last: &mut Option<String>) -> bool {
+    let text = match read_when_stable(path).await {
+        Ok(Some(text)) if !forced && last.as_deref() == Some(text.as_str()) => return false,
+        Ok(Some(text)) => last.insert(text),
+        Ok(None) => {
+            log::error!(
+                "config reload refused, keeping the running config: {} kept changing; \
+                 it is tried again at its next change",
+                path.display()
+            );
+            crate::metrics::config_reload("error");
+            return false;
+        }
+        Err(e) => {
+            log::error!(
+                "config reload refused, keeping the running config: {}: cannot read: {e}",
+                path.display()
+            );
+            crate::metrics::config_reload("error");
+            return false;
+        }
+    };
+    swap_in(state, path, text)
+}
+
+/// Validates `text` as the file at `path` and swaps it in. Returns whether it is live.
+fn swap_in(state: &SharedState, path: &Path, text: &str) -> bool {
+    let mut new = match Config::from_file_text(path, text) {
         Ok(c) => c,
         Err(e) => {
             log::error!("config reload refused, keeping the running config: {e}");
@@ -79,7 +135,8 @@ pub fn reload(state: &SharedState, path: &Path) -> bool {
 /// Watches `path` (through its directory, since editors replace files) and SIGHUP; reloads on
 /// either, debounced. Runs on the storage runtime until the process ends.
 pub fn spawn(state: SharedState, path: PathBuf) {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    // `true`: SIGHUP, reload even an unchanged file.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<bool>();
     let file_name = path.file_name().map(|n| n.to_os_string());
     let watch_tx = tx.clone();
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
@@ -89,7 +146,7 @@ pub fn spawn(state: SharedState, path: PathBuf) {
                 .iter()
                 .any(|p| p.file_name().map(|n| n.to_os_string()) == file_name);
             if ours && !ev.kind.is_access() {
-                let _ = watch_tx.send(());
+                let _ = watch_tx.send(false);
             }
         }
     });
@@ -117,21 +174,19 @@ pub fn spawn(state: SharedState, path: PathBuf) {
         if let Ok(mut hup) = signal(SignalKind::hangup()) {
             while hup.recv().await.is_some() {
                 log::info!("SIGHUP: reloading the config");
-                let _ = tx.send(());
+                let _ = tx.send(true);
             }
         }
     });
     state.rt.clone().spawn(async move {
         let _keep = watcher;
-        while rx.recv().await.is_some() {
-            // Let a burst of events (write, rename, chmod) settle into one reload.
-            tokio::time::sleep(Duration::from_millis(150)).await;
-            while rx.try_recv().is_ok() {}
-            let state = state.clone();
-            let path = path.clone();
-            // Validation resolves nothing over the network, but it reads files: keep it off
-            // the async workers.
-            let _ = tokio::task::spawn_blocking(move || reload(&state, &path)).await;
+        let mut last = None;
+        while let Some(mut forced) = rx.recv().await {
+            tokio::time::sleep(DEBOUNCE).await;
+            while let Ok(f) = rx.try_recv() {
+                forced |= f;
+            }
+            reload(&state, &path, forced, &mut last).await;
         }
     });
 }

@@ -554,8 +554,11 @@ async fn post_security(
     match (enable, user.two_factor_enabled) {
         (true, false) => {
             let setup = twofactor::generate(&user.email);
+            let sealed = twofactor::SeedKey::from_state(&state)?
+                .seal(&user.id, &setup.secret)
+                .ok_or_else(|| update_failed(StoreError::Invalid("seed sealing failed".into())))?;
             let changed = auth
-                .set_two_factor_if(&user.id, false, Some(&setup.secret), now_ms())
+                .set_two_factor_if(&user.id, false, Some(&sealed), now_ms())
                 .await
                 .map_err(&update_failed)?;
             if !changed {
@@ -578,10 +581,15 @@ async fn post_security(
             {
                 return Err(SiteError::Code("too_many_attempts"));
             }
-            let valid = user
-                .totp_secret
-                .as_deref()
-                .is_some_and(|s| twofactor::verify(s, code));
+            let valid = match user.totp_secret.as_deref() {
+                Some(stored) => {
+                    let key = twofactor::SeedKey::from_state(&state)?;
+                    twofactor::accept(&state.db, &key, &user.id, stored, code)
+                        .await
+                        .map_err(&update_failed)?
+                }
+                None => false,
+            };
             if !valid {
                 return Err(SiteError::Code("invalid_code"));
             }

@@ -556,7 +556,11 @@ async fn second_factor(state: &AppState, email: &str, code: Option<&str>) -> Res
         log::error!("user {} has two-factor on but no secret", user.id);
         return Err(SiteError::Code("invalid_code"));
     };
-    if twofactor::verify(secret, code) {
+    let key = twofactor::SeedKey::from_state(state)?;
+    if twofactor::accept(&state.db, &key, &user.id, secret, code)
+        .await
+        .map_err(persistence)?
+    {
         Ok(())
     } else {
         Err(SiteError::Code("invalid_code"))

@@ -252,7 +252,15 @@ async fn send_smtp(url: &str, message: Message) -> Result<(), MailError> {
 /// Writes the message as `<ms>-<random>.eml`: to a hidden temp name first, then renamed, so a
 /// reader of the outbox never sees half a message.
 fn write_eml(dir: &Path, message: &Message) -> Result<(), MailError> {
-    std::fs::create_dir_all(dir).map_err(|e| MailError::File(format!("{}: {e}", dir.display())))?;
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        // 0700: the messages carry sign-in codes and links.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| MailError::File(format!("{}: {e}", dir.display())))?;
+    }
     let name = format!(
         "{}-{}.eml",
         crate::util::now_ms(),

@@ -249,7 +249,8 @@ impl AuthStore<'_> {
         Ok(())
     }
 
-    /// Turns two-factor on with `totp_secret` (base32), or off with `None` (clearing the secret).
+    /// Turns two-factor on with `totp_secret` (as stored: sealed by `twofactor::SeedKey`), or
+    /// off with `None` (clearing the secret). Either way the single-use record starts afresh.
     pub async fn set_two_factor(
         &self,
         user_id: &str,
@@ -257,8 +258,8 @@ impl AuthStore<'_> {
         now: i64,
     ) -> StoreResult<()> {
         let r = sqlx::query(
-            "UPDATE users SET two_factor_enabled = $1, totp_secret = $2, updated_at = $3 \
-             WHERE id = $4",
+            "UPDATE users SET two_factor_enabled = $1, totp_secret = $2, updated_at = $3, \
+             totp_last_step = NULL WHERE id = $4",
         )
         .bind(totp_secret.is_some() as i64)
         .bind(totp_secret.map(str::to_string))
@@ -283,8 +284,8 @@ impl AuthStore<'_> {
         now: i64,
     ) -> StoreResult<bool> {
         let r = sqlx::query(
-            "UPDATE users SET two_factor_enabled = $1, totp_secret = $2, updated_at = $3 \
-             WHERE id = $4 AND two_factor_enabled = $5",
+            "UPDATE users SET two_factor_enabled = $1, totp_secret = $2, updated_at = $3, \
+             totp_last_step = NULL WHERE id = $4 AND two_factor_enabled = $5",
         )
         .bind(totp_secret.is_some() as i64)
         .bind(totp_secret.map(str::to_string))
@@ -293,6 +294,56 @@ impl AuthStore<'_> {
         .bind(enabled_before as i64)
         .execute(&self.db.pool)
         .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// Claims TOTP time step `step` for the user: true only when no code of this or a later
+    /// step was accepted before. One conditional statement, so of two concurrent uses of one
+    /// code exactly one succeeds.
+    pub async fn claim_totp_step(&self, user_id: &str, step: i64) -> StoreResult<bool> {
+        let r = sqlx::query(
+            "UPDATE users SET totp_last_step = $1 \
+             WHERE id = $2 AND (totp_last_step IS NULL OR totp_last_step < $1)",
+        )
+        .bind(step)
+        .bind(user_id)
+        .execute(&self.db.pool)
+        .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// Users whose stored TOTP seed is not sealed yet (written before seeds were sealed, or by
+    /// an older instance): `(user id, stored seed)`.
+    pub async fn unsealed_totp_seeds(
+        &self,
+        sealed_prefix: &str,
+    ) -> StoreResult<Vec<(String, String)>> {
+        let rows = sqlx::query(
+            "SELECT id, totp_secret FROM users \
+             WHERE totp_secret IS NOT NULL AND totp_secret NOT LIKE $1",
+        )
+        .bind(format!("{sealed_prefix}%"))
+        .fetch_all(&self.db.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("id")?, r.try_get("totp_secret")?)))
+            .collect()
+    }
+
+    /// Replaces a stored seed with its sealed form, only while it still reads `old` (a
+    /// concurrent change of the user's two-factor wins).
+    pub async fn reseal_totp_seed(
+        &self,
+        user_id: &str,
+        old: &str,
+        sealed: &str,
+    ) -> StoreResult<bool> {
+        let r = sqlx::query("UPDATE users SET totp_secret = $1 WHERE id = $2 AND totp_secret = $3")
+            .bind(sealed)
+            .bind(user_id)
+            .bind(old)
+            .execute(&self.db.pool)
+            .await?;
         Ok(r.rows_affected() == 1)
     }
 

@@ -100,13 +100,7 @@ impl Db {
         let mut url = url.to_string();
         if backend == Backend::Sqlite {
             if let Some(path) = sqlite_path(&url) {
-                if let Some(dir) = std::path::Path::new(&path).parent() {
-                    if !dir.as_os_str().is_empty() {
-                        std::fs::create_dir_all(dir).map_err(|e| {
-                            StoreError::Invalid(format!("cannot create {}: {e}", dir.display()))
-                        })?;
-                    }
-                }
+                create_private_database(std::path::Path::new(&path))?;
             }
             if !url.contains('?') {
                 url.push_str("?mode=rwc");
@@ -180,6 +174,45 @@ impl Db {
 
     pub fn usage(&self) -> UsageStore<'_> {
         UsageStore { db: self }
+    }
+}
+
+/// Creates the SQLite file (and its directory, mode 0700) with mode 0600 before SQLite opens
+/// it: SQLite would create it with the umask's mode (usually 0644, readable by every local
+/// user), and it gives the `-wal` and `-shm` files the main file's mode. An existing file is
+/// left as the operator set it, with a warning when others can read it.
+fn create_private_database(path: &std::path::Path) -> StoreResult<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| StoreError::Invalid(format!("cannot create {}: {e}", dir.display())))?;
+    }
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            if let Ok(meta) = std::fs::metadata(path) {
+                if meta.permissions().mode() & 0o077 != 0 {
+                    log::warn!(
+                        "{} is readable by other users (mode {:o}); chmod 600 it",
+                        path.display(),
+                        meta.permissions().mode() & 0o777
+                    );
+                }
+            }
+            Ok(())
+        }
+        Err(e) => Err(StoreError::Invalid(format!(
+            "cannot create {}: {e}",
+            path.display()
+        ))),
     }
 }
 
