@@ -91,10 +91,10 @@ pub fn redact(line: &str) -> String {
     out
 }
 
-/// True for the gateway's own targets (`gateway`, `gateway::…`, the mock provider's).
+/// True for the gateway's own targets (`gateway`, `gateway::…`).
 fn ours(target: &str) -> bool {
     let crate_name = target.split("::").next().unwrap_or(target);
-    matches!(crate_name, "gateway" | "mock_provider")
+    crate_name == "gateway"
 }
 
 struct SafeLogger {
