@@ -75,7 +75,11 @@ async fn broken_configs_are_refused_by_check_and_by_reload() {
             original[..models_at].to_string(),
             "models: missing",
         ),
-        ("cut mid-value", original[..cut_mid_value].to_string(), "line"),
+        (
+            "cut mid-value",
+            original[..cut_mid_value].to_string(),
+            "line",
+        ),
         (
             "unparsable",
             format!("{original}\n[[providers]\nname = \"x\"\n"),
@@ -85,7 +89,10 @@ async fn broken_configs_are_refused_by_check_and_by_reload() {
 
     // `config check` refuses each, naming the file.
     for (what, text, says) in &bad {
-        let path = gw.dir.path().join(format!("{}.toml", what.replace(' ', "-")));
+        let path = gw
+            .dir
+            .path()
+            .join(format!("{}.toml", what.replace(' ', "-")));
         std::fs::write(&path, text).expect("write");
         let (ok, err) = config_check(&path);
         assert!(!ok, "{what}: accepted");
@@ -266,14 +273,21 @@ async fn totp_seeds_are_sealed_and_codes_work_once() {
         .expect("seed")
         .to_string();
     let stored = stored_seed(&gw, email).await.expect("stored seed");
-    assert!(stored.starts_with("v1.") && !stored.contains(&seed), "{stored}");
+    assert!(
+        stored.starts_with("v1.") && !stored.contains(&seed),
+        "{stored}"
+    );
 
     // A code signs in once; the same code again is refused; a later step's code works.
     let now = now_s();
     let code = twofactor::code_at(&seed, now).expect("code");
-    let r = Browser::new(&gw).sign_in_with(&gw, email, Some(&code)).await;
+    let r = Browser::new(&gw)
+        .sign_in_with(&gw, email, Some(&code))
+        .await;
     assert_eq!(r.status, 200, "{}", r.text);
-    let r = Browser::new(&gw).sign_in_with(&gw, email, Some(&code)).await;
+    let r = Browser::new(&gw)
+        .sign_in_with(&gw, email, Some(&code))
+        .await;
     assert_eq!(r.error(), (400, "invalid_code".to_string()));
     // Nor can it turn two-factor off.
     let (s, c) = b
@@ -285,7 +299,9 @@ async fn totp_seeds_are_sealed_and_codes_work_once() {
         .error();
     assert_eq!((s, c.as_str()), (400, "invalid_code"));
     let next = twofactor::code_at(&seed, now + 30).expect("code");
-    let r = Browser::new(&gw).sign_in_with(&gw, email, Some(&next)).await;
+    let r = Browser::new(&gw)
+        .sign_in_with(&gw, email, Some(&next))
+        .await;
     assert_eq!(r.status, 200, "{}", r.text);
 
     // Of concurrent claims of one step exactly one wins.
@@ -311,14 +327,21 @@ async fn totp_seeds_are_sealed_and_codes_work_once() {
         .await
         .expect("plaintext seed");
     let code = twofactor::code_at(&plain, now_s()).expect("code");
-    let r = Browser::new(&gw).sign_in_with(&gw, email, Some(&code)).await;
+    let r = Browser::new(&gw)
+        .sign_in_with(&gw, email, Some(&code))
+        .await;
     assert_eq!(r.status, 200, "{}", r.text);
     gw.terminate();
     gw.spawn();
     let stored = stored_seed(&gw, email).await.expect("stored seed");
-    assert!(stored.starts_with("v1.") && !stored.contains(&plain), "{stored}");
+    assert!(
+        stored.starts_with("v1.") && !stored.contains(&plain),
+        "{stored}"
+    );
     let code = twofactor::code_at(&plain, now_s() + 30).expect("code");
-    let r = Browser::new(&gw).sign_in_with(&gw, email, Some(&code)).await;
+    let r = Browser::new(&gw)
+        .sign_in_with(&gw, email, Some(&code))
+        .await;
     assert_eq!(r.status, 200, "{}", r.text);
 }
 
