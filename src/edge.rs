@@ -174,11 +174,21 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
         }
     }
     let tokens = Arc::new(TokenCounter::new().map_err(|e| format!("tokenizer: {e}"))?);
+    // Before any request: what a killed predecessor left in the journal is recorded first.
+    let journal = match &cfg.storage.usage_journal {
+        Some(path) => {
+            let (journal, _) = rt.block_on(crate::journal::replay(path.clone(), &db))?;
+            journal.spawn_syncer(cfg.storage.usage_flush);
+            Some(journal)
+        }
+        None => None,
+    };
     let usage = UsageSink::start(
         db.clone(),
         rt.handle(),
         cfg.storage.usage_batch_size,
         cfg.storage.usage_flush,
+        journal,
     );
     let identity = Arc::new(IdentityCache::new(cfg.storage.database_timeout));
     rt.spawn(identity.clone().run_feed(db.clone()));

@@ -13,6 +13,7 @@ pub mod conn_limits;
 pub mod edge;
 pub mod error;
 pub mod identity;
+pub mod journal;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;

@@ -1,6 +1,10 @@
 //! The usage writer: usage events and key last-use times leave the request path through a
 //! channel and are written in batches by one background task, so no request waits for a
 //! database write. `flush` drains everything queued (used at shutdown and by tests).
+//!
+//! With a [`Journal`], each admission and each settled event is also appended to a local file
+//! before it is queued, and the event keeps its journal segments alive until its batch is
+//! committed: a killed process loses no usage (see `journal`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,6 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::{oneshot, Notify};
 
+use crate::journal::{Journal, Mark, Segment};
 use crate::storage::{Db, UsageEvent};
 
 /// Handle used by the request path. Cloning is cheap.
@@ -28,11 +33,14 @@ struct Inner {
     written: AtomicU64,
     queued: AtomicU64,
     pending: Arc<AtomicU64>,
+    journal: Option<Arc<Journal>>,
 }
 
 #[derive(Default)]
 struct Queue {
     events: Vec<UsageEvent>,
+    /// `marks[i]` holds `events[i]`'s journal segments until it is committed.
+    marks: Vec<Mark>,
     flush_waiters: Vec<oneshot::Sender<()>>,
 }
 
@@ -47,7 +55,13 @@ impl Drop for Pending {
 
 impl UsageSink {
     /// Starts the writer task on `rt` (the storage runtime).
-    pub fn start(db: Db, rt: &tokio::runtime::Handle, batch: usize, every: Duration) -> UsageSink {
+    pub fn start(
+        db: Db,
+        rt: &tokio::runtime::Handle,
+        batch: usize,
+        every: Duration,
+        journal: Option<Arc<Journal>>,
+    ) -> UsageSink {
         let inner = Arc::new(Inner {
             queue: Mutex::new(Queue::default()),
             wake: Notify::new(),
@@ -55,17 +69,29 @@ impl UsageSink {
             written: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             pending: Arc::new(AtomicU64::new(0)),
+            journal,
         });
         rt.spawn(run_writer(inner.clone(), db, every));
         UsageSink { inner }
     }
 
-    /// Queues an event; never blocks on the database.
-    pub fn record(&self, event: UsageEvent) {
+    /// Journals an admitted request (one append); the returned segment goes back with the
+    /// event to [`record`](Self::record).
+    pub fn admit(&self, event: &UsageEvent, input_estimate: u64) -> Option<Arc<Segment>> {
+        self.inner
+            .journal
+            .as_ref()
+            .map(|j| j.admit(event, input_estimate))
+    }
+
+    /// Journals the settled event (one append) and queues it; never blocks on the database.
+    pub fn record(&self, event: UsageEvent, admitted: Option<Arc<Segment>>) {
+        let settled = self.inner.journal.as_ref().map(|j| j.settle(&event));
         self.inner.queued.fetch_add(1, Ordering::Relaxed);
         let full = {
             let mut q = self.inner.lock();
             q.events.push(event);
+            q.marks.push(Mark::new(admitted, settled));
             q.events.len() == self.inner.batch
         };
         if full {
@@ -113,19 +139,22 @@ async fn run_writer(inner: Arc<Inner>, db: Db, every: Duration) {
     loop {
         let _ = tokio::time::timeout(every, inner.wake.notified()).await;
         loop {
-            let (mut events, waiters) = {
+            let (mut events, marks, waiters) = {
                 let mut q = inner.lock();
                 let n = q.events.len().min(inner.batch);
                 let events: Vec<UsageEvent> = q.events.drain(..n).collect();
+                let marks: Vec<Mark> = q.marks.drain(..n).collect();
                 let waiters = if q.events.is_empty() {
                     std::mem::take(&mut q.flush_waiters)
                 } else {
                     Vec::new()
                 };
-                (events, waiters)
+                (events, marks, waiters)
             };
             let more = events.len() == inner.batch;
             write_all(&db, &mut events, &inner.written).await;
+            // Committed: their journal lines are no longer needed.
+            drop(marks);
             for w in waiters {
                 let _ = w.send(());
             }

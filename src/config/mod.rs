@@ -159,6 +159,9 @@ pub enum RedisOutage {
     Local,
     /// Answer 503 `quota_unavailable` until Redis is back.
     Refuse,
+
+    /// Segment path prefix of the usage journal; `None`: off.
+    pub usage_journal: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -735,7 +738,7 @@ impl Config {
                 return Err(c.err("storage.redis_url", "must start with redis:// or rediss://"));
             }
         }
-        let storage = StorageConfig {
+        let mut storage = StorageConfig {
             database_url,
             redis_url,
             // Large batches: every transaction costs fixed work (commit, WAL frames of the pages it
@@ -774,12 +777,25 @@ impl Config {
                     ))
                 }
             }),
+
+            usage_journal: None,
         };
 
         // [secrets]
         let secrets = SecretsConfig {
             dev_generate: f.secrets.dev_generate.unwrap_or(false),
             dir: PathBuf::from(f.secrets.dir.unwrap_or_else(|| "data".into())),
+        };
+        storage.usage_journal = match f.storage.usage_journal.as_deref() {
+            None => Some(secrets.dir.join("usage.journal")),
+            Some("") => None,
+            Some(p) if p.ends_with('/') || Path::new(p).file_name().is_none() => {
+                return Err(c.err(
+                    "storage.usage_journal",
+                    format!("must name a file (segments are <path>.<n>), got {p:?}"),
+                ))
+            }
+            Some(p) => Some(PathBuf::from(p)),
         };
 
         // [mail]

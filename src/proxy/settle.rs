@@ -5,8 +5,10 @@
 //! panic unwinding), `Drop` settles with what was counted up to that point. Either way one usage
 //! event is recorded and the reservation is settled once.
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use crate::journal::Segment;
 use crate::proxy::sse::{StreamUsageTracker, Usage};
 use crate::quota::{Reservation, Used};
 use crate::state::SharedState;
@@ -76,6 +78,8 @@ pub struct InFlight {
     /// Whether input should be charged when the provider reported nothing (false for local
     /// answers and failures before the provider saw the request).
     pub charge_input_estimate: bool,
+    /// The journal segment holding the admission line (kept until the event is committed).
+    admitted: Option<Arc<Segment>>,
     done: bool,
 }
 
@@ -88,6 +92,7 @@ impl InFlight {
         input_estimate: u64,
     ) -> Self {
         crate::metrics::RESERVATIONS.inc();
+        let admitted = state.usage.admit(&event, input_estimate);
         InFlight {
             state,
             reservation: Some(reservation),
@@ -99,6 +104,7 @@ impl InFlight {
             output_started: false,
             counted_output: None,
             charge_input_estimate: true,
+            admitted,
             done: false,
         }
     }
@@ -137,12 +143,13 @@ impl InFlight {
         };
         // Settled once (`done`): the event is not needed here any more.
         let event = std::mem::take(&mut self.event);
+        let admitted = self.admitted.take();
         match self.reservation.take() {
             Some(r) => {
                 crate::metrics::RESERVATIONS.dec();
-                settle_and_record(&self.state, r, used, event)
+                settle_and_record(&self.state, r, used, event, admitted)
             }
-            None => self.state.usage.record(event),
+            None => self.state.usage.record(event, admitted),
         }
         usage
     }
@@ -224,12 +231,18 @@ pub fn new_event(user_id: &str, key_id: &str, model: &str, endpoint: &'static st
 /// Settles the reservation and records the event with its breakdown. In-process settlement is
 /// immediate; a Redis settlement runs on the storage runtime (it may be called from `Drop`),
 /// counted as pending so a flush waits for it.
-fn settle_and_record(state: &SharedState, r: Reservation, used: Used, mut event: UsageEvent) {
+fn settle_and_record(
+    state: &SharedState,
+    r: Reservation,
+    used: Used,
+    mut event: UsageEvent,
+    admitted: Option<Arc<Segment>>,
+) {
     let engine = state.quota.clone();
     match engine.settle_now(r.ticket, used) {
         Ok(b) => {
             event.breakdown = Some(b);
-            state.usage.record(event);
+            state.usage.record(event, admitted);
         }
         Err(ticket) => {
             let sink: UsageSink = state.usage.clone();
@@ -237,7 +250,7 @@ fn settle_and_record(state: &SharedState, r: Reservation, used: Used, mut event:
             state.rt.spawn(async move {
                 let b = engine.settle(&ticket, used).await;
                 event.breakdown = Some(b);
-                sink.record(event);
+                sink.record(event, admitted);
                 drop(pending);
             });
         }

@@ -1,0 +1,594 @@
+//! The usage journal: a local append-only record that makes metering survive `kill -9`.
+//!
+//! Usage events wait in memory for the usage writer's next batch; a process killed in that
+//! window used to lose them. The journal closes the window: every admitted request appends one
+//! line when it is admitted (`a`) and one when it is settled (`s`, the whole event), each with a
+//! single `write(2)` on an `O_APPEND` file, so the line is in the kernel's page cache before the
+//! answer completes and a killed process loses none of it. A background thread `fdatasync`s the
+//! file every sync interval, so a machine crash loses at most that window.
+//!
+//! The journal is cut into numbered segments (`<path>.<n>`). A segment is deleted once it has
+//! been rotated out and every event it mentions has been committed to the database: each queued
+//! event holds the segments of its admission and of its settlement ([`Mark`]) until the usage
+//! writer commits it. At start, [`replay`] reads the segments left behind, records every settled
+//! event (idempotent by event id: the database skips ids it has) and every admission without a
+//! settlement as `counted:interrupted`, then deletes them.
+//!
+//! A lock file (`<path>.lock`) keeps two processes from sharing one journal: each instance needs
+//! its own path.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use serde::{Deserialize, Serialize};
+
+use crate::storage::{Breakdown, Db, LotKind, UsageEvent};
+
+/// A segment is rotated out past this size, or this age when it holds anything: old lines are
+/// replayed at start (idempotently), so a segment that lives long makes the next start slower.
+const SEGMENT_BYTES: u64 = 8 << 20;
+const SEGMENT_AGE: Duration = Duration::from_secs(10);
+
+/// The settlement recorded for an admission whose process died before settling it.
+pub const INTERRUPTED: &str = "counted:interrupted";
+
+pub struct Journal {
+    base: PathBuf,
+    current: ArcSwap<Segment>,
+    /// The segment rotated out at the last tick: synced once more (a request may have appended
+    /// to it after the rotation), then let go.
+    previous: Mutex<Option<Arc<Segment>>>,
+    next_seq: AtomicU64,
+    dirty: AtomicBool,
+    /// Held for the life of the process: the `flock` on `<path>.lock`.
+    _lock: File,
+}
+
+/// One journal file. Deleted when dropped after rotation: the last holder is the last queued
+/// event that mentions it, dropped once the usage writer has committed it.
+pub struct Segment {
+    path: PathBuf,
+    file: File,
+    bytes: AtomicU64,
+    opened: Instant,
+    retired: AtomicBool,
+    warned: AtomicBool,
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if self.retired.load(Ordering::Acquire) {
+            if let Err(e) = std::fs::remove_file(&self.path) {
+                log::warn!("usage journal: cannot remove {}: {e}", self.path.display());
+            }
+        }
+    }
+}
+
+/// The segments an event's lines are in; dropped once the event is committed.
+#[derive(Default)]
+pub struct Mark {
+    _admitted: Option<Arc<Segment>>,
+    _settled: Option<Arc<Segment>>,
+}
+
+impl Mark {
+    pub fn new(admitted: Option<Arc<Segment>>, settled: Option<Arc<Segment>>) -> Mark {
+        Mark {
+            _admitted: admitted,
+            _settled: settled,
+        }
+    }
+}
+
+/// What is known of a request when it is admitted.
+#[derive(Serialize, Deserialize)]
+struct Admission<'a> {
+    id: &'a str,
+    user_id: &'a str,
+    key_id: &'a str,
+    model: &'a str,
+    endpoint: &'a str,
+    reasoning_effort: Option<&'a str>,
+    created_at: i64,
+    input_estimate: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Paid<'a> {
+    at_ms: i64,
+    allowance_tokens: u64,
+    allowance_requests: u64,
+    /// (lot id, `token` | `request`, amount)
+    #[serde(borrow)]
+    lots: Vec<(&'a str, &'a str, u64)>,
+}
+
+/// A settled event, as journaled.
+#[derive(Serialize, Deserialize)]
+struct Settled<'a> {
+    id: &'a str,
+    user_id: &'a str,
+    key_id: &'a str,
+    model: &'a str,
+    endpoint: &'a str,
+    reasoning_effort: Option<&'a str>,
+    input_tokens: u64,
+    output_tokens: u64,
+    cached_tokens: u64,
+    status: u16,
+    latency_ms: u64,
+    ttfb_ms: Option<u64>,
+    settlement: &'a str,
+    deployment: Option<&'a str>,
+    error_code: Option<&'a str>,
+    created_at: i64,
+    #[serde(borrow)]
+    paid: Option<Paid<'a>>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "t")]
+enum Line<'a> {
+    #[serde(rename = "a", borrow)]
+    Admitted(Admission<'a>),
+    #[serde(rename = "s", borrow)]
+    Settled(Settled<'a>),
+}
+
+impl Journal {
+    /// Opens a fresh segment after `after` (the highest one replayed), holding the lock taken by
+    /// [`lock`].
+    fn open(base: PathBuf, lock: File, after: u64) -> Result<Journal, String> {
+        let first = Segment::create(&base, after + 1)?;
+        Ok(Journal {
+            base,
+            current: ArcSwap::from_pointee(first),
+            previous: Mutex::new(None),
+            next_seq: AtomicU64::new(after + 2),
+            dirty: AtomicBool::new(false),
+            _lock: lock,
+        })
+    }
+
+    /// Appends the admission line; returns the segment it went to.
+    pub fn admit(&self, e: &UsageEvent, input_estimate: u64) -> Arc<Segment> {
+        let line = Line::Admitted(Admission {
+            id: &e.id,
+            user_id: &e.user_id,
+            key_id: &e.key_id,
+            model: &e.model,
+            endpoint: e.endpoint,
+            reasoning_effort: e.reasoning_effort.as_deref(),
+            created_at: e.created_at,
+            input_estimate,
+        });
+        self.append(&line)
+    }
+
+    /// Appends the settled event; returns the segment it went to.
+    pub fn settle(&self, e: &UsageEvent) -> Arc<Segment> {
+        let paid = e.breakdown.as_ref().map(|b| Paid {
+            at_ms: b.at_ms,
+            allowance_tokens: b.allowance_tokens,
+            allowance_requests: b.allowance_requests,
+            lots: b
+                .lots
+                .iter()
+                .map(|(id, kind, n)| (id.as_str(), kind.as_str(), *n))
+                .collect(),
+        });
+        let line = Line::Settled(Settled {
+            id: &e.id,
+            user_id: &e.user_id,
+            key_id: &e.key_id,
+            model: &e.model,
+            endpoint: e.endpoint,
+            reasoning_effort: e.reasoning_effort.as_deref(),
+            input_tokens: e.input_tokens,
+            output_tokens: e.output_tokens,
+            cached_tokens: e.cached_tokens,
+            status: e.status,
+            latency_ms: e.latency_ms,
+            ttfb_ms: e.ttfb_ms,
+            settlement: e.settlement,
+            deployment: e.deployment.as_deref(),
+            error_code: e.error_code,
+            created_at: e.created_at,
+            paid,
+        });
+        self.append(&line)
+    }
+
+    /// One `write(2)` of one line: on an `O_APPEND` file concurrent appends do not interleave.
+    fn append(&self, line: &Line<'_>) -> Arc<Segment> {
+        let seg = self.current.load_full();
+        let mut buf = Vec::with_capacity(320);
+        // Serialising plain fields into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut buf, line);
+        buf.push(b'\n');
+        match (&seg.file).write_all(&buf) {
+            Ok(()) => {
+                seg.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                self.dirty.store(true, Ordering::Relaxed);
+            }
+            Err(e) => {
+                // The event still goes to the database from memory; only its crash safety is
+                // lost. Said once per segment, not once per request.
+                if !seg.warned.swap(true, Ordering::Relaxed) {
+                    log::error!("usage journal {}: append failed: {e}", seg.path.display());
+                }
+            }
+        }
+        seg
+    }
+
+    /// Syncs what was appended since the last tick and rotates the segment when it is big or
+    /// old. Runs on the journal's own thread, never on a request.
+    fn tick(&self) {
+        let previous = self
+            .previous
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(prev) = previous {
+            let _ = prev.file.sync_data();
+        }
+        let seg = self.current.load_full();
+        if self.dirty.swap(false, Ordering::Relaxed) {
+            if let Err(e) = seg.file.sync_data() {
+                log::warn!("usage journal {}: sync failed: {e}", seg.path.display());
+            }
+        }
+        let bytes = seg.bytes.load(Ordering::Relaxed);
+        if bytes >= SEGMENT_BYTES || (bytes > 0 && seg.opened.elapsed() >= SEGMENT_AGE) {
+            let n = self.next_seq.fetch_add(1, Ordering::Relaxed);
+            match Segment::create(&self.base, n) {
+                Ok(next) => {
+                    let old = self.current.swap(Arc::new(next));
+                    old.retired.store(true, Ordering::Release);
+                    *self.previous.lock().unwrap_or_else(|p| p.into_inner()) = Some(old);
+                }
+                Err(e) => log::warn!("usage journal: cannot rotate: {e}"),
+            }
+        }
+    }
+
+    /// Starts the thread that syncs every `every` and rotates segments.
+    pub fn spawn_syncer(self: &Arc<Self>, every: Duration) {
+        let journal = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("gw-journal".into())
+            .spawn(move || loop {
+                std::thread::sleep(every);
+                match journal.upgrade() {
+                    Some(j) => j.tick(),
+                    None => return,
+                }
+            });
+        if let Err(e) = spawned {
+            log::error!("usage journal: cannot start its sync thread: {e}");
+        }
+    }
+}
+
+impl Segment {
+    fn create(base: &Path, n: u64) -> Result<Segment, String> {
+        let path = segment_path(base, n);
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| format!("cannot open usage journal {}: {e}", path.display()))?;
+        Ok(Segment {
+            path,
+            file,
+            bytes: AtomicU64::new(0),
+            opened: Instant::now(),
+            retired: AtomicBool::new(false),
+            warned: AtomicBool::new(false),
+        })
+    }
+}
+
+fn segment_path(base: &Path, n: u64) -> PathBuf {
+    let mut name = base.as_os_str().to_owned();
+    name.push(format!(".{n:08}"));
+    PathBuf::from(name)
+}
+
+/// The segments of `base` on disk, oldest first.
+fn segments(base: &Path) -> Result<Vec<(u64, PathBuf)>, String> {
+    let dir = match base.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let prefix = match base.file_name().and_then(|n| n.to_str()) {
+        Some(n) => format!("{n}."),
+        None => return Err(format!("bad usage journal path {}", base.display())),
+    };
+    let mut found = Vec::new();
+    let entries =
+        std::fs::read_dir(&dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(n) = name
+            .to_str()
+            .and_then(|s| s.strip_prefix(&prefix))
+            .and_then(|s| s.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        found.push((n, entry.path()));
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Takes the journal's lock (`<path>.lock`), creating the directory: a second process on the
+/// same path is refused, since each would replay and delete the other's segments.
+fn lock(base: &Path) -> Result<File, String> {
+    if let Some(dir) = base.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let mut name = base.as_os_str().to_owned();
+    name.push(".lock");
+    let path = PathBuf::from(name);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(format!(
+            "storage.usage_journal: {} is in use by another gateway process; give each \
+             instance its own path",
+            base.display()
+        )),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(format!("cannot lock {}: {e}", path.display()))
+        }
+    }
+}
+
+/// What a replay found and recorded.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Replayed {
+    pub settled: usize,
+    pub interrupted: usize,
+}
+
+/// Locks the journal at `base`, records what its segments hold (settled events as they were,
+/// admissions never settled as `counted:interrupted`), deletes them, and opens a fresh segment.
+/// Runs at start, before any request is admitted.
+pub async fn replay(base: PathBuf, db: &Db) -> Result<(Arc<Journal>, Replayed), String> {
+    let lock = lock(&base)?;
+    let found = segments(&base)?;
+    let last = found.last().map(|(n, _)| *n).unwrap_or(0);
+    let mut events = Vec::new();
+    let mut replayed = Replayed::default();
+    if !found.is_empty() {
+        let (settled, interrupted) = read_segments(&found)?;
+        replayed = Replayed {
+            settled: settled.len(),
+            interrupted: interrupted.len(),
+        };
+        events.extend(settled);
+        events.extend(interrupted);
+    }
+    for chunk in events.chunks(2000) {
+        db.usage()
+            .insert_batch(chunk)
+            .await
+            .map_err(|e| format!("usage journal replay: {e}"))?;
+    }
+    for (_, path) in &found {
+        std::fs::remove_file(path)
+            .map_err(|e| format!("cannot remove replayed {}: {e}", path.display()))?;
+    }
+    if replayed.settled + replayed.interrupted > 0 {
+        log::warn!(
+            "usage journal: recorded {} settled and {} interrupted requests left by a previous \
+             process",
+            replayed.settled,
+            replayed.interrupted
+        );
+    }
+    Ok((Arc::new(Journal::open(base, lock, last)?), replayed))
+}
+
+/// Reads the segments into (settled events, interrupted admissions). A line that does not
+/// parse (the torn tail of a machine crash) is skipped.
+fn read_segments(found: &[(u64, PathBuf)]) -> Result<(Vec<UsageEvent>, Vec<UsageEvent>), String> {
+    let mut settled: HashMap<String, UsageEvent> = HashMap::new();
+    let mut admitted: HashMap<String, UsageEvent> = HashMap::new();
+    let mut skipped = 0usize;
+    for (_, path) in found {
+        let file = File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        for line in BufReader::new(file).split(b'\n') {
+            let line = line.map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            match serde_json::from_slice::<Line<'_>>(&line) {
+                Ok(Line::Admitted(a)) => {
+                    admitted.insert(a.id.to_owned(), interrupted_event(&a));
+                }
+                Ok(Line::Settled(s)) => {
+                    settled.insert(s.id.to_owned(), settled_event(s));
+                }
+                Err(_) if line.is_empty() => {}
+                Err(_) => skipped += 1,
+            }
+        }
+    }
+    if skipped > 0 {
+        log::warn!("usage journal: skipped {skipped} unreadable lines (a torn write)");
+    }
+    admitted.retain(|id, _| !settled.contains_key(id));
+    Ok((
+        settled.into_values().collect(),
+        admitted.into_values().collect(),
+    ))
+}
+
+fn interrupted_event(a: &Admission<'_>) -> UsageEvent {
+    UsageEvent {
+        id: a.id.to_owned(),
+        user_id: a.user_id.to_owned(),
+        key_id: a.key_id.to_owned(),
+        model: a.model.to_owned(),
+        endpoint: intern(a.endpoint),
+        reasoning_effort: a.reasoning_effort.map(str::to_owned),
+        // The reservation's input estimate: the process died after admitting the request, most
+        // likely after forwarding it; the output it had delivered is not known.
+        input_tokens: a.input_estimate,
+        output_tokens: 0,
+        cached_tokens: 0,
+        // No answer's status is known.
+        status: 0,
+        latency_ms: 0,
+        ttfb_ms: None,
+        settlement: INTERRUPTED,
+        deployment: None,
+        error_code: Some("interrupted"),
+        created_at: a.created_at,
+        // The reservation died with the process: nothing was paid from balances.
+        breakdown: None,
+    }
+}
+
+fn settled_event(s: Settled<'_>) -> UsageEvent {
+    UsageEvent {
+        id: s.id.to_owned(),
+        user_id: s.user_id.to_owned(),
+        key_id: s.key_id.to_owned(),
+        model: s.model.to_owned(),
+        endpoint: intern(s.endpoint),
+        reasoning_effort: s.reasoning_effort.map(str::to_owned),
+        input_tokens: s.input_tokens,
+        output_tokens: s.output_tokens,
+        cached_tokens: s.cached_tokens,
+        status: s.status,
+        latency_ms: s.latency_ms,
+        ttfb_ms: s.ttfb_ms,
+        settlement: intern(s.settlement),
+        deployment: s.deployment.map(str::to_owned),
+        error_code: s.error_code.map(intern),
+        created_at: s.created_at,
+        breakdown: s.paid.map(|p| Breakdown {
+            user_id: s.user_id.to_owned(),
+            at_ms: p.at_ms,
+            allowance_tokens: p.allowance_tokens,
+            allowance_requests: p.allowance_requests,
+            lots: p
+                .lots
+                .into_iter()
+                .map(|(id, kind, n)| {
+                    let kind = if kind == "request" {
+                        LotKind::Request
+                    } else {
+                        LotKind::Token
+                    };
+                    (id.to_owned(), kind, n)
+                })
+                .collect(),
+        }),
+    }
+}
+
+/// The event's name fields are `&'static str` (the request path never allocates them). At
+/// replay each distinct text is leaked once: a handful of endpoint, settlement and error names.
+fn intern(s: &str) -> &'static str {
+    static SEEN: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut seen = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(known) = seen.get(s) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(s.to_owned().into_boxed_str());
+    seen.insert(leaked);
+    leaked
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(id: &str) -> UsageEvent {
+        UsageEvent {
+            id: id.into(),
+            user_id: "usr_1".into(),
+            key_id: "key_1".into(),
+            model: "m".into(),
+            endpoint: "chat_completions",
+            input_tokens: 7,
+            output_tokens: 3,
+            status: 200,
+            settlement: "provider:complete",
+            error_code: None,
+            created_at: 1_700_000_000_000,
+            breakdown: Some(Breakdown {
+                user_id: "usr_1".into(),
+                at_ms: 5,
+                allowance_tokens: 10,
+                allowance_requests: 1,
+                lots: vec![("lot_1".into(), LotKind::Request, 1)],
+            }),
+            ..UsageEvent::default()
+        }
+    }
+
+    #[test]
+    fn settled_lines_read_back_as_the_event_and_admissions_alone_as_interrupted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = dir.path().join("usage.journal");
+        let j = Journal::open(base.clone(), lock(&base).expect("lock"), 0).expect("open");
+        let done = event("evt_done");
+        let cut = event("evt_cut");
+        let _a1 = j.admit(&done, 9);
+        let _a2 = j.admit(&cut, 11);
+        let _s1 = j.settle(&done);
+        // A torn tail is skipped.
+        (&j.current.load().file)
+            .write_all(b"{\"t\":\"s\",\"id\":\"ev")
+            .expect("write");
+        let found = segments(&base).expect("segments");
+        assert_eq!(found.len(), 1);
+        let (settled, interrupted) = read_segments(&found).expect("read");
+        assert_eq!(settled, vec![done]);
+        assert_eq!(interrupted.len(), 1);
+        let i = &interrupted[0];
+        assert_eq!(i.id, "evt_cut");
+        assert_eq!(i.settlement, INTERRUPTED);
+        assert_eq!(i.input_tokens, 11);
+        assert_eq!(i.created_at, cut.created_at);
+        // A second process is refused the same journal.
+        assert!(lock(&base).is_err());
+    }
+
+    #[test]
+    fn a_rotated_segment_is_deleted_when_its_last_event_is_let_go() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = dir.path().join("j");
+        let j = Journal::open(base.clone(), lock(&base).expect("lock"), 0).expect("open");
+        let held = j.admit(&event("evt_1"), 1);
+        let path = held.path.clone();
+        // Force a rotation.
+        held.bytes.store(SEGMENT_BYTES, Ordering::Relaxed);
+        j.tick();
+        j.tick();
+        assert!(path.exists(), "an event still mentions it");
+        drop(held);
+        assert!(!path.exists());
+        assert_eq!(segments(&base).expect("segments").len(), 1);
+    }
+}

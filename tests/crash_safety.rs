@@ -1,0 +1,178 @@
+//! Crash safety of metering: a gateway killed with SIGKILL under load leaves exactly one usage
+//! event per admitted request once it starts again (the usage journal), and requests that were
+//! still in flight are recorded as `counted:interrupted`.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn options() -> Options {
+    Options {
+        redis_url: std::env::var("GATEWAY_TEST_REDIS").ok(),
+        ..Options::default()
+    }
+}
+
+/// Rewrites the config so the usage writer holds events for a minute: without the journal a
+/// kill loses every one of them.
+fn hold_events_in_memory(gw: &Gateway) {
+    let text = std::fs::read_to_string(&gw.config_path).unwrap();
+    let text = text.replace("usage_flush_ms = 20", "usage_flush_ms = 60000");
+    std::fs::write(&gw.config_path, text).unwrap();
+}
+
+fn chat(stream: bool) -> Value {
+    json!({"model": "mock-gpt", "stream": stream,
+           "messages": [{"role": "user", "content": "hello there"}]})
+}
+
+fn journal_segments(gw: &Gateway) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(gw.dir.path().join("data"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("usage.journal.") && !n.ends_with(".lock"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn kill_9_under_load_then_restart_records_every_admitted_request_once() {
+    // Streams pace their deltas so some are mid-flight when the process dies.
+    let mock = Mock::start(&["--chunk-delay-ms", "150"]);
+    let mut gw = Gateway::start(&mock, options());
+    let key = gw.user_with_key("crash@example.com", &[]);
+    gw.kill();
+    hold_events_in_memory(&gw);
+    gw.spawn();
+
+    let c = client();
+    let finished: Vec<_> = (0..40)
+        .map(|_| {
+            let c = c.clone();
+            let url = gw.url("/v1/chat/completions");
+            let key = key.clone();
+            tokio::spawn(async move {
+                let r = c
+                    .post(url)
+                    .bearer_auth(key)
+                    .json(&chat(false))
+                    .send()
+                    .await
+                    .unwrap();
+                let status = r.status().as_u16();
+                r.bytes().await.unwrap();
+                status
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in finished {
+        if t.await.unwrap() == 200 {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 40);
+
+    // Streams that have started delivering when the process is killed.
+    let mut streams = Vec::new();
+    for _ in 0..5 {
+        let mut r = c
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(&key)
+            .json(&chat(true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let first = r.chunk().await.unwrap().expect("a first chunk");
+        assert!(!first.is_empty());
+        streams.push(r);
+    }
+    assert!(
+        gw.usage_events().await.is_empty(),
+        "the usage writer held its batch (else this test proves nothing)"
+    );
+    gw.kill();
+    for mut r in streams {
+        // Cut: the stream ends early or errors.
+        while let Ok(Some(_)) = r.chunk().await {}
+    }
+    let served = mock.served().await;
+    assert_eq!(served, 45, "the mock served every admitted request");
+
+    gw.spawn();
+    let events = gw.usage_events().await;
+    assert_eq!(events.len(), 45, "one event per admitted request: {events:#?}");
+    let ids: HashSet<&str> = events.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), 45, "each exactly once");
+    let complete = events
+        .iter()
+        .filter(|e| e["settlement"] == "provider:complete" && e["status"] == 200)
+        .count();
+    let interrupted: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["settlement"] == "counted:interrupted")
+        .collect();
+    assert_eq!(complete, 40, "{events:#?}");
+    assert_eq!(interrupted.len(), 5, "{events:#?}");
+    for e in &interrupted {
+        assert_eq!(e["error_code"], "interrupted");
+        assert_eq!(e["model"], "mock-gpt");
+        assert_eq!(e["endpoint"], "chat_completions");
+        // What was known at admission: the input estimate.
+        assert!(e["input_tokens"].as_i64().unwrap() > 0, "{e}");
+    }
+    // The replayed segments are gone; one fresh segment is open.
+    assert_eq!(journal_segments(&gw).len(), 1, "{:?}", journal_segments(&gw));
+
+    // A clean stop and another start add nothing (replay is idempotent), and new requests
+    // are recorded once.
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&chat(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    gw.kill();
+    gw.spawn();
+    assert!(gw.terminate());
+    gw.spawn();
+    let after = gw.usage_events().await;
+    assert_eq!(after.len(), 46, "{after:#?}");
+}
+
+#[tokio::test]
+async fn a_second_process_on_the_same_journal_is_refused() {
+    let mock = Mock::start(&[]);
+    let gw = Gateway::start(&mock, options());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .arg("--config")
+        .arg(&gw.config_path)
+        .arg("serve")
+        .envs(gw.env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("storage.usage_journal") && stderr.contains("in use"),
+        "{stderr}"
+    );
+    // The running instance keeps working.
+    let r = client()
+        .get(gw.url("/health"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
