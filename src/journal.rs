@@ -354,9 +354,7 @@ fn lock(base: &Path) -> Result<File, String> {
              instance its own path",
             base.display()
         )),
-        Err(std::fs::TryLockError::Error(e)) => {
-            Err(format!("cannot lock {}: {e}", path.display()))
-        }
+        Err(std::fs::TryLockError::Error(e)) => Err(format!("cannot lock {}: {e}", path.display())),
     }
 }
 

@@ -108,7 +108,11 @@ async fn kill_9_under_load_then_restart_records_every_admitted_request_once() {
 
     gw.spawn();
     let events = gw.usage_events().await;
-    assert_eq!(events.len(), 45, "one event per admitted request: {events:#?}");
+    assert_eq!(
+        events.len(),
+        45,
+        "one event per admitted request: {events:#?}"
+    );
     let ids: HashSet<&str> = events.iter().map(|e| e["id"].as_str().unwrap()).collect();
     assert_eq!(ids.len(), 45, "each exactly once");
     let complete = events
@@ -129,7 +133,12 @@ async fn kill_9_under_load_then_restart_records_every_admitted_request_once() {
         assert!(e["input_tokens"].as_i64().unwrap() > 0, "{e}");
     }
     // The replayed segments are gone; one fresh segment is open.
-    assert_eq!(journal_segments(&gw).len(), 1, "{:?}", journal_segments(&gw));
+    assert_eq!(
+        journal_segments(&gw).len(),
+        1,
+        "{:?}",
+        journal_segments(&gw)
+    );
 
     // A clean stop and another start add nothing (replay is idempotent), and new requests
     // are recorded once.

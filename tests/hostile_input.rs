@@ -271,3 +271,173 @@ async fn random_bodies_through_the_server() {
     let r = c.get(gw.url("/health")).send().await.unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// Deeply nested bodies on every route (translated or not), odd sign-in addresses and
+/// credentials smuggled past the query check each get a documented 400, never a 500.
+#[tokio::test]
+async fn deep_nesting_odd_emails_and_smuggled_query_keys_answer_400() {
+    use common::*;
+    let mock = Mock::start(&[]);
+    let gw = Gateway::start(&mock, Options::default());
+    let key = gw.user_with_key("nest@example.com", &[]);
+    let c = client();
+
+    let deep = |depth: usize| {
+        let mut v = Value::from("x");
+        for _ in 0..depth {
+            v = serde_json::json!([v]);
+        }
+        v
+    };
+    let deep_text = format!("{}\"x\"{}", "[".repeat(1000), "]".repeat(1000));
+    let deep_object = format!("{}1{}", "{\"a\":".repeat(1000), "}".repeat(1000));
+    for (path, model) in [
+        ("/v1/chat/completions", "mock-gpt"),
+        ("/v1/chat/completions", "claude-mock"),
+        ("/v1/messages", "claude-mock"),
+        ("/v1/messages", "mock-gpt"),
+        ("/v1/responses", "mock-gpt"),
+        ("/v1/responses", "claude-mock"),
+        ("/v1/messages/count_tokens", "mock-gpt"),
+    ] {
+        let bodies = [
+            // Plain chat bodies are admitted without a tree, so depth in a field admission
+            // skips reaches translation and rewriting.
+            format!(
+                r#"{{"model":"{model}","max_tokens":16,"messages":[{{"role":"user","content":"hi"}}],"metadata":{deep_text}}}"#
+            ),
+            format!(
+                r#"{{"model":"{model}","max_tokens":16,"stream":true,"messages":[{{"role":"user","content":"hi"}}],"user":{deep_object}}}"#
+            ),
+            format!(
+                r#"{{"model":"{model}","max_tokens":16,"messages":[{{"role":"user","content":{deep_text}}}]}}"#
+            ),
+            format!(
+                r#"{{"model":"{model}","max_tokens":16,"input":{deep_text},"messages":[{{"role":"user","content":"hi"}}]}}"#
+            ),
+            format!(
+                r#"{{"model":"{model}","max_tokens":16,"messages":[{{"role":"user","content":"hi"}}],"tools":[{{"type":"function","name":"f","input_schema":{deep_object},"function":{{"name":"f","parameters":{deep_object}}}}}]}}"#
+            ),
+            // Within serde's limit but deep enough to hurt a recursive translation.
+            serde_json::json!({"model": model, "max_tokens": 16,
+                "messages": [{"role": "user", "content": "hi"}],
+                "metadata": deep(120),
+                "tools": [{"type": "function", "name": "f", "input_schema": {"type": "object", "properties": {"a": deep(120)}},
+                           "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": deep(120)}}}}]})
+            .to_string(),
+            serde_json::json!({"model": model, "max_tokens": 16, "stream": true,
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "x": deep(126)}]}],
+                "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi", "x": deep(126)}]}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": deep(126)}},
+                "tool_choice": deep(126)})
+            .to_string(),
+        ];
+        for body in bodies {
+            let r = c
+                .post(gw.url(path))
+                .bearer_auth(&key)
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let v: Value = r.json().await.unwrap_or(Value::Null);
+            assert!(
+                status < 500,
+                "{path} {model}: {status} {v} for {}",
+                &body[..120.min(body.len())]
+            );
+            if status != 200 {
+                assert_eq!(status, 400, "{path} {model}: {v}");
+                assert!(
+                    v["error"]["code"].is_string() || v["error"]["type"].is_string(),
+                    "{v}"
+                );
+            }
+        }
+    }
+
+    for email in [
+        "a\"b@example.com",
+        "\"a b\"@example.com",
+        "a@[127.0.0.1]",
+        "a@[IPv6:::1]",
+        "a@b@example.com",
+        "a@-example.com",
+        "a@example..com",
+        "a..b@example.com",
+        ".a@example.com",
+        "a(comment)@example.com",
+        "a\\b@example.com",
+        "a@exa_mple.com",
+    ] {
+        let r = c
+            .post(gw.site_url("/api/auth/request-code"))
+            .header("origin", "http://127.0.0.1:8081")
+            .json(&serde_json::json!({"email": email, "acceptedTerms": true}))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let v: Value = r.json().await.unwrap_or(Value::Null);
+        assert_eq!(
+            (status, &v),
+            (
+                400,
+                &serde_json::json!({"ok": false, "code": "invalid_email"})
+            ),
+            "{email}"
+        );
+    }
+    // An ordinary odd-but-valid address still gets its code.
+    let r = c
+        .post(gw.site_url("/api/auth/request-code"))
+        .header("origin", "http://127.0.0.1:8081")
+        .json(
+            &serde_json::json!({"email": "first.last+tag@sub.example.com", "acceptedTerms": true}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    let body =
+        serde_json::json!({"model": "mock-gpt", "messages": [{"role": "user", "content": "hi"}]});
+    for query in [
+        "a=1;key=sk-abc",
+        "x=1;api_key=abc",
+        "key[]=abc",
+        "api_key[0]=abc",
+        "api.key=abc",
+        "auth.token=abc",
+        "x=%2573k-abc",
+        "x=%252573k-abc",
+        "%256Bey=abc",
+        "x=%2573%256B-abc",
+    ] {
+        let r = c
+            .post(gw.url(&format!("/v1/chat/completions?{query}")))
+            .bearer_auth(&key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let v: Value = r.json().await.unwrap_or(Value::Null);
+        assert_eq!(
+            (status, v["error"]["code"].as_str()),
+            (400, Some("sensitive_query_param")),
+            "{query}: {v}"
+        );
+    }
+    // Ordinary parameters still pass.
+    let r = c
+        .post(gw.url("/v1/chat/completions?monkey=1;tokens=2&keyboard[]=3&a.b=%2541"))
+        .bearer_auth(&key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}

@@ -97,10 +97,7 @@ fn upstream_body(
     if rename.is_none() && !want_usage {
         return Ok(adm.body.clone());
     }
-    let Some(tree) = adm.tree() else {
-        return Ok(adm.body.clone());
-    };
-    let mut j = tree.into_owned();
+    let mut j = adm.tree_for_rewrite()?.into_owned();
     if let (Some(m), Some(obj)) = (rename, j.as_object_mut()) {
         obj.insert("model".into(), Value::String(m.to_string()));
     }

@@ -71,6 +71,21 @@ impl Admitted {
         }
     }
 
+    /// [`tree`](Self::tree) for a body that must be rewritten or translated, or the 400 that
+    /// says why there is none. Admission reads a plain chat body without building a tree and
+    /// skips fields it does not need at any depth, while a tree refuses nesting past serde's
+    /// 128 levels: such a body is refused here, not forwarded unrewritten or answered 500.
+    pub fn tree_for_rewrite(&self) -> Result<std::borrow::Cow<'_, Value>, ApiError> {
+        if let Some(tree) = self.tree() {
+            return Ok(tree);
+        }
+        let why = match serde_json::from_slice::<Value>(&self.body) {
+            Err(e) => format!("The request body is not valid JSON: {e}"),
+            Ok(_) => "The request body must be a JSON object.".to_string(),
+        };
+        Err(ApiError::invalid("invalid_json", why))
+    }
+
     /// Input tokens to reserve: the estimate, except for token counting, which is free.
     pub fn reserved_input(&self) -> u64 {
         if self.endpoint == Endpoint::CountTokens {

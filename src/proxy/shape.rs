@@ -95,11 +95,8 @@ pub fn translate_request(adm: &Admitted, targets: &[Target]) -> Result<Option<Va
     let Some(crossing) = crossing else {
         return Ok(None);
     };
-    let tree = adm.tree();
-    let Some(json) = tree.as_deref() else {
-        log::error!("a translated endpoint was admitted without a JSON body");
-        return Err(ApiError::ServerError);
-    };
+    let tree = adm.tree_for_rewrite()?;
+    let json = tree.as_ref();
     let translated = match crossing {
         Crossing::Native => return Ok(None),
         Crossing::ChatToMessages => {
