@@ -443,6 +443,15 @@ fn spawn_drain_monitor(
         let deadline = Instant::now() + drain;
         // Give accepted connections a moment to reach request_filter.
         tokio::time::sleep(Duration::from_millis(100)).await;
+        // Shortly before the deadline, relays still running end their answers with an error
+        // in the client's style (a stream dropped by the runtime would just stop).
+        let cut_at = deadline - drain.min(Duration::from_millis(500));
+        while IN_FLIGHT.load(Ordering::Acquire) > 0 && Instant::now() < cut_at {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if IN_FLIGHT.load(Ordering::Acquire) > 0 {
+            crate::proxy::settle::cut_in_flight();
+        }
         while IN_FLIGHT.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

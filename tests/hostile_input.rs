@@ -441,3 +441,188 @@ async fn deep_nesting_odd_emails_and_smuggled_query_keys_answer_400() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+const FAILING_MODELS: &str = r#"
+[[models]]
+id = "cutter"
+provider = "mock"
+upstream_model = "cut"
+
+[[models]]
+id = "broken"
+provider = "mock"
+upstream_model = "midstream-error"
+
+[[models]]
+id = "claude-cut"
+provider = "mock-anthropic"
+upstream_model = "cut"
+
+[[models]]
+id = "claude-broken"
+provider = "mock-anthropic"
+upstream_model = "midstream-error"
+"#;
+
+/// A non-streamed answer cut mid-body is recorded as a 502 upstream error (not the 200 its
+/// header announced), and a provider `error` event mid-stream settles as `upstream_error` with
+/// the provider's own code, plain or translated.
+#[tokio::test]
+async fn cut_bodies_and_midstream_errors_are_recorded_as_upstream_errors() {
+    use common::*;
+    let mock = Mock::start(&["--chunks", "6"]);
+    let gw = Gateway::start(
+        &mock,
+        Options {
+            extra_toml: FAILING_MODELS.into(),
+            ..Options::default()
+        },
+    );
+    let key = gw.user_with_key("cuts@example.com", &[]);
+    let c = client();
+    let post = |path: &str, body: Value| c.post(gw.url(path)).bearer_auth(&key).json(&body).send();
+    let chat = |model: &str, stream: bool| {
+        serde_json::json!({"model": model, "stream": stream,
+            "messages": [{"role": "user", "content": "hi"}]})
+    };
+    let messages = |model: &str, stream: bool| {
+        serde_json::json!({"model": model, "stream": stream, "max_tokens": 64,
+            "messages": [{"role": "user", "content": "hi"}]})
+    };
+
+    // Non-streamed, relayed byte for byte: the client sees a truncated body.
+    let r = post("/v1/chat/completions", chat("cutter", false))
+        .await
+        .unwrap();
+    assert!(r.bytes().await.is_err(), "the client sees the truncation");
+    // Non-streamed, translated (held whole): a 502 in the client's shape.
+    let r = post("/v1/chat/completions", chat("claude-cut", false))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 502);
+    r.bytes().await.unwrap();
+    let events = gw.wait_usage(2).await;
+    assert_eq!(events.len(), 2, "{events:#?}");
+    for e in &events {
+        assert_eq!(e["status"], 502, "{e}");
+        assert_eq!(e["error_code"], "upstream_error", "{e}");
+        assert!(
+            e["settlement"]
+                .as_str()
+                .unwrap()
+                .ends_with(":upstream_error"),
+            "{e}"
+        );
+    }
+
+    // Mid-stream provider errors, plain and translated both ways.
+    for (path, body, code) in [
+        ("/v1/chat/completions", chat("broken", true), "server_error"),
+        (
+            "/v1/messages",
+            messages("claude-broken", true),
+            "overloaded_error",
+        ),
+        ("/v1/messages", messages("broken", true), "server_error"),
+        (
+            "/v1/chat/completions",
+            chat("claude-broken", true),
+            "overloaded_error",
+        ),
+    ] {
+        let before = gw.usage_events().await.len();
+        let r = post(path, body).await.unwrap();
+        assert_eq!(r.status(), 200);
+        let text = r.text().await.unwrap_or_default();
+        assert!(text.contains("rror"), "the client sees the error: {text}");
+        let events = gw.wait_usage(before + 1).await;
+        let e = events.last().unwrap();
+        assert_eq!(events.len(), before + 1, "{events:#?}");
+        assert!(
+            e["settlement"]
+                .as_str()
+                .unwrap()
+                .ends_with(":upstream_error"),
+            "{path} {code}: {e}"
+        );
+        assert_eq!(e["error_code"], code, "{path}: {e}");
+    }
+}
+
+/// Streams still running when the shutdown drain ends get a terminal error event in their
+/// style (not a silent stop), and are recorded once as aborted.
+#[tokio::test]
+async fn streams_cut_by_the_end_of_the_drain_end_with_an_error_event() {
+    use common::*;
+    let mock = Mock::start(&["--chunks", "40", "--chunk-delay-ms", "200"]);
+    let mut gw = Gateway::start(&mock, Options::default());
+    let key = gw.user_with_key("drain@example.com", &[]);
+    gw.kill();
+    let text = std::fs::read_to_string(&gw.config_path).unwrap();
+    std::fs::write(
+        &gw.config_path,
+        text.replace("shutdown_drain_seconds = 5", "shutdown_drain_seconds = 1"),
+    )
+    .unwrap();
+    gw.spawn();
+    let c = client();
+    let mut streams = Vec::new();
+    for (path, model, style_b) in [
+        ("/v1/chat/completions", "mock-gpt", false),
+        ("/v1/messages", "claude-mock", true),
+        ("/v1/chat/completions", "claude-mock", false),
+        ("/v1/messages", "mock-gpt", true),
+    ] {
+        let mut r = c
+            .post(gw.url(path))
+            .bearer_auth(&key)
+            .json(
+                &serde_json::json!({"model": model, "stream": true, "max_tokens": 64,
+                "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let first = r.chunk().await.unwrap().unwrap_or_default();
+        streams.push((path, model, style_b, first, r));
+    }
+    let mut stopping = std::process::Command::new("kill");
+    stopping.args(["-TERM", &gw.pid().unwrap().to_string()]);
+    assert!(stopping.status().unwrap().success());
+    for (path, model, style_b, first, mut r) in streams {
+        let mut text = String::from_utf8_lossy(&first).into_owned();
+        while let Ok(Some(chunk)) = r.chunk().await {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        let tail: String = text
+            .chars()
+            .rev()
+            .take(400)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        if style_b {
+            assert!(
+                tail.contains("event: error") && tail.contains("\"type\":\"error\""),
+                "{path} {model}: {tail}"
+            );
+        } else {
+            assert!(tail.contains("\"error\":{"), "{path} {model}: {tail}");
+        }
+    }
+    // Restarted, every stream is recorded exactly once as aborted.
+    gw.terminate();
+    gw.spawn();
+    let events = gw.wait_usage(4).await;
+    assert_eq!(events.len(), 4, "{events:#?}");
+    for e in &events {
+        assert!(
+            e["settlement"].as_str().unwrap().ends_with(":aborted"),
+            "{e}"
+        );
+        assert_eq!(e["error_code"], "shutting_down", "{e}");
+        assert!(e["output_tokens"].as_i64().unwrap() >= 1, "{e}");
+    }
+}

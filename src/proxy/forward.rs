@@ -411,6 +411,8 @@ pub async fn forward(
         flight.mark_first_byte();
     }
 
+    let cut = crate::proxy::settle::drain_cut();
+    tokio::pin!(cut);
     let reason = loop {
         tokio::select! {
             chunk = ex.next_chunk() => {
@@ -452,6 +454,7 @@ pub async fn forward(
                     break Reason::ClientDisconnect;
                 }
             }
+            () = &mut cut => break Reason::Aborted,
         }
     };
 
@@ -517,6 +520,12 @@ pub async fn forward(
                 let _ = session.write_response_body(None, true).await;
             }
             (Reason::UpstreamError, Some("upstream_error"))
+        }
+        Reason::Aborted => {
+            // The shutdown drain ended: the answer was closed with an error (above).
+            state.upstreams.abort(ex).await;
+            let _ = session.write_response_body(None, true).await;
+            (Reason::Aborted, Some("shutting_down"))
         }
         other => {
             state.upstreams.abort(ex).await;

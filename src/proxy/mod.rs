@@ -299,11 +299,13 @@ impl DevApi {
         }
         match result {
             Ok(outcome) => {
-                ctx.status = outcome.status;
-                ctx.error_code = outcome.error_code;
+                let (status, reason, error_code) =
+                    flight.judge(outcome.status, outcome.reason, outcome.error_code);
+                ctx.status = status;
+                ctx.error_code = error_code;
                 ctx.deployment = flight.event.deployment.clone();
                 ctx.ttfb_ms = flight.event.ttfb_ms;
-                let used = flight.finish(outcome.status, outcome.reason, outcome.error_code);
+                let used = flight.finish(status, reason, error_code);
                 ctx.input_tokens = used.input_tokens;
                 ctx.output_tokens = used.output_tokens;
                 Ok(())

@@ -115,6 +115,32 @@ impl InFlight {
         }
     }
 
+    /// What the request's outcome is recorded as, from what the relay saw:
+    /// - a stream the provider broke with an `error` event settles as `upstream_error` with the
+    ///   provider's error code (the stream itself may have ended cleanly after it);
+    /// - a non-streamed answer cut mid-body is a 502, not the 200 its header announced.
+    pub fn judge(
+        &self,
+        status: u16,
+        reason: Reason,
+        error_code: Option<&'static str>,
+    ) -> (u16, Reason, Option<&'static str>) {
+        let provider_error = self
+            .tracker
+            .as_ref()
+            .filter(|t| t.error_event().is_some())
+            .map(|t| t.error_code().map_or("upstream_error", provider_code));
+        match (reason, provider_error) {
+            (Reason::Complete | Reason::UpstreamError, Some(code)) => {
+                (status, Reason::UpstreamError, Some(code))
+            }
+            (Reason::UpstreamError, None) if self.tracker.is_none() && status < 400 => {
+                (502, reason, error_code)
+            }
+            _ => (status, reason, error_code),
+        }
+    }
+
     /// Settles and records. Consumes the guard so it cannot run twice.
     pub fn finish(
         mut self,
@@ -203,6 +229,54 @@ impl Drop for InFlight {
             self.complete(Reason::Aborted);
         }
     }
+}
+
+/// Most distinct provider error codes kept; later new ones are recorded as `upstream_error`.
+const MAX_PROVIDER_CODES: usize = 256;
+
+/// The provider's error code as a `&'static str` (the event's type): each distinct code is
+/// leaked once, and only plain names up to a bounded count, since providers choose them.
+fn provider_code(code: &str) -> &'static str {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let plain = !code.is_empty()
+        && code.len() <= 64
+        && code
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if !plain {
+        return "upstream_error";
+    }
+    let mut seen = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(known) = seen.get(code) {
+        return known;
+    }
+    if seen.len() >= MAX_PROVIDER_CODES {
+        return "upstream_error";
+    }
+    let leaked: &'static str = Box::leak(code.to_owned().into_boxed_str());
+    seen.insert(leaked);
+    leaked
+}
+
+/// Set when the shutdown drain is about to end: relays still running stop and end their
+/// answers with an error in the client's style, instead of being dropped mid-stream.
+static DRAIN_CUT: std::sync::LazyLock<tokio::sync::watch::Sender<bool>> =
+    std::sync::LazyLock::new(|| tokio::sync::watch::channel(false).0);
+
+/// Asks every running relay to end now (the drain deadline is near).
+pub fn cut_in_flight() {
+    DRAIN_CUT.send_replace(true);
+}
+
+/// Resolves once [`cut_in_flight`] was called.
+pub async fn drain_cut() {
+    let mut rx = DRAIN_CUT.subscribe();
+    let _ = rx.wait_for(|cut| *cut).await;
 }
 
 /// A fresh usage event for an admitted request.

@@ -387,7 +387,8 @@ impl Shaper {
                 _ => shape.event(&ev, verdict, &mut out),
             }
         }
-        shape.end(reason == Reason::UpstreamError, self.style_b, &mut out);
+        let cut = matches!(reason, Reason::UpstreamError | Reason::Aborted);
+        shape.end(cut, self.style_b, &mut out);
         out.freeze()
     }
 

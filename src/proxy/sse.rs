@@ -374,6 +374,8 @@ pub struct StreamUsageTracker {
     anthropic: AnthropicParts,
     terminal: bool,
     error: Option<String>,
+    /// The provider's code (or type) of that error, e.g. `overloaded_error`.
+    error_code: Option<String>,
     delivered: String,
     delivered_truncated: bool,
     /// The `data` of the chat chunks not read yet (see [`Self::observe`]), back to back in
@@ -416,6 +418,7 @@ impl StreamUsageTracker {
             anthropic: AnthropicParts::default(),
             terminal: false,
             error: None,
+            error_code: None,
             delivered: String::new(),
             delivered_truncated: false,
             deferred: String::new(),
@@ -524,6 +527,12 @@ impl StreamUsageTracker {
     /// The first error the provider reported mid-stream, if any.
     pub fn error_event(&self) -> Option<String> {
         self.error.clone()
+    }
+
+    /// The code (or, lacking one, the type) of the first error the provider reported
+    /// mid-stream, as the provider spelled it.
+    pub fn error_code(&self) -> Option<&str> {
+        self.error_code.as_deref()
     }
 
     /// What the client was actually sent, for estimating output when the
@@ -724,6 +733,11 @@ impl StreamUsageTracker {
             return;
         }
         let err = json.get("error").filter(|e| !e.is_null()).unwrap_or(json);
+        self.error_code = ["code", "type"]
+            .iter()
+            .filter_map(|k| err.get(*k).and_then(Value::as_str))
+            .find(|c| !c.is_empty() && *c != "error")
+            .map(|c| truncate_to(c.to_owned(), 64));
         let msg = match err {
             Value::String(s) => s.clone(),
             _ => match err.get("message").and_then(Value::as_str) {
@@ -1590,6 +1604,7 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
             r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
         ));
         assert_eq!(t.error_event().as_deref(), Some("Overloaded"));
+        assert_eq!(t.error_code(), Some("overloaded_error"));
         assert!(!t.saw_terminal());
         assert!(t.usage().is_none());
     }
