@@ -58,12 +58,15 @@ pub struct Segment {
     bytes: AtomicU64,
     opened: Instant,
     retired: AtomicBool,
+    /// Set when a line's holder went away without its event being committed (a settlement
+    /// task dropped at exit): the file must then stay for the next start's replay.
+    keep: AtomicBool,
     warned: AtomicBool,
 }
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        if self.retired.load(Ordering::Acquire) {
+        if self.retired.load(Ordering::Acquire) && !self.keep.load(Ordering::Acquire) {
             if let Err(e) = std::fs::remove_file(&self.path) {
                 log::warn!("usage journal: cannot remove {}: {e}", self.path.display());
             }
@@ -71,19 +74,44 @@ impl Drop for Segment {
     }
 }
 
-/// The segments an event's lines are in; dropped once the event is committed.
+/// A journal line whose event is not committed yet: keeps its segment on disk. Let go with
+/// [`Hold::release`] once the event is committed; dropped otherwise (the process is ending with
+/// the event unwritten), it marks the segment to be kept for the next start's replay.
+pub struct Hold {
+    segment: Arc<Segment>,
+    released: bool,
+}
+
+impl Hold {
+    pub fn release(mut self) {
+        self.released = true;
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if !self.released {
+            self.segment.keep.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// The lines of one queued event: its admission and its settlement.
 #[derive(Default)]
 pub struct Mark {
-    _admitted: Option<Arc<Segment>>,
-    _settled: Option<Arc<Segment>>,
+    admitted: Option<Hold>,
+    settled: Option<Hold>,
 }
 
 impl Mark {
-    pub fn new(admitted: Option<Arc<Segment>>, settled: Option<Arc<Segment>>) -> Mark {
-        Mark {
-            _admitted: admitted,
-            _settled: settled,
-        }
+    pub fn new(admitted: Option<Hold>, settled: Option<Hold>) -> Mark {
+        Mark { admitted, settled }
+    }
+
+    /// The event is committed: its lines are no longer needed.
+    pub fn release(self) {
+        self.admitted.map(Hold::release);
+        self.settled.map(Hold::release);
     }
 }
 
@@ -157,8 +185,8 @@ impl Journal {
         })
     }
 
-    /// Appends the admission line; returns the segment it went to.
-    pub fn admit(&self, e: &UsageEvent, input_estimate: u64) -> Arc<Segment> {
+    /// Appends the admission line; the hold keeps its segment until the event is committed.
+    pub fn admit(&self, e: &UsageEvent, input_estimate: u64) -> Hold {
         let line = Line::Admitted(Admission {
             id: &e.id,
             user_id: &e.user_id,
@@ -172,8 +200,8 @@ impl Journal {
         self.append(&line)
     }
 
-    /// Appends the settled event; returns the segment it went to.
-    pub fn settle(&self, e: &UsageEvent) -> Arc<Segment> {
+    /// Appends the settled event; the hold keeps its segment until the event is committed.
+    pub fn settle(&self, e: &UsageEvent) -> Hold {
         let paid = e.breakdown.as_ref().map(|b| Paid {
             at_ms: b.at_ms,
             allowance_tokens: b.allowance_tokens,
@@ -207,7 +235,7 @@ impl Journal {
     }
 
     /// One `write(2)` of one line: on an `O_APPEND` file concurrent appends do not interleave.
-    fn append(&self, line: &Line<'_>) -> Arc<Segment> {
+    fn append(&self, line: &Line<'_>) -> Hold {
         let seg = self.current.load_full();
         let mut buf = Vec::with_capacity(320);
         // Serialising plain fields into a Vec cannot fail.
@@ -226,7 +254,10 @@ impl Journal {
                 }
             }
         }
-        seg
+        Hold {
+            segment: seg,
+            released: false,
+        }
     }
 
     /// Syncs what was appended since the last tick and rotates the segment when it is big or
@@ -292,6 +323,7 @@ impl Segment {
             bytes: AtomicU64::new(0),
             opened: Instant::now(),
             retired: AtomicBool::new(false),
+            keep: AtomicBool::new(false),
             warned: AtomicBool::new(false),
         })
     }
@@ -579,14 +611,26 @@ mod tests {
         let base = dir.path().join("j");
         let j = Journal::open(base.clone(), lock(&base).expect("lock"), 0).expect("open");
         let held = j.admit(&event("evt_1"), 1);
-        let path = held.path.clone();
+        let unwritten = j.admit(&event("evt_2"), 1);
+        let path = held.segment.path.clone();
         // Force a rotation.
-        held.bytes.store(SEGMENT_BYTES, Ordering::Relaxed);
+        held.segment.bytes.store(SEGMENT_BYTES, Ordering::Relaxed);
         j.tick();
         j.tick();
         assert!(path.exists(), "an event still mentions it");
-        drop(held);
+        held.release();
+        assert!(path.exists(), "another event still mentions it");
+        unwritten.release();
         assert!(!path.exists());
         assert_eq!(segments(&base).expect("segments").len(), 1);
+
+        // A hold dropped without its event committed (the process ending) keeps its segment.
+        let lost = j.admit(&event("evt_3"), 1);
+        let path = lost.segment.path.clone();
+        lost.segment.bytes.store(SEGMENT_BYTES, Ordering::Relaxed);
+        j.tick();
+        j.tick();
+        drop(lost);
+        assert!(path.exists());
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::{oneshot, Notify};
 
-use crate::journal::{Journal, Mark, Segment};
+use crate::journal::{Hold, Journal, Mark};
 use crate::storage::{Db, UsageEvent};
 
 /// Handle used by the request path. Cloning is cheap.
@@ -77,7 +77,7 @@ impl UsageSink {
 
     /// Journals an admitted request (one append); the returned segment goes back with the
     /// event to [`record`](Self::record).
-    pub fn admit(&self, event: &UsageEvent, input_estimate: u64) -> Option<Arc<Segment>> {
+    pub fn admit(&self, event: &UsageEvent, input_estimate: u64) -> Option<Hold> {
         self.inner
             .journal
             .as_ref()
@@ -85,7 +85,7 @@ impl UsageSink {
     }
 
     /// Journals the settled event (one append) and queues it; never blocks on the database.
-    pub fn record(&self, event: UsageEvent, admitted: Option<Arc<Segment>>) {
+    pub fn record(&self, event: UsageEvent, admitted: Option<Hold>) {
         let settled = self.inner.journal.as_ref().map(|j| j.settle(&event));
         self.inner.queued.fetch_add(1, Ordering::Relaxed);
         let full = {
@@ -154,7 +154,7 @@ async fn run_writer(inner: Arc<Inner>, db: Db, every: Duration) {
             let more = events.len() == inner.batch;
             write_all(&db, &mut events, &inner.written).await;
             // Committed: their journal lines are no longer needed.
-            drop(marks);
+            marks.into_iter().for_each(Mark::release);
             for w in waiters {
                 let _ = w.send(());
             }

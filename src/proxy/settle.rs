@@ -5,10 +5,9 @@
 //! panic unwinding), `Drop` settles with what was counted up to that point. Either way one usage
 //! event is recorded and the reservation is settled once.
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use crate::journal::Segment;
+use crate::journal::Hold;
 use crate::proxy::sse::{StreamUsageTracker, Usage};
 use crate::quota::{Reservation, Used};
 use crate::state::SharedState;
@@ -79,7 +78,7 @@ pub struct InFlight {
     /// answers and failures before the provider saw the request).
     pub charge_input_estimate: bool,
     /// The journal segment holding the admission line (kept until the event is committed).
-    admitted: Option<Arc<Segment>>,
+    admitted: Option<Hold>,
     done: bool,
 }
 
@@ -310,7 +309,7 @@ fn settle_and_record(
     r: Reservation,
     used: Used,
     mut event: UsageEvent,
-    admitted: Option<Arc<Segment>>,
+    admitted: Option<Hold>,
 ) {
     let engine = state.quota.clone();
     match engine.settle_now(r.ticket, used) {
