@@ -179,6 +179,11 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
         Some(path) => {
             let (journal, _) = rt.block_on(crate::journal::replay(path.clone(), &db))?;
             journal.spawn_syncer(cfg.storage.usage_flush);
+            rt.spawn(
+                journal
+                    .clone()
+                    .sweep_every(db.clone(), Duration::from_secs(5)),
+            );
             Some(journal)
         }
         None => None,

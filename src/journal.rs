@@ -7,17 +7,17 @@
 //! answer completes and a killed process loses none of it. A background thread `fdatasync`s the
 //! file every sync interval, so a machine crash loses at most that window.
 //!
-//! The journal is cut into numbered segments (`<path>.<n>`). A segment is deleted once it has
+//! Each process writes its own numbered segments (`<path>.<owner>.<n>`, `owner` drawn at start)
+//! and holds a lock on `<path>.<owner>.lock` while it lives. The journal is cut into segments. A segment is deleted once it has
 //! been rotated out and every event it mentions has been committed to the database: each queued
 //! event holds the segments of its admission and of its settlement ([`Mark`]) until the usage
-//! writer commits it. At start, [`replay`] reads the segments left behind, records every settled
-//! event (idempotent by event id: the database skips ids it has) and every admission without a
-//! settlement as `counted:interrupted`, then deletes them.
-//!
-//! A lock file (`<path>.lock`) keeps two processes from sharing one journal: each instance needs
-//! its own path.
+//! writer commits it. At start (and every few seconds after), the segments of processes whose
+//! lock is free (they ended) are read: every settled event is recorded (idempotent by event id:
+//! the database skips ids it has) and every admission without a settlement as
+//! `counted:interrupted`, then they are deleted. A live process's segments (the old process of
+//! a graceful upgrade, still draining) are left to it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -40,13 +40,16 @@ pub const INTERRUPTED: &str = "counted:interrupted";
 
 pub struct Journal {
     base: PathBuf,
+    /// This process's name in its segment and lock file names.
+    owner: String,
     current: ArcSwap<Segment>,
     /// The segment rotated out at the last tick: synced once more (a request may have appended
     /// to it after the rotation), then let go.
     previous: Mutex<Option<Arc<Segment>>>,
     next_seq: AtomicU64,
     dirty: AtomicBool,
-    /// Held for the life of the process: the `flock` on `<path>.lock`.
+    /// Held for the life of the process: the `flock` on `<path>.<owner>.lock`, which tells
+    /// other processes these segments are not to be swept.
     _lock: File,
 }
 
@@ -171,15 +174,15 @@ enum Line<'a> {
 }
 
 impl Journal {
-    /// Opens a fresh segment after `after` (the highest one replayed), holding the lock taken by
-    /// [`lock`].
-    fn open(base: PathBuf, lock: File, after: u64) -> Result<Journal, String> {
-        let first = Segment::create(&base, after + 1)?;
+    /// Opens `owner`'s first segment, holding its lock.
+    fn open(base: PathBuf, owner: String, lock: File) -> Result<Journal, String> {
+        let first = Segment::create(&base, &owner, 1)?;
         Ok(Journal {
             base,
+            owner,
             current: ArcSwap::from_pointee(first),
             previous: Mutex::new(None),
-            next_seq: AtomicU64::new(after + 2),
+            next_seq: AtomicU64::new(2),
             dirty: AtomicBool::new(false),
             _lock: lock,
         })
@@ -280,7 +283,7 @@ impl Journal {
         let bytes = seg.bytes.load(Ordering::Relaxed);
         if bytes >= SEGMENT_BYTES || (bytes > 0 && seg.opened.elapsed() >= SEGMENT_AGE) {
             let n = self.next_seq.fetch_add(1, Ordering::Relaxed);
-            match Segment::create(&self.base, n) {
+            match Segment::create(&self.base, &self.owner, n) {
                 Ok(next) => {
                     let old = self.current.swap(Arc::new(next));
                     old.retired.store(true, Ordering::Release);
@@ -310,8 +313,8 @@ impl Journal {
 }
 
 impl Segment {
-    fn create(base: &Path, n: u64) -> Result<Segment, String> {
-        let path = segment_path(base, n);
+    fn create(base: &Path, owner: &str, n: u64) -> Result<Segment, String> {
+        let path = segment_path(base, owner, n);
         let file = OpenOptions::new()
             .create(true)
             .append(true)
@@ -329,14 +332,25 @@ impl Segment {
     }
 }
 
-fn segment_path(base: &Path, n: u64) -> PathBuf {
+fn owned_path(base: &Path, owner: &str, tail: &str) -> PathBuf {
     let mut name = base.as_os_str().to_owned();
-    name.push(format!(".{n:08}"));
+    name.push(format!(".{owner}.{tail}"));
     PathBuf::from(name)
 }
 
-/// The segments of `base` on disk, oldest first.
-fn segments(base: &Path) -> Result<Vec<(u64, PathBuf)>, String> {
+fn segment_path(base: &Path, owner: &str, n: u64) -> PathBuf {
+    owned_path(base, owner, &format!("{n:08}"))
+}
+
+fn lock_path(base: &Path, owner: &str) -> PathBuf {
+    owned_path(base, owner, "lock")
+}
+
+/// Segments on disk under `base`, by owning process, oldest first; owners with only a lock
+/// file have an empty list.
+type Found = BTreeMap<String, Vec<(u64, PathBuf)>>;
+
+fn segments(base: &Path) -> Result<Found, String> {
     let dir = match base.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -345,34 +359,35 @@ fn segments(base: &Path) -> Result<Vec<(u64, PathBuf)>, String> {
         Some(n) => format!("{n}."),
         None => return Err(format!("bad usage journal path {}", base.display())),
     };
-    let mut found = Vec::new();
+    let mut found = Found::new();
     let entries =
         std::fs::read_dir(&dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(n) = name
+        let Some((owner, tail)) = name
             .to_str()
             .and_then(|s| s.strip_prefix(&prefix))
-            .and_then(|s| s.parse::<u64>().ok())
+            .and_then(|s| s.split_once('.'))
         else {
             continue;
         };
-        found.push((n, entry.path()));
+        if !owner.chars().all(|c| c.is_ascii_alphanumeric()) {
+            continue;
+        }
+        let group = found.entry(owner.to_owned()).or_default();
+        if let Ok(n) = tail.parse::<u64>() {
+            group.push((n, entry.path()));
+        }
     }
-    found.sort();
+    for group in found.values_mut() {
+        group.sort();
+    }
     Ok(found)
 }
 
-/// Takes the journal's lock (`<path>.lock`), creating the directory: a second process on the
-/// same path is refused, since each would replay and delete the other's segments.
-fn lock(base: &Path) -> Result<File, String> {
-    if let Some(dir) = base.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    }
-    let mut name = base.as_os_str().to_owned();
-    name.push(".lock");
-    let path = PathBuf::from(name);
+/// Opens and `flock`s `owner`'s lock file; `None` while its process holds it (it is alive).
+fn try_lock(base: &Path, owner: &str) -> Result<Option<File>, String> {
+    let path = lock_path(base, owner);
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -380,12 +395,8 @@ fn lock(base: &Path) -> Result<File, String> {
         .open(&path)
         .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(format!(
-            "storage.usage_journal: {} is in use by another gateway process; give each \
-             instance its own path",
-            base.display()
-        )),
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
         Err(std::fs::TryLockError::Error(e)) => Err(format!("cannot lock {}: {e}", path.display())),
     }
 }
@@ -397,43 +408,71 @@ pub struct Replayed {
     pub interrupted: usize,
 }
 
-/// Locks the journal at `base`, records what its segments hold (settled events as they were,
-/// admissions never settled as `counted:interrupted`), deletes them, and opens a fresh segment.
+/// Opens this process's journal at `base` after recording what dead processes left there.
 /// Runs at start, before any request is admitted.
 pub async fn replay(base: PathBuf, db: &Db) -> Result<(Arc<Journal>, Replayed), String> {
-    let lock = lock(&base)?;
-    let found = segments(&base)?;
-    let last = found.last().map(|(n, _)| *n).unwrap_or(0);
-    let mut events = Vec::new();
-    let mut replayed = Replayed::default();
-    if !found.is_empty() {
-        let (settled, interrupted) = read_segments(&found)?;
-        replayed = Replayed {
-            settled: settled.len(),
-            interrupted: interrupted.len(),
+    if let Some(dir) = base.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let owner = crate::util::random_base62(10);
+    let lock = try_lock(&base, &owner)?
+        .ok_or_else(|| format!("usage journal {}: cannot lock a fresh file", base.display()))?;
+    let replayed = sweep(&base, &owner, db).await?;
+    Ok((Arc::new(Journal::open(base, owner, lock)?), replayed))
+}
+
+/// Records the segments of every process that is gone (its lock is free: settled events as
+/// they were, admissions never settled as `counted:interrupted`) and deletes them. The
+/// segments of live processes (an older one draining during a graceful upgrade, another
+/// instance sharing the directory) are left alone.
+async fn sweep(base: &Path, own: &str, db: &Db) -> Result<Replayed, String> {
+    let mut total = Replayed::default();
+    for (owner, found) in segments(base)? {
+        if owner == own {
+            continue;
+        }
+        let Some(lock) = try_lock(base, &owner)? else {
+            continue;
         };
-        events.extend(settled);
-        events.extend(interrupted);
+        let (settled, interrupted) = read_segments(&found)?;
+        total.settled += settled.len();
+        total.interrupted += interrupted.len();
+        for chunk in settled.chunks(2000).chain(interrupted.chunks(2000)) {
+            db.usage()
+                .insert_batch(chunk)
+                .await
+                .map_err(|e| format!("usage journal replay: {e}"))?;
+        }
+        for (_, path) in &found {
+            std::fs::remove_file(path)
+                .map_err(|e| format!("cannot remove replayed {}: {e}", path.display()))?;
+        }
+        let _ = std::fs::remove_file(lock_path(base, &owner));
+        drop(lock);
     }
-    for chunk in events.chunks(2000) {
-        db.usage()
-            .insert_batch(chunk)
-            .await
-            .map_err(|e| format!("usage journal replay: {e}"))?;
-    }
-    for (_, path) in &found {
-        std::fs::remove_file(path)
-            .map_err(|e| format!("cannot remove replayed {}: {e}", path.display()))?;
-    }
-    if replayed.settled + replayed.interrupted > 0 {
+    if total.settled + total.interrupted > 0 {
         log::warn!(
-            "usage journal: recorded {} settled and {} interrupted requests left by a previous \
+            "usage journal: recorded {} settled and {} interrupted requests left by a stopped \
              process",
-            replayed.settled,
-            replayed.interrupted
+            total.settled,
+            total.interrupted
         );
     }
-    Ok((Arc::new(Journal::open(base, lock, last)?), replayed))
+    Ok(total)
+}
+
+impl Journal {
+    /// Every `every`, records what processes that have since ended left behind (the old
+    /// process of a graceful upgrade, killed or not). Runs until the process ends.
+    pub async fn sweep_every(self: Arc<Self>, db: Db, every: Duration) {
+        loop {
+            tokio::time::sleep(every).await;
+            if let Err(e) = sweep(&self.base, &self.owner, &db).await {
+                log::warn!("usage journal sweep: {e}");
+            }
+        }
+    }
 }
 
 /// Reads the segments into (settled events, interrupted admissions). A line that does not
@@ -443,7 +482,12 @@ fn read_segments(found: &[(u64, PathBuf)]) -> Result<(Vec<UsageEvent>, Vec<Usage
     let mut admitted: HashMap<String, UsageEvent> = HashMap::new();
     let mut skipped = 0usize;
     for (_, path) in found {
-        let file = File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let file = match File::open(path) {
+            Ok(f) => f,
+            // Swept by another process meanwhile.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        };
         for line in BufReader::new(file).split(b'\n') {
             let line = line.map_err(|e| format!("cannot read {}: {e}", path.display()))?;
             match serde_json::from_slice::<Line<'_>>(&line) {
@@ -581,7 +625,8 @@ mod tests {
     fn settled_lines_read_back_as_the_event_and_admissions_alone_as_interrupted() {
         let dir = tempfile::tempdir().expect("tempdir");
         let base = dir.path().join("usage.journal");
-        let j = Journal::open(base.clone(), lock(&base).expect("lock"), 0).expect("open");
+        let held = try_lock(&base, "a").expect("lock").expect("free");
+        let j = Journal::open(base.clone(), "a".into(), held).expect("open");
         let done = event("evt_done");
         let cut = event("evt_cut");
         let _a1 = j.admit(&done, 9);
@@ -593,7 +638,7 @@ mod tests {
             .expect("write");
         let found = segments(&base).expect("segments");
         assert_eq!(found.len(), 1);
-        let (settled, interrupted) = read_segments(&found).expect("read");
+        let (settled, interrupted) = read_segments(&found["a"]).expect("read");
         assert_eq!(settled, vec![done]);
         assert_eq!(interrupted.len(), 1);
         let i = &interrupted[0];
@@ -601,15 +646,16 @@ mod tests {
         assert_eq!(i.settlement, INTERRUPTED);
         assert_eq!(i.input_tokens, 11);
         assert_eq!(i.created_at, cut.created_at);
-        // A second process is refused the same journal.
-        assert!(lock(&base).is_err());
+        // Another process sees these segments as a live process's.
+        assert!(try_lock(&base, "a").expect("lock").is_none());
     }
 
     #[test]
     fn a_rotated_segment_is_deleted_when_its_last_event_is_let_go() {
         let dir = tempfile::tempdir().expect("tempdir");
         let base = dir.path().join("j");
-        let j = Journal::open(base.clone(), lock(&base).expect("lock"), 0).expect("open");
+        let lock = try_lock(&base, "b").expect("lock").expect("free");
+        let j = Journal::open(base.clone(), "b".into(), lock).expect("open");
         let held = j.admit(&event("evt_1"), 1);
         let unwritten = j.admit(&event("evt_2"), 1);
         let path = held.segment.path.clone();
@@ -622,7 +668,7 @@ mod tests {
         assert!(path.exists(), "another event still mentions it");
         unwritten.release();
         assert!(!path.exists());
-        assert_eq!(segments(&base).expect("segments").len(), 1);
+        assert_eq!(segments(&base).expect("segments")["b"].len(), 1);
 
         // A hold dropped without its event committed (the process ending) keeps its segment.
         let lost = j.admit(&event("evt_3"), 1);

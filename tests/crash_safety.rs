@@ -159,29 +159,70 @@ async fn kill_9_under_load_then_restart_records_every_admitted_request_once() {
     assert_eq!(after.len(), 46, "{after:#?}");
 }
 
+/// Two processes on one journal path (a graceful upgrade's old and new process) keep their own
+/// segments; what one left when it was killed is recorded by the other within seconds, without
+/// a restart.
 #[tokio::test]
-async fn a_second_process_on_the_same_journal_is_refused() {
+async fn a_live_process_records_what_a_killed_one_left_in_the_journal() {
     let mock = Mock::start(&[]);
-    let gw = Gateway::start(&mock, options());
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"))
+    let mut gw = Gateway::start(&mock, options());
+    let key = gw.user_with_key("pair@example.com", &[]);
+    gw.kill();
+    hold_events_in_memory(&gw);
+    gw.spawn();
+    let first_api = gw.api.clone();
+    let first = gw.pid().unwrap();
+
+    // A second process on the same config and journal path.
+    let mut second = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"))
         .arg("--config")
         .arg(&gw.config_path)
         .arg("serve")
         .envs(gw.env.iter().map(|(k, v)| (k, v)))
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
         .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("storage.usage_journal") && stderr.contains("in use"),
-        "{stderr}"
-    );
-    // The running instance keeps working.
-    let r = client()
-        .get(gw.url("/health"))
-        .timeout(Duration::from_secs(5))
-        .send()
-        .await
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(second.stdout.take().unwrap()).lines();
+    let ready = lines.next().unwrap().unwrap();
+    let second_api = ready
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("api="))
+        .map(|a| format!("http://{a}"))
         .unwrap();
-    assert_eq!(r.status(), 200);
+    let c = client();
+    for api in [&first_api, &second_api] {
+        let r = c
+            .post(format!("{api}/v1/chat/completions"))
+            .bearer_auth(&key)
+            .json(&chat(false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    // Each holds its events in memory; the second dies.
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &second.id().to_string()])
+        .status();
+    let _ = second.wait();
+    assert_eq!(gw.pid(), Some(first));
+    let mut events = Vec::new();
+    for _ in 0..80 {
+        events = gw.usage_events().await;
+        if !events.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert_eq!(events.len(), 1, "the killed process's request: {events:#?}");
+    assert_eq!(events[0]["settlement"], "provider:complete");
+    // The live process's own event is still only in its memory and journal; a kill and a
+    // start record it too, once.
+    gw.kill();
+    gw.spawn();
+    let events = gw.usage_events().await;
+    assert_eq!(events.len(), 2, "{events:#?}");
 }

@@ -95,7 +95,7 @@ pub struct StorageFile {
     pub database_timeout_ms: Option<u64>,
 
     /// The crash-safety journal of usage events (default `<secrets.dir>/usage.journal`; empty
-    /// turns it off). One path per instance.
+    /// turns it off). Processes may share it: each writes its own segments.
     pub usage_journal: Option<String>,
 }
 
