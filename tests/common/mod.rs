@@ -426,11 +426,6 @@ impl Gateway {
         self.signal_and_wait("-TERM")
     }
 
-    /// The running process's id (to signal it without waiting for it to exit).
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
     /// SIGKILL: no chance to flush or settle.
     pub fn kill(&mut self) {
         self.signal_and_wait("-KILL");
