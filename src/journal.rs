@@ -113,8 +113,10 @@ impl Mark {
 
     /// The event is committed: its lines are no longer needed.
     pub fn release(self) {
-        self.admitted.map(Hold::release);
-        self.settled.map(Hold::release);
+        self.admitted
+            .into_iter()
+            .chain(self.settled)
+            .for_each(Hold::release);
     }
 }
 
