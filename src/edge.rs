@@ -221,7 +221,7 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
     for p in cfg.providers.values() {
         if let (Some(var), None) = (&p.api_key_env, &p.api_key) {
             log::warn!(
-                "provider {}: {var} is not set; requests go without a credential",
+                "provider {}: {var} is not set; its deployments are not tried",
                 p.name
             );
         }
@@ -242,6 +242,7 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
         upstreams: UpstreamPool::new(),
         routing: Routing::new(),
     });
+    state.routing.register(&state.config());
     let sweeper = state.clone();
     rt.spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(10));

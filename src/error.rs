@@ -40,6 +40,9 @@ pub enum ApiError {
     /// 503: the balance store (Redis under `redis_outage = "refuse"`, or the database) did not
     /// answer within its deadline; retrying shortly may succeed.
     QuotaUnavailable,
+    /// `routing_unavailable` with the reason: the deployments tried failed without an answer
+    /// to pass on, or none could be tried (no credential, none serving the endpoint).
+    RouteFailed(String),
     ServerError,
     /// 400 for malformed requests: missing `model`, non-JSON body, bad field.
     InvalidRequest {
@@ -70,7 +73,9 @@ impl ApiError {
             | ApiError::InsufficientScope
             | ApiError::ModelNotAllowed(_) => 403,
             ApiError::InsufficientQuota | ApiError::RateLimited { .. } => 429,
-            ApiError::RoutingUnavailable | ApiError::ProviderAuthFailed => 502,
+            ApiError::RoutingUnavailable
+            | ApiError::ProviderAuthFailed
+            | ApiError::RouteFailed(_) => 502,
             ApiError::ServerError => 500,
             ApiError::PayloadTooLarge => 413,
             ApiError::MethodNotAllowed => 405,
@@ -93,7 +98,7 @@ impl ApiError {
             ApiError::ContextWindowExceeded { .. } => "context_window_exceeded",
             ApiError::InsufficientQuota => "insufficient_quota",
             ApiError::RateLimited { .. } => "rate_limit_exceeded",
-            ApiError::RoutingUnavailable => "routing_unavailable",
+            ApiError::RoutingUnavailable | ApiError::RouteFailed(_) => "routing_unavailable",
             ApiError::ProviderAuthFailed => "provider_auth_failed",
             ApiError::QuotaUnavailable => "quota_unavailable",
             ApiError::ServerError => "server_error",
@@ -151,6 +156,9 @@ impl ApiError {
             ApiError::ProviderAuthFailed => "The provider refused the gateway's own credential for this model. Your API key is fine; the operator has to fix the provider credential.".into(),
             ApiError::QuotaUnavailable => {
                 "Quota accounting is temporarily unavailable; retry shortly.".into()
+            }
+            ApiError::RouteFailed(why) => {
+                format!("The model route is temporarily unavailable: {why}.")
             }
             ApiError::ServerError => "The request could not be completed.".into(),
             ApiError::InvalidRequest { message, .. } => message.clone(),

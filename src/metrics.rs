@@ -3,7 +3,8 @@
 use std::sync::LazyLock;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
@@ -100,6 +101,36 @@ pub static RELOADS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+pub static DEPLOYMENT_EJECTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "gateway_deployment_ejections_total",
+        "Deployments taken out of the rotation, by the failure that did it (or retry_after).",
+        &["deployment", "reason"],
+    )
+});
+
+#[allow(clippy::expect_used)]
+pub static DEPLOYMENT_HEALTHY: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    let g = IntGaugeVec::new(
+        Opts::new(
+            "gateway_deployment_healthy",
+            "1 while a deployment is in good standing; 0 from its ejection to its next success.",
+        ),
+        &["deployment"],
+    )
+    .expect("valid gauge definition");
+    let _ = REGISTRY.register(Box::new(g.clone()));
+    g
+});
+
+pub static UPSTREAM_ATTEMPTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "gateway_upstream_attempts_total",
+        "Requests sent to a deployment, by how the answer began (ok, request_error or the failure).",
+        &["deployment", "outcome"],
+    )
+});
+
 pub fn config_reload(result: &str) {
     RELOADS.with_label_values(&[result]).inc();
 }
@@ -122,6 +153,9 @@ pub fn init() {
     LazyLock::force(&WEBHOOK_ITEMS);
     LazyLock::force(&SIGNIN);
     LazyLock::force(&RELOADS);
+    LazyLock::force(&DEPLOYMENT_EJECTIONS);
+    LazyLock::force(&DEPLOYMENT_HEALTHY);
+    LazyLock::force(&UPSTREAM_ATTEMPTS);
 }
 
 /// The Prometheus text exposition of everything registered.
@@ -146,12 +180,22 @@ mod tests {
         super::LATENCY
             .with_label_values(&["chat_completions"])
             .observe(0.01);
+        super::DEPLOYMENT_HEALTHY.with_label_values(&["p/m"]).set(1);
+        super::DEPLOYMENT_EJECTIONS
+            .with_label_values(&["p/m", "timeout"])
+            .inc();
+        super::UPSTREAM_ATTEMPTS
+            .with_label_values(&["p/m", "ok"])
+            .inc();
         let text = super::render();
         for name in [
             "gateway_requests_total",
             "gateway_request_duration_seconds",
             "gateway_reservations_in_flight",
             "gateway_config_reloads_total",
+            "gateway_deployment_healthy",
+            "gateway_deployment_ejections_total",
+            "gateway_upstream_attempts_total",
         ] {
             assert!(text.contains(name), "{name} missing in {text}");
         }

@@ -5,7 +5,8 @@
 //! lets tests provoke failures through the request's `model` value or an
 //! `x-mock-status` header. Every request can be recorded in memory and read
 //! back through `/__mock/requests`, so tests can prove what the gateway sent
-//! upstream. It doubles as the benchmark baseline, hence plain hyper, small
+//! upstream. `POST /__mock/fail` scripts the next few answers' status (a
+//! provider failing N times, then well again). It doubles as the benchmark baseline, hence plain hyper, small
 //! request parsing, and hand-formatted hot-path stream deltas.
 //!
 //! On start it prints `LISTENING <addr>` on stdout so a parent process can
@@ -132,6 +133,23 @@ struct State {
     /// Connections accepted: tests check that the gateway reuses its provider connections.
     connections: AtomicU64,
     by_path: Mutex<HashMap<String, u64>>,
+    /// Failures scripted through `/__mock/fail`, served before anything else.
+    scripted: Mutex<Option<Scripted>>,
+}
+
+/// `POST /__mock/fail {"status":500,"count":1,"retry_after":2}`: the next `count` model
+/// requests (default 1) are answered with `status`, with `retry-after: <retry_after>` when given;
+/// `DELETE /__mock/fail` cancels. Lets a test make a provider fail a set number of times.
+#[derive(Deserialize, Debug, Clone, Copy)]
+struct Scripted {
+    status: u16,
+    #[serde(default = "one")]
+    count: u64,
+    retry_after: Option<u64>,
+}
+
+fn one() -> u64 {
+    1
 }
 
 /// Lock a mutex even if a panicking thread poisoned it: the data (a log and
@@ -148,7 +166,19 @@ impl State {
             served: AtomicU64::new(0),
             connections: AtomicU64::new(0),
             by_path: Mutex::new(HashMap::new()),
+            scripted: Mutex::new(None),
         }
+    }
+
+    /// The scripted failure for this request, if one is left.
+    fn take_scripted(&self) -> Option<Scripted> {
+        let mut scripted = lock(&self.scripted);
+        let s = (*scripted)?;
+        *scripted = (s.count > 1).then_some(Scripted {
+            count: s.count - 1,
+            ..s
+        });
+        Some(s)
     }
 
     /// Count an answered model request; called right before hyper writes the
@@ -301,6 +331,7 @@ enum Route {
     Health,
     MockRequests,
     MockStats,
+    MockFail,
     NotFound,
 }
 
@@ -309,6 +340,7 @@ impl Route {
         match path {
             "/__mock/requests" => return Route::MockRequests,
             "/__mock/stats" => return Route::MockStats,
+            "/__mock/fail" => return Route::MockFail,
             _ => {}
         }
         let rest = path.strip_prefix("/v1").unwrap_or(path);
@@ -330,18 +362,25 @@ impl Route {
 
     /// Control endpoints are neither delayed, recorded nor counted.
     fn is_control(self) -> bool {
-        matches!(self, Route::MockRequests | Route::MockStats)
+        matches!(
+            self,
+            Route::MockRequests | Route::MockStats | Route::MockFail
+        )
     }
 
     /// Health and control answers stay out of `served`.
     fn counts_as_served(self) -> bool {
-        !matches!(self, Route::MockRequests | Route::MockStats | Route::Health)
+        !matches!(
+            self,
+            Route::MockRequests | Route::MockStats | Route::MockFail | Route::Health
+        )
     }
 
     fn method_allowed(self, method: &Method) -> bool {
         match self {
             Route::Models | Route::Health | Route::MockStats => method == Method::GET,
             Route::MockRequests => method == Method::GET || method == Method::DELETE,
+            Route::MockFail => method == Method::POST || method == Method::DELETE,
             Route::NotFound => true,
             _ => method == Method::POST,
         }
@@ -355,7 +394,8 @@ enum Reply {
     Json {
         status: StatusCode,
         body: Bytes,
-        retry_after: bool,
+        /// Seconds sent as `retry-after`.
+        retry_after: Option<u64>,
     },
     Audio(Bytes),
     Events(EventPlan),
@@ -368,7 +408,7 @@ impl Reply {
         Reply::Json {
             status,
             body: Bytes::from(value.to_string()),
-            retry_after: false,
+            retry_after: None,
         }
     }
 
@@ -470,7 +510,7 @@ fn failure_reply(failure: Failure) -> Reply {
         Failure::RateLimited => Reply::Json {
             status: StatusCode::TOO_MANY_REQUESTS,
             body: Bytes::from(error_value("rate limited by mock", "rate_limit_error").to_string()),
-            retry_after: true,
+            retry_after: Some(1),
         },
         Failure::BadRequest => Reply::json(
             StatusCode::BAD_REQUEST,
@@ -493,7 +533,7 @@ fn failure_reply(failure: Failure) -> Reply {
                 body: Bytes::from(
                     error_value(&format!("mock status {}", status.as_u16()), kind).to_string(),
                 ),
-                retry_after: status == StatusCode::TOO_MANY_REQUESTS,
+                retry_after: (status == StatusCode::TOO_MANY_REQUESTS).then_some(1),
             }
         }
     }
@@ -971,7 +1011,7 @@ fn model_reply(
         })),
         Route::Models => Reply::ok(&models()),
         Route::Health => Reply::ok(&json!({ "ok": true })),
-        Route::MockRequests | Route::MockStats | Route::NotFound => not_found(),
+        Route::MockRequests | Route::MockStats | Route::MockFail | Route::NotFound => not_found(),
     }
 }
 
@@ -1044,8 +1084,8 @@ fn render(
             builder = builder
                 .status(status)
                 .header(CONTENT_TYPE, "application/json");
-            if retry_after {
-                builder = builder.header("retry-after", "1");
+            if let Some(secs) = retry_after {
+                builder = builder.header("retry-after", secs);
             }
             if b.cut && status.is_success() {
                 builder = builder.header(CONTENT_LENGTH, body.len());
@@ -1129,8 +1169,25 @@ fn make_record(parts: &http::request::Parts, body: &Bytes, served_at_ms: u64) ->
     }
 }
 
-fn control_reply(route: Route, method: &Method, state: &State) -> Reply {
+fn control_reply(route: Route, method: &Method, body: &[u8], state: &State) -> Reply {
     match (route, method) {
+        (Route::MockFail, &Method::DELETE) => {
+            *lock(&state.scripted) = None;
+            Reply::ok(&json!({ "ok": true }))
+        }
+        (Route::MockFail, _) => match serde_json::from_slice::<Scripted>(body) {
+            Ok(s) if StatusCode::from_u16(s.status).is_ok_and(|c| c.as_u16() >= 200) => {
+                *lock(&state.scripted) = (s.count > 0).then_some(s);
+                Reply::ok(&json!({ "ok": true }))
+            }
+            _ => Reply::json(
+                StatusCode::BAD_REQUEST,
+                &error_value(
+                    "expected {\"status\":200..599,\"count\":n,\"retry_after\":secs}",
+                    "invalid_request_error",
+                ),
+            ),
+        },
         (Route::MockRequests, &Method::DELETE) => {
             lock(&state.records).clear();
             Reply::ok(&json!({ "ok": true }))
@@ -1141,7 +1198,7 @@ fn control_reply(route: Route, method: &Method, state: &State) -> Reply {
                 Ok(body) => Reply::Json {
                     status: StatusCode::OK,
                     body: Bytes::from(body),
-                    retry_after: false,
+                    retry_after: None,
                 },
                 Err(_) => Reply::json(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -1182,13 +1239,24 @@ async fn answer(
     };
     if route.is_control() && route.method_allowed(&parts.method) {
         return (
-            control_reply(route, &parts.method, state),
+            control_reply(route, &parts.method, &body, state),
             Behaviour::default(),
         );
     }
     if state.config.record && !route.is_control() {
         let record = make_record(parts, &body, received_ms);
         lock(&state.records).push(record);
+    }
+    if route != Route::Health {
+        if let Some(s) = state.take_scripted() {
+            let mut reply = failure_reply(Failure::Status(
+                StatusCode::from_u16(s.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            ));
+            if let Reply::Json { retry_after, .. } = &mut reply {
+                *retry_after = s.retry_after;
+            }
+            return (reply, Behaviour::default());
+        }
     }
     let info = RequestInfo::parse(&body);
     if let Some(recorded) = replay::answer(state.config.fixtures.as_deref(), info.model()) {

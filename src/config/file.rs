@@ -29,6 +29,8 @@ pub struct FileConfig {
     #[serde(default)]
     pub models: Vec<ModelFile>,
     #[serde(default)]
+    pub routing: RoutingFile,
+    #[serde(default)]
     pub tools: ToolsFile,
     #[serde(default)]
     pub payment: PaymentFile,
@@ -168,14 +170,31 @@ pub struct ProviderFile {
     pub style: String,
     pub base_url: String,
     pub api_key_env: Option<String>,
+    /// Time to open a connection (TCP; TLS gets five seconds more).
     pub connect_timeout_ms: Option<u64>,
+    /// Time from the request written to the answer's header.
     pub first_byte_timeout_ms: Option<u64>,
+    /// Longest silence between two chunks of an answer's body.
     pub idle_timeout_ms: Option<u64>,
-    /// Seconds a deployment is skipped after a failure.
+    /// Consecutive failures that eject a deployment from the rotation.
+    pub eject_after_failures: Option<u32>,
+    /// Seconds of a deployment's first ejection; each repeated ejection doubles it.
     pub cooldown_seconds: Option<u64>,
     /// PEM file of the certificate authorities trusted for this (https) provider, in place of
     /// the system's roots (or `SSL_CERT_FILE`).
     pub ca_file: Option<String>,
+    /// The longest ejection, also the cap on a provider's `retry-after`.
+    pub max_cooldown_seconds: Option<u64>,
+}
+
+/// `[routing]`: how far one request may fail over.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingFile {
+    /// Deployments tried per request, the first included.
+    pub max_attempts: Option<u32>,
+    /// No further deployment is tried once this long has passed since the first attempt.
+    pub failover_deadline_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

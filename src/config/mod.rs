@@ -251,10 +251,23 @@ pub struct Provider {
     pub connect_timeout: Duration,
     pub first_byte_timeout: Duration,
     pub idle_timeout: Duration,
+    /// Consecutive failures that eject one of its deployments.
+    pub eject_after_failures: u32,
+    /// A deployment's first ejection; repeated ejections double it up to `max_cooldown`.
     pub cooldown: Duration,
+    /// The longest ejection, also the cap on the provider's `retry-after`.
+    pub max_cooldown: Duration,
     /// Trust anchors from `ca_file`, loaded and checked at load time; `None`: the system's
     /// roots (which honour `SSL_CERT_FILE`).
     pub ca: Option<ProviderCa>,
+}
+
+impl Provider {
+    /// True when the provider names a credential variable that was not set: its deployments
+    /// are skipped (every request would be refused), and said so when nothing else is left.
+    pub fn lacks_credential(&self) -> bool {
+        self.api_key_env.is_some() && self.api_key.is_none()
+    }
 }
 
 /// The certificate authorities a provider's TLS certificate must chain to, and the file they
@@ -332,6 +345,15 @@ impl Model {
     }
 }
 
+/// `[routing]`: the bound on one request's failover.
+#[derive(Debug, Clone)]
+pub struct RoutingConfig {
+    /// Deployments tried per request, the first included.
+    pub max_attempts: usize,
+    /// No further deployment is tried once this long has passed since the first attempt began.
+    pub failover_deadline: Duration,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct ToolsConfig {
     pub search: Option<Arc<Provider>>,
@@ -379,6 +401,7 @@ pub struct Config {
     /// In file order, for `GET /v1/models`.
     pub models: Vec<Arc<Model>>,
     pub models_by_id: BTreeMap<String, Arc<Model>>,
+    pub routing: RoutingConfig,
     pub tools: ToolsConfig,
     pub payment: PaymentConfig,
     pub limits: LimitsConfig,
@@ -948,6 +971,27 @@ impl Config {
                 }
                 Some(file) => Some(load_ca_file(file).map_err(|e| c.err(key("ca_file"), e))?),
             };
+            // Timeouts: at least a millisecond, at most a day (a typo of a few zeros is an
+            // error, not a request that hangs for weeks).
+            let millis = |k: &str, v: Option<u64>, default: u64| match v.unwrap_or(default) {
+                ms @ 1..=86_400_000 => Ok(Duration::from_millis(ms)),
+                _ => Err(c.err(key(k), "must be between 1 and 86400000 (one day)")),
+            };
+            let eject_after_failures = p.eject_after_failures.unwrap_or(3);
+            if !(1..=100).contains(&eject_after_failures) {
+                return Err(c.err(key("eject_after_failures"), "must be between 1 and 100"));
+            }
+            let cooldown = p.cooldown_seconds.unwrap_or(30);
+            if !(1..=86_400).contains(&cooldown) {
+                return Err(c.err(key("cooldown_seconds"), "must be between 1 and 86400"));
+            }
+            let max_cooldown = p.max_cooldown_seconds.unwrap_or(300.max(cooldown));
+            if max_cooldown < cooldown || max_cooldown > 86_400 {
+                return Err(c.err(
+                    key("max_cooldown_seconds"),
+                    format!("must be between cooldown_seconds ({cooldown}) and 86400"),
+                ));
+            }
             let api_key_env = p.api_key_env.clone().filter(|s| !s.is_empty());
             let api_key = api_key_env
                 .as_deref()
@@ -966,12 +1010,16 @@ impl Config {
                     host_header,
                     api_key,
                     api_key_env,
-                    connect_timeout: Duration::from_millis(p.connect_timeout_ms.unwrap_or(5_000)),
-                    first_byte_timeout: Duration::from_millis(
-                        p.first_byte_timeout_ms.unwrap_or(120_000),
-                    ),
-                    idle_timeout: Duration::from_millis(p.idle_timeout_ms.unwrap_or(120_000)),
-                    cooldown: Duration::from_secs(p.cooldown_seconds.unwrap_or(30)),
+                    connect_timeout: millis("connect_timeout_ms", p.connect_timeout_ms, 5_000)?,
+                    first_byte_timeout: millis(
+                        "first_byte_timeout_ms",
+                        p.first_byte_timeout_ms,
+                        120_000,
+                    )?,
+                    idle_timeout: millis("idle_timeout_ms", p.idle_timeout_ms, 120_000)?,
+                    eject_after_failures,
+                    cooldown: Duration::from_secs(cooldown),
+                    max_cooldown: Duration::from_secs(max_cooldown),
                     ca,
                 }),
             );
@@ -1053,6 +1101,23 @@ impl Config {
             models.push(model);
         }
 
+        // [routing]
+        let max_attempts = f.routing.max_attempts.unwrap_or(3);
+        if !(1..=10).contains(&max_attempts) {
+            return Err(c.err("routing.max_attempts", "must be between 1 and 10"));
+        }
+        let failover_deadline_ms = f.routing.failover_deadline_ms.unwrap_or(30_000);
+        if !(1..=3_600_000).contains(&failover_deadline_ms) {
+            return Err(c.err(
+                "routing.failover_deadline_ms",
+                "must be between 1 and 3600000 (one hour)",
+            ));
+        }
+        let routing = RoutingConfig {
+            max_attempts: max_attempts as usize,
+            failover_deadline: Duration::from_millis(failover_deadline_ms),
+        };
+
         // [tools]
         let tool = |k: &str, v: &Option<String>| -> Result<Option<Arc<Provider>>, ConfigError> {
             match v.as_deref().filter(|s| !s.is_empty()) {
@@ -1133,6 +1198,7 @@ impl Config {
             providers,
             models,
             models_by_id,
+            routing,
             tools,
             payment,
             limits,
@@ -1217,6 +1283,63 @@ mod tests {
     fn model_needs_known_provider() {
         let e = load("[[models]]\nid=\"m\"\nprovider=\"nope\"\n").unwrap_err();
         assert_eq!(e.key, "models[0].provider");
+    }
+
+    fn provider_with(extra: &str) -> Result<Config, ConfigError> {
+        load(&format!(
+            "[[providers]]\nname=\"a\"\nstyle=\"openai\"\nbase_url=\"http://127.0.0.1:1\"\n{extra}\n"
+        ))
+    }
+
+    #[test]
+    fn health_and_timeout_settings_have_defaults() {
+        let c = provider_with("").expect("defaults");
+        let p = &c.providers["a"];
+        assert_eq!(p.eject_after_failures, 3);
+        assert_eq!(p.cooldown, Duration::from_secs(30));
+        assert_eq!(p.max_cooldown, Duration::from_secs(300));
+        assert_eq!(p.connect_timeout, Duration::from_secs(5));
+        assert_eq!(p.first_byte_timeout, Duration::from_secs(120));
+        assert_eq!(p.idle_timeout, Duration::from_secs(120));
+        assert_eq!(c.routing.max_attempts, 3);
+        assert_eq!(c.routing.failover_deadline, Duration::from_secs(30));
+        // A long base ejection raises the default cap with it.
+        let c = provider_with("cooldown_seconds = 600").expect("long cooldown");
+        assert_eq!(c.providers["a"].max_cooldown, Duration::from_secs(600));
+    }
+
+    #[test]
+    fn health_and_timeout_settings_are_validated_by_key() {
+        for (extra, key) in [
+            (
+                "eject_after_failures = 0",
+                "providers[0].eject_after_failures",
+            ),
+            (
+                "eject_after_failures = 101",
+                "providers[0].eject_after_failures",
+            ),
+            ("cooldown_seconds = 0", "providers[0].cooldown_seconds"),
+            (
+                "cooldown_seconds = 60\nmax_cooldown_seconds = 30",
+                "providers[0].max_cooldown_seconds",
+            ),
+            ("connect_timeout_ms = 0", "providers[0].connect_timeout_ms"),
+            (
+                "first_byte_timeout_ms = 0",
+                "providers[0].first_byte_timeout_ms",
+            ),
+            ("idle_timeout_ms = 86400001", "providers[0].idle_timeout_ms"),
+        ] {
+            let e = provider_with(extra).unwrap_err();
+            assert_eq!(e.key, key, "{extra}: {e}");
+        }
+        let e = load("[routing]\nmax_attempts = 0\n").unwrap_err();
+        assert_eq!(e.key, "routing.max_attempts");
+        let e = load("[routing]\nfailover_deadline_ms = 0\n").unwrap_err();
+        assert_eq!(e.key, "routing.failover_deadline_ms");
+        let e = load("[routing]\nmax_atempts = 2\n").unwrap_err();
+        assert!(e.message.contains("max_atempts"), "{e}");
     }
 
     #[test]

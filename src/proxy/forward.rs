@@ -1,7 +1,8 @@
 //! Forwarding an admitted request to a provider and streaming the answer back.
 //!
-//! Failover happens only before the first byte reaches the client: a connect error, timeout,
-//! 429 or 5xx moves on to the next deployment and cools the failing one down. Once the response
+//! Failover happens only before the first byte reaches the client: a connect error, TLS error,
+//! timeout, 401, 429 or 5xx moves on to the next deployment, and every attempt is scored for its
+//! deployment's health ([`crate::proxy::routing`]). Once the response
 //! header is written, the body is relayed chunk by chunk through a [`Shaper`] (which passes it
 //! through or translates it into the client's style), usage is observed on the way, and the
 //! client is watched so an abort is seen at once. Only a translated non-stream answer and a
@@ -10,6 +11,7 @@
 //! not relayed at all.
 
 use std::borrow::Cow;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderName;
@@ -22,7 +24,7 @@ use crate::error::ApiError;
 use crate::proxy::pipeline::Admitted;
 use crate::proxy::respond;
 use crate::proxy::route::Endpoint;
-use crate::proxy::routing::Target;
+use crate::proxy::routing::{retry_after, Failure, Outstanding, Target, Verdict};
 use crate::proxy::sanitize;
 use crate::proxy::settle::{InFlight, Reason};
 use crate::proxy::shape::{ClientSide, Crossing, Shaper};
@@ -39,6 +41,8 @@ const ERROR_BODY_LIMIT: usize = 1024 * 1024;
 pub struct Attempts {
     pub targets: Vec<Target>,
     pub translated: Option<Value>,
+    /// `routing.failover_deadline_ms`: no attempt starts later than this after the first.
+    pub deadline: Duration,
 }
 
 /// How a forwarded request ended, for settlement.
@@ -158,18 +162,41 @@ fn upstream_headers<'a>(
     h
 }
 
-/// Tries the targets in order until one answers with something other than a retryable failure;
-/// returns the exchange, its target and how the client's request crossed to it.
+/// The answer under way: the exchange, where it came from, how the request crossed to it, and
+/// whether it still counts for the deployment's health (a failure passed on as the last resort
+/// was already scored).
+struct Answer {
+    ex: Exchange,
+    target: Target,
+    crossing: Crossing,
+    scores: bool,
+    /// Holds the deployment's outstanding count until the answer is relayed.
+    _outstanding: Outstanding,
+}
+
+/// Tries the targets in order until one answers with something other than a failure of the
+/// deployment, scoring every attempt. The attempts are bounded twice: the plan holds at most
+/// `routing.max_attempts` targets, and none is started after `routing.failover_deadline_ms`.
+/// The last one's failing answer (5xx, 429) is passed on in the client's style; when no
+/// provider answered at all, the request gets 502 `routing_unavailable` saying why.
 async fn connect(
     state: &SharedState,
     session: &Session,
     adm: &Admitted,
     attempts: &Attempts,
-) -> Result<(Exchange, Target, Crossing), ApiError> {
-    let mut last_failure: Option<ApiError> = None;
+    request_id: &str,
+) -> Result<Answer, ApiError> {
+    let started = Instant::now();
+    let mut last_failure: Option<Failure> = None;
     let targets = &attempts.targets;
     for (i, target) in targets.iter().enumerate() {
-        let is_last = i + 1 == targets.len();
+        if i > 0 && started.elapsed() >= attempts.deadline {
+            log::warn!(
+                "request {request_id}: failover deadline reached after {i} attempts; not trying {}",
+                target.label()
+            );
+            break;
+        }
         let Some(crossing) = Crossing::of(adm.endpoint, target.provider.style) else {
             continue;
         };
@@ -182,32 +209,63 @@ async fn connect(
             headers: upstream_headers(session, target, adm),
             body: upstream_body(adm, target, crossing, attempts.translated.as_ref())?,
         };
+        let outstanding = target.health.begin();
         match Box::pin(state.upstreams.start(&req)).await {
             Ok(mut ex) => {
                 let status = ex.status();
-                if (status == 429 || status >= 500) && !is_last {
-                    log::warn!(
-                        "deployment {} answered {status}; failing over",
-                        target.label()
-                    );
-                    state.routing.cool_down(target);
+                let verdict = Verdict::of_status(status);
+                state.routing.attempted(target, verdict);
+                let Verdict::Failed(failure) = verdict else {
+                    return Ok(Answer {
+                        ex,
+                        target: target.clone(),
+                        crossing,
+                        scores: true,
+                        _outstanding: outstanding,
+                    });
+                };
+                let wait = ex.header().and_then(|h| retry_after(status, h));
+                state.routing.failed(target, failure, wait, request_id);
+                let last = i + 1 == targets.len() || started.elapsed() >= attempts.deadline;
+                if !last {
                     let _ = ex.read_all(ERROR_BODY_LIMIT).await;
                     state.upstreams.finish(ex).await;
+                    last_failure = Some(failure);
+                    log::warn!(
+                        "deployment {} answered {status}; failing over (request {request_id})",
+                        target.label()
+                    );
                     continue;
                 }
-                if status == 429 || status >= 500 {
-                    state.routing.cool_down(target);
-                }
-                return Ok((ex, target.clone(), crossing));
+                // The last one's answer is passed on (a refused credential becomes
+                // `provider_auth_failed` in `forward`).
+                return Ok(Answer {
+                    ex,
+                    target: target.clone(),
+                    crossing,
+                    scores: false,
+                    _outstanding: outstanding,
+                });
             }
             Err(e) => {
-                log::warn!("deployment {} failed: {e}", target.label());
-                state.routing.cool_down(target);
-                last_failure = Some(ApiError::RoutingUnavailable);
+                let Some(failure) = Failure::of_error(&e) else {
+                    log::error!("request {request_id} cannot be sent upstream: {e}");
+                    return Err(ApiError::ServerError);
+                };
+                log::warn!(
+                    "deployment {} failed: {e} (request {request_id})",
+                    target.label()
+                );
+                state.routing.attempted(target, Verdict::Failed(failure));
+                state.routing.failed(target, failure, None, request_id);
+                last_failure = Some(failure);
             }
         }
     }
-    Err(last_failure.unwrap_or(ApiError::RoutingUnavailable))
+    Err(match last_failure {
+        Some(f) => ApiError::RouteFailed(f.describe().into()),
+        None => ApiError::RoutingUnavailable,
+    })
 }
 
 /// The client's response header: the provider's headers that pass
@@ -363,7 +421,13 @@ pub async fn forward(
     if attempts.targets.is_empty() {
         return Err(ApiError::RoutingUnavailable);
     }
-    let (mut ex, target, crossing) = Box::pin(connect(state, session, adm, attempts)).await?;
+    let Answer {
+        mut ex,
+        target,
+        crossing,
+        scores,
+        _outstanding,
+    } = Box::pin(connect(state, session, adm, attempts, reply.request_id)).await?;
     flight.event.deployment = Some(target.label().to_string());
     let mut status = ex.status();
     if sanitize::refuses_operator(status) {
@@ -411,8 +475,10 @@ pub async fn forward(
         flight.mark_first_byte();
     }
 
-    let cut = crate::proxy::settle::drain_cut();
-    tokio::pin!(cut);
+    let drain_cut = crate::proxy::settle::drain_cut();
+    tokio::pin!(drain_cut);
+    // Why the provider's answer broke off, when it did.
+    let mut cut: Option<Failure> = None;
     let reason = loop {
         tokio::select! {
             chunk = ex.next_chunk() => {
@@ -444,7 +510,12 @@ pub async fn forward(
                     After::Open => {}
                     After::End => break Reason::Complete,
                     After::Failed(e) => {
-                        log::warn!("deployment {} failed mid-response: {e}", target.label());
+                        log::warn!(
+                            "deployment {} failed mid-response: {e} (request {})",
+                            target.label(),
+                            reply.request_id
+                        );
+                        cut = Failure::of_error(&e);
                         break Reason::UpstreamError;
                     }
                 }
@@ -454,7 +525,7 @@ pub async fn forward(
                     break Reason::ClientDisconnect;
                 }
             }
-            () = &mut cut => break Reason::Aborted,
+            () = &mut drain_cut => break Reason::Aborted,
         }
     };
 
@@ -501,6 +572,9 @@ pub async fn forward(
 
     let (reason, error_code) = match reason {
         Reason::Complete => {
+            if scores {
+                state.routing.succeeded(&target, reply.request_id);
+            }
             state.upstreams.finish(ex).await;
             let _ = session.write_response_body(None, true).await;
             if status >= 400 {
@@ -511,7 +585,11 @@ pub async fn forward(
         }
         Reason::UpstreamError => {
             state.upstreams.abort(ex).await;
-            state.routing.cool_down(&target);
+            if let Some(failure) = cut.filter(|_| scores) {
+                state
+                    .routing
+                    .failed(&target, failure, None, reply.request_id);
+            }
             if shaper.is_plain() {
                 // A cut plain body cannot be marked as failed in-band: close the connection so
                 // the client sees the truncation.

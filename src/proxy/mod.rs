@@ -333,13 +333,11 @@ impl DevApi {
                     cfg.tools.web_fetch.as_ref()
                 };
                 let provider = provider.ok_or(ApiError::EndpointNotEnabled)?;
-                let targets = self.state.routing.plan_tool(provider);
-                if targets.is_empty() {
-                    return Err(ApiError::RoutingUnavailable);
-                }
+                let targets = self.state.routing.plan_tool(provider)?;
                 Ok(Plan::Forward(forward::Attempts {
                     targets,
                     translated: None,
+                    deadline: cfg.routing.failover_deadline,
                 }))
             }
             endpoint => {
@@ -356,20 +354,16 @@ impl DevApi {
                 }
                 // A model may mix provider styles; keep the deployments that can serve this
                 // endpoint, natively or by translation.
-                let targets: Vec<routing::Target> = self
-                    .state
-                    .routing
-                    .plan(model)
-                    .into_iter()
-                    .filter(|t| shape::Crossing::of(endpoint, t.provider.style).is_some())
-                    .collect();
-                if targets.is_empty() {
-                    return Err(ApiError::RoutingUnavailable);
-                }
+                let targets = self.state.routing.plan(
+                    model,
+                    |d| shape::Crossing::of(endpoint, d.provider.style).is_some(),
+                    cfg.routing.max_attempts,
+                )?;
                 let translated = shape::translate_request(adm, &targets)?;
                 Ok(Plan::Forward(forward::Attempts {
                     targets,
                     translated,
+                    deadline: cfg.routing.failover_deadline,
                 }))
             }
         }

@@ -43,10 +43,35 @@ pub enum UpstreamError {
          for its name (a private CA is trusted through the provider's ca_file or SSL_CERT_FILE): {1}"
     )]
     Tls(String, String),
-    #[error("timeout waiting for the provider")]
-    Timeout,
+    #[error("timeout waiting for {0}")]
+    Timeout(Wait),
     #[error("i/o: {0}")]
     Io(String),
+    /// The request cannot be put on the wire (a value HTTP does not allow): no provider is at
+    /// fault, and none would take it.
+    #[error("request: {0}")]
+    Request(String),
+}
+
+/// What a timed-out exchange was waiting for; each has its provider setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// `connect_timeout_ms`.
+    Connect,
+    /// `first_byte_timeout_ms`: the answer's header.
+    FirstByte,
+    /// `idle_timeout_ms`: the next chunk of the body.
+    Idle,
+}
+
+impl std::fmt::Display for Wait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Wait::Connect => "the connection",
+            Wait::FirstByte => "the first byte",
+            Wait::Idle => "the next chunk",
+        })
+    }
 }
 
 /// Shared upstream connection machinery for all providers.
@@ -156,7 +181,7 @@ impl UpstreamPool {
                 .await
             {
                 Ok(r) => r,
-                Err(_) => Err(UpstreamError::Timeout),
+                Err(_) => Err(UpstreamError::Timeout(Wait::FirstByte)),
             };
             let mut session = Box::new(HttpSession::new(stream));
             session.read_timeout = Some(req.provider.first_byte_timeout);
@@ -175,7 +200,8 @@ impl UpstreamPool {
                 }
                 Err(e) => {
                     session.shutdown().await;
-                    let retryable = reused && attempts < 3 && !matches!(e, UpstreamError::Timeout);
+                    let retryable =
+                        reused && attempts < 3 && !matches!(e, UpstreamError::Timeout(_));
                     if !retryable {
                         return Err(e);
                     }
@@ -230,9 +256,12 @@ fn pool_key(p: &Provider, addr: SocketAddr) -> u64 {
 fn connect_error(p: &Provider, e: &pingora_error::Error) -> UpstreamError {
     use pingora_error::ErrorType;
     match e.etype() {
-        ErrorType::TLSHandshakeFailure | ErrorType::InvalidCert | ErrorType::TLSWantX509Lookup => {
-            UpstreamError::Tls(p.host.clone(), e.to_string())
-        }
+        ErrorType::ConnectTimedout => UpstreamError::Timeout(Wait::Connect),
+        ErrorType::TLSHandshakeFailure
+        | ErrorType::TLSHandshakeTimedout
+        | ErrorType::HandshakeError
+        | ErrorType::InvalidCert
+        | ErrorType::TLSWantX509Lookup => UpstreamError::Tls(p.host.clone(), e.to_string()),
         _ => UpstreamError::Connect(e.to_string()),
     }
 }
@@ -246,7 +275,7 @@ fn request_bytes(req: &ProviderRequest<'_>) -> Result<BytesMut, UpstreamError> {
             .bytes()
             .all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
         {
-            return Err(UpstreamError::Io(format!(
+            return Err(UpstreamError::Request(format!(
                 "header {name} has a character HTTP does not allow"
             )));
         }
@@ -257,7 +286,7 @@ fn request_bytes(req: &ProviderRequest<'_>) -> Result<BytesMut, UpstreamError> {
         Ok(())
     }
     if !req.path.starts_with('/') || !req.path.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(UpstreamError::Io(format!(
+        return Err(UpstreamError::Request(format!(
             "invalid request path {:?}",
             req.path
         )));
@@ -300,7 +329,7 @@ async fn read_header(session: &mut HttpSession) -> Result<(), UpstreamError> {
     for _ in 0..5 {
         session.read_response().await.map_err(|e| {
             if e.etype() == &pingora_error::ErrorType::ReadTimedout {
-                UpstreamError::Timeout
+                UpstreamError::Timeout(Wait::FirstByte)
             } else {
                 UpstreamError::Io(e.to_string())
             }
@@ -327,7 +356,7 @@ impl Exchange {
     pub async fn next_chunk(&mut self) -> Result<Option<Bytes>, UpstreamError> {
         self.session.read_body_bytes().await.map_err(|e| {
             if e.etype() == &pingora_error::ErrorType::ReadTimedout {
-                UpstreamError::Timeout
+                UpstreamError::Timeout(Wait::Idle)
             } else {
                 UpstreamError::Io(e.to_string())
             }
@@ -390,8 +419,10 @@ mod tests {
             connect_timeout: Duration::from_secs(1),
             first_byte_timeout: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(1),
+            eject_after_failures: 3,
             cooldown: Duration::from_secs(1),
             ca: None,
+            max_cooldown: Duration::from_secs(1),
         }
     }
 
