@@ -700,7 +700,7 @@ provider = "mock-quiet"
 }
 
 #[tokio::test]
-async fn failover_cooldown_and_routing_unavailable() {
+async fn failover_and_a_failing_single_deployment() {
     let mock = Mock::start(&[]);
     let extra = r#"
 [[providers]]
@@ -731,7 +731,7 @@ upstream_model = "flaky-fail500"
         },
     );
     let key = gw.user_with_key("route@example.com", &[]);
-    for _ in 0..3 {
+    for _ in 0..6 {
         let r = post(&gw, "/v1/chat/completions", &key, chat("balanced")).await;
         assert_eq!(r.status(), 200);
     }
@@ -740,28 +740,23 @@ upstream_model = "flaky-fail500"
         .iter()
         .filter(|r| r["body"].as_str().unwrap_or("").contains("fail500"))
         .count();
-    assert!(fails <= 1, "a failing deployment cools down: {fails}");
-
-    // A single failing deployment: its error passes through once, then it cools down.
-    mock.clear().await;
-    let r = post(&gw, "/v1/chat/completions", &key, chat("flaky")).await;
-    assert_eq!(r.status(), 500);
-    let (s, c) = code(post(&gw, "/v1/chat/completions", &key, chat("flaky")).await).await;
-    assert_eq!((s, c.as_str()), (502, "routing_unavailable"));
-    assert_eq!(
-        mock.requests().await.len(),
-        1,
-        "the cooling deployment was not called"
+    assert!(
+        fails <= 3,
+        "a failing deployment is ejected after three failures in a row: {fails}"
     );
-    tokio::time::sleep(Duration::from_millis(2100)).await;
-    let r = post(&gw, "/v1/chat/completions", &key, chat("flaky")).await;
-    assert_eq!(r.status(), 500);
-    // Provider errors pass through with their body.
-    let v: Value = r.json().await.unwrap();
-    assert_eq!(v["error"]["message"], "mock failure");
-    // Requests answered 502 before anything was reserved leave no usage event; the others do.
-    let events = gw.wait_usage(5).await;
-    assert_eq!(events.len(), 5, "{events:?}");
+
+    // A single failing deployment is still asked every time (nothing else could answer), and
+    // its error passes through with its body.
+    mock.clear().await;
+    for _ in 0..4 {
+        let r = post(&gw, "/v1/chat/completions", &key, chat("flaky")).await;
+        assert_eq!(r.status(), 500);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["message"], "mock failure");
+    }
+    assert_eq!(mock.requests().await.len(), 4, "every request was tried");
+    let events = gw.wait_usage(10).await;
+    assert_eq!(events.len(), 10, "{events:?}");
 }
 
 #[tokio::test]

@@ -426,7 +426,7 @@ pub async fn forward(
         target,
         crossing,
         scores,
-        _outstanding,
+        _outstanding: outstanding,
     } = Box::pin(connect(state, session, adm, attempts, reply.request_id)).await?;
     flight.event.deployment = Some(target.label().to_string());
     let mut status = ex.status();
@@ -528,6 +528,10 @@ pub async fn forward(
             () = &mut drain_cut => break Reason::Aborted,
         }
     };
+
+    // The provider's part is over: the deployment's load drops before the client can see the
+    // end of the answer (a client's next request then finds the count already down).
+    drop(outstanding);
 
     // What the client is still owed: the held answer whole, or the end of the stream.
     let client_here = reason != Reason::ClientDisconnect;

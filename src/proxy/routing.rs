@@ -324,11 +324,14 @@ impl Routing {
                     Ok(vec![target(i, h)])
                 }
                 None if served => {
-                    let missing: Vec<&str> = model
+                    let mut missing: Vec<&str> = model
                         .deployments
                         .iter()
+                        .filter(|d| serves(d))
                         .filter_map(|d| d.provider.api_key_env.as_deref())
                         .collect();
+                    missing.sort_unstable();
+                    missing.dedup();
                     log::warn!(
                         "model {}: no deployment can be tried: its providers' credential \
                          variables are not set ({})",
