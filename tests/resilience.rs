@@ -70,11 +70,14 @@ async fn metric(gw: &Gateway, name: &str, labels: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The test's config, the admin listener (metrics) and info-level logs (recoveries); Redis when
+/// the run has one (health is per instance, and must not depend on it either way).
 fn options(extra: &str) -> Options {
     Options {
         extra_toml: extra.into(),
         admin: true,
         env: vec![("RUST_LOG".into(), "info".into())],
+        redis_url: std::env::var("GATEWAY_TEST_REDIS").ok(),
         ..Options::default()
     }
 }
@@ -93,7 +96,11 @@ async fn one_provider_500_does_not_take_a_single_deployment_model_offline() {
         let r = post(&gw, "/v1/chat/completions", &key, chat("mock-gpt")).await;
         assert_eq!(r.status(), 200, "one failure ejects nothing");
     }
-    assert_eq!(mock.requests().await.len(), 4, "every request reached the provider");
+    assert_eq!(
+        mock.requests().await.len(),
+        4,
+        "every request reached the provider"
+    );
     let d = r#"deployment="mock/mock-gpt""#;
     assert_eq!(metric(&gw, "gateway_deployment_healthy", d).await, 1.0);
     assert_eq!(
@@ -157,7 +164,11 @@ async fn three_failures_eject_and_a_later_success_recovers() {
     assert_eq!(ejected.len(), 1, "{log}");
     assert!(ejected[0].contains("mock/mock-gpt"), "{}", ejected[0]);
     assert!(ejected[0].contains(&third_id), "{}", ejected[0]);
-    assert!(ejected[0].contains("3 consecutive failures"), "{}", ejected[0]);
+    assert!(
+        ejected[0].contains("3 consecutive failures"),
+        "{}",
+        ejected[0]
+    );
     let recovered: Vec<&str> = log.lines().filter(|l| l.contains("recovered")).collect();
     assert_eq!(recovered.len(), 1, "{log}");
     assert!(recovered[0].contains(&fourth_id), "{}", recovered[0]);
@@ -261,7 +272,11 @@ deployments = [
     for _ in 0..40 {
         let sent = Instant::now();
         let r = post(&gw, "/v1/chat/completions", &key, chat("pair")).await;
-        assert_eq!(r.status(), 200, "the 429 fails over to the other deployment");
+        assert_eq!(
+            r.status(),
+            200,
+            "the 429 fails over to the other deployment"
+        );
         if mock.served().await == 1 {
             asked_at = Some(sent);
             break;
@@ -324,7 +339,10 @@ deployments = [
     assert_eq!(mock.requests().await.len(), 2);
     for d in ["brittle/a-fail500", "brittle/b-fail500"] {
         let labels = format!(r#"deployment="{d}""#);
-        assert_eq!(metric(&gw, "gateway_deployment_healthy", &labels).await, 0.0);
+        assert_eq!(
+            metric(&gw, "gateway_deployment_healthy", &labels).await,
+            0.0
+        );
     }
     // All ejected: still one attempt per request, never a 502 without asking.
     let r = post(&gw, "/v1/chat/completions", &key, chat("down")).await;
@@ -404,7 +422,11 @@ failover_deadline_ms = 500
             .contains("did not answer in time"),
         "{v}"
     );
-    assert_eq!(tardy.requests().await.len(), 2, "the deadline stopped a third");
+    assert_eq!(
+        tardy.requests().await.len(),
+        2,
+        "the deadline stopped a third"
+    );
     assert!(took < Duration::from_millis(1200), "{took:?}");
 }
 
@@ -537,20 +559,17 @@ deployments = [
         fast = fast.url(),
         slow = slow.url()
     );
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: extra,
-            ..Options::default()
-        },
-    );
+    let gw = Gateway::start(&mock, options(&extra));
     let key = gw.user_with_key("weights@example.com", &["--rpm", "1000"]);
     for _ in 0..80 {
         let r = post(&gw, "/v1/chat/completions", &key, chat("weighted")).await;
         assert_eq!(r.status(), 200);
     }
     let share = mock.served().await as f64 / 80.0;
-    assert!((0.6..=0.9).contains(&share), "weights 3:1 give ~0.75: {share}");
+    assert!(
+        (0.6..=0.9).contains(&share),
+        "weights 3:1 give ~0.75: {share}"
+    );
 
     // Eight clients at once: the slow deployment's requests pile up and it loses the choices.
     let before = fast.served().await;
@@ -609,7 +628,11 @@ provider = "keyless"
             .contains("credential"),
         "{v}"
     );
-    assert_eq!(mock.served().await, 0, "nothing was sent without a credential");
+    assert_eq!(
+        mock.served().await,
+        0,
+        "nothing was sent without a credential"
+    );
     assert!(
         gw.log().contains("RESILIENCE_TEST_UNSET_KEY"),
         "the log names the variable: {}",
