@@ -202,7 +202,7 @@ deployments = [
         port = refused_port()
     );
     let gw = Gateway::start(&mock, options(&extra));
-    let key = gw.user_with_key("dead@example.com", &[]);
+    let key = gw.user_with_key("dead@example.com", &["--rpm", "1000"]);
     for _ in 0..30 {
         let r = post(&gw, "/v1/chat/completions", &key, chat("pair")).await;
         assert_eq!(r.status(), 200, "the live deployment answers every request");
@@ -266,7 +266,7 @@ deployments = [
         other.url()
     );
     let gw = Gateway::start(&mock, options(&extra));
-    let key = gw.user_with_key("retry@example.com", &[]);
+    let key = gw.user_with_key("retry@example.com", &["--rpm", "1000"]);
     script(&mock, 429, 1, Some(2)).await;
     let mut asked_at = None;
     for _ in 0..40 {
