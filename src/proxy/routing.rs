@@ -575,6 +575,7 @@ mod tests {
             eject_after_failures: 3,
             cooldown: Duration::from_secs(1),
             max_cooldown: Duration::from_secs(4),
+            ca: None,
         })
     }
 
