@@ -95,7 +95,6 @@ pub struct StorageFile {
     pub redis_outage: Option<String>,
     /// Deadline of database work on the request path and of a pool acquire (default 2000).
     pub database_timeout_ms: Option<u64>,
-
     /// The crash-safety journal of usage events (default `<secrets.dir>/usage.journal`; empty
     /// turns it off). Processes may share it: each writes its own segments.
     pub usage_journal: Option<String>,

@@ -149,6 +149,8 @@ pub struct StorageConfig {
     /// Deadline of database work a request waits for (key and balance loads) and of a pool
     /// acquire anywhere.
     pub database_timeout: Duration,
+    /// Segment path prefix of the usage journal; `None`: off.
+    pub usage_journal: Option<PathBuf>,
 }
 
 /// What the developer API does while Redis is unreachable (the circuit breaker is open).
@@ -159,9 +161,6 @@ pub enum RedisOutage {
     Local,
     /// Answer 503 `quota_unavailable` until Redis is back.
     Refuse,
-
-    /// Segment path prefix of the usage journal; `None`: off.
-    pub usage_journal: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -800,7 +799,6 @@ impl Config {
                     ))
                 }
             }),
-
             usage_journal: None,
         };
 
