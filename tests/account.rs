@@ -1163,7 +1163,10 @@ async fn usage_events_survive_the_move_to_the_account_key() {
         .filter(|m| m.version < 8)
         .cloned()
         .collect();
-    assert_eq!(before.len() + 1, migrator.migrations.len(), "all but 0008");
+    assert!(
+        migrator.migrations.iter().any(|m| m.version == 8),
+        "migration 0008 exists"
+    );
     migrator.migrations = before.into();
     migrator.run(&pool).await.expect("migrations before 0008");
 
