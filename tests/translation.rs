@@ -748,13 +748,15 @@ async fn midstream_errors_and_cuts_in_the_client_style() {
     // delivery otherwise; cut streams are upstream errors.
     let events = gw.wait_usage(4).await;
     assert_eq!(events.len(), 4, "{events:?}");
-    assert_eq!(events[0]["settlement"], "provider:complete");
+    // A provider error event mid-stream settles as an upstream error with the provider's code.
+    assert_eq!(events[0]["settlement"], "provider:upstream_error");
+    assert!(events[0]["error_code"].is_string(), "{:?}", events[0]);
     // The provider's message_start said 1 output token, but the stream ended with an error
     // before its final usage: at least the delivered text is charged.
     let (input, output, cached) = tokens(&events[0]);
     assert_eq!((input, cached), (30, 5));
     assert!(output > 1, "delivered text counted: {output}");
-    assert_eq!(events[1]["settlement"], "counted:complete");
+    assert_eq!(events[1]["settlement"], "counted:upstream_error");
     assert!(events[1]["output_tokens"].as_i64().unwrap() >= 3);
     assert_eq!(events[2]["settlement"], "provider:upstream_error");
     assert_eq!(events[2]["error_code"], "upstream_error");

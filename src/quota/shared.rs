@@ -136,6 +136,24 @@ fn rate_key(prefix: &str, scope: &str, minute: i64) -> String {
     format!("{prefix}rl:{scope}:{minute}")
 }
 
+/// The balance arguments `load.lua` and `reload.lua` share: each hourly spend bucket, then each
+/// lot with something left.
+fn push_balance(
+    inv: &mut redis::ScriptInvocation<'_>,
+    spend: &[crate::storage::quota::SpendBucket],
+    lots: &[Lot],
+) {
+    for b in spend {
+        inv.arg(b.hour).arg(format!(
+            "{},{},{},{}",
+            b.allowance_tokens, b.allowance_requests, b.lot_tokens, b.lot_requests
+        ));
+    }
+    for l in lots.iter().filter(|l| l.remaining > 0) {
+        inv.arg(&l.id).arg(lot_value(l));
+    }
+}
+
 fn lot_value(l: &Lot) -> String {
     let kind = match l.kind {
         LotKind::Token => "t",
@@ -337,15 +355,7 @@ impl Shared {
             inv.key(key);
         }
         inv.arg(ACCOUNT_TTL_SECS).arg(spend.len());
-        for b in &spend {
-            inv.arg(b.hour).arg(format!(
-                "{},{},{},{}",
-                b.allowance_tokens, b.allowance_requests, b.lot_tokens, b.lot_requests
-            ));
-        }
-        for l in lots.iter().filter(|l| l.remaining > 0) {
-            inv.arg(&l.id).arg(lot_value(l));
-        }
+        push_balance(&mut inv, &spend, &lots);
         let mut conn = self.conn();
         self.guarded("load", inv.invoke_async::<i64>(&mut conn))
             .await
@@ -378,15 +388,7 @@ impl Shared {
         for id in released {
             inv.arg(id);
         }
-        for b in &spend {
-            inv.arg(b.hour).arg(format!(
-                "{},{},{},{}",
-                b.allowance_tokens, b.allowance_requests, b.lot_tokens, b.lot_requests
-            ));
-        }
-        for l in lots.iter().filter(|l| l.remaining > 0) {
-            inv.arg(&l.id).arg(lot_value(l));
-        }
+        push_balance(&mut inv, &spend, &lots);
         let mut conn = self.conn();
         self.guarded("reload", inv.invoke_async::<i64>(&mut conn))
             .await
