@@ -279,10 +279,11 @@ async fn a_provider_behind_tls_answers_as_over_plain_http() {
         "{names:?}"
     );
 
-    // TLS connections are pooled: three more requests, no new handshake from the gateway (the
-    // only new connection is the stats query's own).
+    // TLS connections are pooled: eight more requests open at most one new connection per
+    // gateway worker thread (each keeps its own pool, and a client connection lands on either)
+    // plus the stats query's own, instead of one each.
     let before = tls.stats().await["connections"].as_u64().unwrap();
-    for _ in 0..3 {
+    for _ in 0..8 {
         let (s, _) = call(
             &gw,
             &key,
@@ -293,7 +294,11 @@ async fn a_provider_behind_tls_answers_as_over_plain_http() {
         assert_eq!(s, 200);
     }
     let after = tls.stats().await["connections"].as_u64().unwrap();
-    assert_eq!(after - before, 1, "the gateway opened new TLS connections");
+    assert!(
+        after - before <= 3,
+        "the gateway opened {} new TLS connections for 8 requests",
+        after - before - 1
+    );
 
     // A certificate that does not chain to the provider's CA: refused, and the log says why.
     let served = tls.stats().await["served"].as_u64().unwrap();
