@@ -203,7 +203,10 @@ async fn a_live_process_records_what_a_killed_one_left_in_the_journal() {
         assert_eq!(r.status(), 200);
         r.bytes().await.unwrap();
     }
-    // Each holds its events in memory; the second dies.
+    // Each holds its events in memory; the second dies. The settlement line is appended just
+    // after the answer's last byte leaves, so give it a moment (a kill inside that moment
+    // records the request as interrupted instead, which the kill -9 test covers).
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let _ = std::process::Command::new("kill")
         .args(["-KILL", &second.id().to_string()])
         .status();
