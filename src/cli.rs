@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use crate::apikey;
 use crate::config::{Config, Tier};
+use crate::domain::normalize_email;
 use crate::proxy::route::is_known_scope;
 use crate::secrets::Secrets;
 use crate::storage::keys::LimitMode;
@@ -254,35 +255,6 @@ pub enum Output {
     Text(String),
 }
 
-/// Normalizes an email for storage and lookup; `None` when it is not plausibly an address.
-///
-/// Only the common form is accepted: a dot-atom local part (no quoted strings, comments or
-/// backslashes) and a host name of letters, digits and hyphens (no `[127.0.0.1]` literals),
-/// which is also what the mailer must be able to address: an address that passed here and
-/// failed there answered 500 instead of `invalid_email`.
-pub fn normalize_email(raw: &str) -> Option<String> {
-    let e = raw.trim().to_ascii_lowercase();
-    if e.len() > 254 {
-        return None;
-    }
-    let (local, domain) = e.split_once('@')?;
-    let atext = |c: char| c.is_alphanumeric() || "!#$%&'*+/=?^_`{|}~-".contains(c);
-    let local_ok = local.len() <= 64
-        && local
-            .split('.')
-            .all(|part| !part.is_empty() && part.chars().all(atext));
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-            && l.chars().all(|c| c.is_alphanumeric() || c == '-')
-    };
-    let domain_ok = domain.split('.').count() >= 2 && domain.split('.').all(label_ok);
-    let mailable = e.parse::<lettre::Address>().is_ok();
-    (local_ok && domain_ok && mailable).then_some(e)
-}
-
 fn list(raw: &Option<String>) -> Vec<String> {
     raw.as_deref()
         .unwrap_or("")
@@ -326,12 +298,12 @@ pub fn run_admin(cfg: &Config, command: Command) -> Result<Output, String> {
             "warnings": warnings,
         })));
     }
-    let rt = crate::edge::storage_runtime()?;
+    let rt = crate::storage::storage_runtime()?;
     rt.block_on(async {
         let db = Db::connect(&cfg.storage.database_url).await.map_err(|e| {
             format!(
                 "database {}: {e}",
-                crate::edge::redact_url(&cfg.storage.database_url)
+                crate::storage::redact_url(&cfg.storage.database_url)
             )
         })?;
         let json = match command {
@@ -563,35 +535,4 @@ async fn key_create(cfg: &Config, db: &Db, k: KeyCreate) -> Result<Value, String
         obj.insert("userId".into(), Value::String(user.id));
     }
     Ok(v)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn emails() {
-        assert_eq!(
-            normalize_email(" A@Example.COM "),
-            Some("a@example.com".into())
-        );
-        assert_eq!(normalize_email("nope"), None);
-        assert_eq!(normalize_email("a@b"), None);
-        assert_eq!(normalize_email("a b@c.d"), None);
-        assert_eq!(normalize_email("@c.d"), None);
-        for odd in [
-            "a\"b@example.com",
-            "a@[127.0.0.1]",
-            "a..b@example.com",
-            "a@-x.com",
-            "a(c)@x.com",
-            "a@x_y.com",
-        ] {
-            assert_eq!(normalize_email(odd), None, "{odd}");
-        }
-        assert_eq!(
-            normalize_email("First.Last+tag@Sub.Example.com").as_deref(),
-            Some("first.last+tag@sub.example.com")
-        );
-    }
 }

@@ -8,7 +8,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,13 +26,15 @@ use crate::affinity::ThreadAffine;
 use crate::config::{Config, EdgeLimits};
 use crate::conn_limits::{Limiter, Phase};
 use crate::identity::IdentityCache;
+use crate::proxy::in_flight::IN_FLIGHT;
 use crate::proxy::routing::Routing;
+use crate::proxy::state::{ApiState, SharedApiState};
 use crate::proxy::tokens::TokenCounter;
 use crate::proxy::upstream::UpstreamPool;
 use crate::proxy::DevApi;
 use crate::secrets::Secrets;
 use crate::state::{AppState, SharedState};
-use crate::storage::Db;
+use crate::storage::{redact_url, storage_runtime, Db};
 use crate::usage::UsageSink;
 
 /// Write buffer of a developer connection. With Pingora's default (1,460 bytes) the response
@@ -42,35 +44,6 @@ use crate::usage::UsageSink;
 /// flushes a chunked response's header by itself. The benchmark's 400-byte answer already fit,
 /// so the benchmark does not show this.)
 const CLIENT_WRITE_BUFFER: usize = 16 * 1024;
-
-/// Requests currently being served by the developer API (for the drain monitor).
-pub static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
-
-/// Counts a request as in flight for as long as it lives.
-pub struct InFlightGuard;
-
-impl InFlightGuard {
-    pub fn enter() -> InFlightGuard {
-        IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
-        InFlightGuard
-    }
-}
-
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Creates the runtime that owns the pools for the whole process.
-pub fn storage_runtime() -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("gw-storage")
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the storage runtime: {e}"))
-}
 
 /// Ports chosen for `:0` listen addresses, held (bound, not listening) for the life of the
 /// process. Releasing a chosen port before Pingora binds it let another process on the same
@@ -173,7 +146,6 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
             Err(e) => log::warn!("cannot seal plaintext two-factor seeds: {e}"),
         }
     }
-    let tokens = Arc::new(TokenCounter::new().map_err(|e| format!("tokenizer: {e}"))?);
     // Before any request: what a killed predecessor left in the journal is recorded first.
     let journal = match &cfg.storage.usage_journal {
         Some(path) => {
@@ -236,14 +208,27 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
             .and_then(|p| crate::apikey::KeyHasher::new(p.expose())),
         secrets,
         identity,
-        tokens,
         usage,
         quota,
+    });
+    Ok(state)
+}
+
+/// Builds the developer API's state over the shared one on `rt`: the tokenizer, the upstream
+/// pool (swept of idle connections) and the deployments' health.
+pub fn build_api_state(
+    state: SharedState,
+    rt: &tokio::runtime::Runtime,
+) -> Result<SharedApiState, String> {
+    let tokens = Arc::new(TokenCounter::new().map_err(|e| format!("tokenizer: {e}"))?);
+    let api = Arc::new(ApiState {
+        shared: state,
+        tokens,
         upstreams: UpstreamPool::new(),
         routing: Routing::new(),
     });
-    state.routing.register(&state.config());
-    let sweeper = state.clone();
+    api.routing.register(&api.config());
+    let sweeper = api.clone();
     rt.spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(10));
         loop {
@@ -251,15 +236,7 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
             sweeper.upstreams.sweep_idle();
         }
     });
-    Ok(state)
-}
-
-/// Hides credentials in a database URL for messages.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://***{}", &url[..s], &url[at..]),
-        _ => url.to_string(),
-    }
+    Ok(api)
 }
 
 /// `gateway serve`: runs until a shutdown signal.
@@ -321,6 +298,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     // building the state (database, tokenizer) can take longer than the old process waits.
     server.bootstrap();
     let state = build_state(cfg, &rt)?;
+    let api_state = build_api_state(state.clone(), &rt)?;
 
     // The account service, on a private socket served by the storage runtime.
     let uds = std::env::temp_dir().join(format!(
@@ -338,12 +316,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
         });
     }
 
-    let dev_api = pingora_proxy::http_proxy(
-        &server.configuration,
-        DevApi {
-            state: state.clone(),
-        },
-    );
+    let dev_api = pingora_proxy::http_proxy(&server.configuration, DevApi { state: api_state });
     // Each connection is moved to the worker that serves it (see `affinity`), with the write
     // buffer in front of the moved socket; the accepted one needs no buffers. With a single
     // worker the move is needless but costs only a dup and two epoll_ctl per connection: one
@@ -497,19 +470,6 @@ impl ShutdownSignalWatch for Signals {
     }
 }
 
-/// A request on this connection is over: until the next one starts, the connection is idle
-/// (and closed after `server.limits.idle_timeout_seconds`). Not while its body is still
-/// unread: Pingora may drain it before the next request, and those bytes are no head.
-pub fn request_done(session: &mut Session) {
-    let ds = session.as_downstream_mut();
-    if !ds.is_body_done() {
-        return;
-    }
-    if let Some(stream) = ds.stream() {
-        crate::affinity::set_phase(stream, Phase::Idle);
-    }
-}
-
 /// The site listener: forwards everything to the account service's private socket, telling it
 /// the real client address (any client-sent forwarding header is replaced, never trusted).
 struct SiteEdge {
@@ -560,7 +520,7 @@ impl ProxyHttp for SiteEdge {
         _e: Option<&pingora_error::Error>,
         _ctx: &mut (),
     ) {
-        request_done(session);
+        crate::affinity::request_done(session);
     }
 
     async fn upstream_peer(

@@ -10,6 +10,7 @@ pub mod apikey;
 pub mod cli;
 pub mod config;
 pub mod conn_limits;
+pub mod domain;
 pub mod edge;
 pub mod error;
 pub mod identity;

@@ -7,9 +7,6 @@ use arc_swap::ArcSwap;
 
 use crate::config::Config;
 use crate::identity::IdentityCache;
-use crate::proxy::routing::Routing;
-use crate::proxy::tokens::TokenCounter;
-use crate::proxy::upstream::UpstreamPool;
 use crate::quota::Quota;
 use crate::secrets::Secrets;
 use crate::storage::Db;
@@ -25,11 +22,8 @@ pub struct AppState {
     /// The key pepper's HMAC, keyed once (`None` without a pepper).
     pub key_hasher: Option<crate::apikey::KeyHasher>,
     pub identity: Arc<IdentityCache>,
-    pub tokens: Arc<TokenCounter>,
     pub usage: UsageSink,
     pub quota: Quota,
-    pub upstreams: UpstreamPool,
-    pub routing: Routing,
 }
 
 pub type SharedState = Arc<AppState>;

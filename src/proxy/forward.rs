@@ -29,8 +29,8 @@ use crate::proxy::sanitize;
 use crate::proxy::settle::{InFlight, Reason};
 use crate::proxy::shape::{ClientSide, Crossing, Shaper};
 use crate::proxy::sse::{usage_from_body, StreamKind, StreamUsageTracker};
+use crate::proxy::state::SharedApiState;
 use crate::proxy::upstream::{Exchange, ProviderRequest, UpstreamError};
-use crate::state::SharedState;
 
 /// Provider error bodies read while failing over are bounded.
 const ERROR_BODY_LIMIT: usize = 1024 * 1024;
@@ -180,7 +180,7 @@ struct Answer {
 /// The last one's failing answer (5xx, 429) is passed on in the client's style; when no
 /// provider answered at all, the request gets 502 `routing_unavailable` saying why.
 async fn connect(
-    state: &SharedState,
+    state: &SharedApiState,
     session: &Session,
     adm: &Admitted,
     attempts: &Attempts,
@@ -411,7 +411,7 @@ pub struct Reply<'a> {
 
 /// Forwards `adm` to the first target that answers and relays the response.
 pub async fn forward(
-    state: &SharedState,
+    state: &SharedApiState,
     session: &mut Session,
     adm: &Admitted,
     attempts: &Attempts,

@@ -12,6 +12,7 @@
 
 pub mod auth;
 pub mod forward;
+pub mod in_flight;
 pub mod local;
 pub mod pipeline;
 pub mod pool;
@@ -23,6 +24,7 @@ pub mod sanitize;
 pub mod settle;
 pub mod shape;
 pub mod sse;
+pub mod state;
 pub mod tokens;
 pub mod upstream;
 
@@ -41,13 +43,13 @@ use crate::identity::Identity;
 use crate::proxy::pipeline::{Admitted, Stop};
 use crate::proxy::route::{Endpoint, Route};
 use crate::proxy::settle::{new_event, InFlight, Reason};
+use crate::proxy::state::SharedApiState;
 use crate::quota::{Denied, RateView};
-use crate::state::SharedState;
 use crate::util::new_id;
 
 /// The developer-API service.
 pub struct DevApi {
-    pub state: SharedState,
+    pub state: SharedApiState,
 }
 
 /// Per-request state, filled in as the request walks the phases; `logging` reads it.
@@ -112,7 +114,7 @@ impl ProxyHttp for DevApi {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora_error::Result<bool> {
-        let _in_flight = crate::edge::InFlightGuard::enter();
+        let _in_flight = crate::proxy::in_flight::InFlightGuard::enter();
         // Boxed (as are the large futures below it): an async state machine is moved by value
         // when it is built, and a request's nested states inline measured ~5% of the proxy's CPU
         // in `memcpy`.
@@ -129,7 +131,7 @@ impl ProxyHttp for DevApi {
     }
 
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
-        crate::edge::request_done(session);
+        crate::affinity::request_done(session);
         crate::accesslog::developer_request(ctx, self.state.config.load().server.access_log);
     }
 }

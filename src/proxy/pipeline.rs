@@ -16,8 +16,8 @@ use crate::error::ApiError;
 use crate::identity::Identity;
 use crate::proxy::auth::{presented_key, Presented};
 use crate::proxy::route::Endpoint;
+use crate::proxy::state::SharedApiState;
 use crate::proxy::tokens;
-use crate::state::SharedState;
 
 /// Why the pipeline stopped.
 pub enum Stop {
@@ -97,7 +97,7 @@ impl Admitted {
 }
 
 /// Check 1: key validation.
-pub async fn authenticate(state: &SharedState, session: &Session) -> Result<Identity, ApiError> {
+pub async fn authenticate(state: &SharedApiState, session: &Session) -> Result<Identity, ApiError> {
     let Some(hasher) = state.key_hasher.as_ref() else {
         return Err(ApiError::KeySecretNotConfigured);
     };
@@ -494,7 +494,7 @@ impl<'de> serde::Deserialize<'de> for TopFields<'de> {
 /// Parses the JSON body and runs checks 6–8 (model allowlist, per-key token limits, model
 /// limits). Token estimation of large bodies runs off the async workers.
 pub async fn admit(
-    state: &SharedState,
+    state: &SharedApiState,
     cfg: &Config,
     endpoint: Endpoint,
     identity: Identity,

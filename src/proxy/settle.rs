@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use crate::journal::Hold;
 use crate::proxy::sse::{StreamUsageTracker, Usage};
+use crate::proxy::state::SharedApiState;
 use crate::quota::{Reservation, Used};
-use crate::state::SharedState;
 use crate::storage::UsageEvent;
 use crate::usage::UsageSink;
 use crate::util::{new_time_ordered_id, now_ms};
@@ -60,7 +60,7 @@ impl Reason {
 }
 
 pub struct InFlight {
-    state: SharedState,
+    state: SharedApiState,
     reservation: Option<Reservation>,
     started: Instant,
     pub event: UsageEvent,
@@ -84,7 +84,7 @@ pub struct InFlight {
 
 impl InFlight {
     pub fn new(
-        state: SharedState,
+        state: SharedApiState,
         reservation: Reservation,
         started: Instant,
         event: UsageEvent,
@@ -305,7 +305,7 @@ pub fn new_event(user_id: &str, key_id: &str, model: &str, endpoint: &'static st
 /// immediate; a Redis settlement runs on the storage runtime (it may be called from `Drop`),
 /// counted as pending so a flush waits for it.
 fn settle_and_record(
-    state: &SharedState,
+    state: &SharedApiState,
     r: Reservation,
     used: Used,
     mut event: UsageEvent,

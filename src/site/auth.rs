@@ -34,8 +34,8 @@ use super::session::{
     read_cookie, set_cookie, start_session, AuthKey, SessionInfo, OTP_COOKIE, SESSION_COOKIE,
 };
 use super::twofactor;
-use crate::cli::normalize_email;
 use crate::config::{AuthConfig, Config};
+use crate::domain::normalize_email;
 use crate::state::{AppState, SharedState};
 use crate::storage::{ChallengeRecord, ChallengeSecrets, StoreError};
 use crate::util::{new_id, now_ms};

@@ -25,6 +25,24 @@ pub use quota::{Breakdown, LotKind};
 pub use usage::{UsageEvent, UsageStore};
 pub use users::{UserRecord, UserStore};
 
+/// Creates the runtime that owns the pools for the whole process.
+pub fn storage_runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("gw-storage")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the storage runtime: {e}"))
+}
+
+/// Hides credentials in a database URL for messages.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***{}", &url[..s], &url[at..]),
+        _ => url.to_string(),
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Sqlite,
