@@ -10,13 +10,13 @@ use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 
 use crate::cli::{db_error, Output};
-use crate::config::{Config, Provider};
-use crate::quota::tiers;
-use crate::storage::reports::Grouping;
-use crate::storage::usage::UsageTotals;
-use crate::storage::{Db, UserRecord};
-use crate::util::{iso_opt, now_ms};
-use crate::views::{key_json, lot_json, user_json};
+use gateway_core::config::{Config, Provider};
+use gateway_core::quota::tiers;
+use gateway_core::storage::reports::Grouping;
+use gateway_core::storage::usage::UsageTotals;
+use gateway_core::storage::{Db, UserRecord};
+use gateway_core::util::{iso_opt, now_ms};
+use gateway_site::views::{key_json, lot_json, user_json};
 
 const MS_PER_DAY: i64 = 86_400_000;
 /// Most accounts `user list` prints at once.
@@ -61,7 +61,7 @@ pub async fn user_list(db: &Db, status: Option<&str>, limit: u32) -> Result<Valu
                 "status": status_str(u),
                 "quotaTier": u.manual_tier.as_str(),
                 "quotaUnlimited": u.unlimited,
-                "createdAt": crate::util::iso(u.created_at),
+                "createdAt": gateway_core::util::iso(u.created_at),
                 "lastLoginAt": iso_opt(u.last_login_at),
             })
         })
@@ -192,7 +192,7 @@ fn parse_day(flag: &str, raw: &str) -> Result<i64, String> {
 
 /// `YYYY-MM-DD` of a day number.
 fn day_text(day: i64) -> String {
-    crate::util::iso(day.saturating_mul(MS_PER_DAY))
+    gateway_core::util::iso(day.saturating_mul(MS_PER_DAY))
         .chars()
         .take(10)
         .collect()
@@ -304,7 +304,7 @@ fn report_csv(by: By, rows: &[(String, UsageTotals)]) -> Result<String, String> 
 /// `[secrets] dev_generate` will not generate) and providers whose key variable is unset, each
 /// with what stops working. `env` reads a variable (the process environment outside tests).
 pub fn config_warnings(cfg: &Config, env: impl Fn(&str) -> Option<OsString>) -> Vec<String> {
-    use crate::secrets::{
+    use gateway_core::secrets::{
         CAPTCHA_SECRET_ENV, KEY_PEPPER_ENV, SESSION_SECRET_ENV, WEBHOOK_SECRET_ENV,
     };
     let set = |name: &str| env(name).is_some_and(|v| !v.is_empty());

@@ -7,15 +7,15 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
 
-use crate::apikey;
-use crate::config::{Config, Tier};
-use crate::domain::normalize_email;
-use crate::proxy::route::is_known_scope;
-use crate::secrets::Secrets;
-use crate::storage::keys::LimitMode;
-use crate::storage::quota::LotKind;
-use crate::storage::{Db, NewKey, StoreError};
-use crate::views::{key_json, user_json};
+use gateway_core::apikey;
+use gateway_core::config::{Config, Tier};
+use gateway_core::domain::normalize_email;
+use gateway_core::secrets::Secrets;
+use gateway_core::storage::keys::LimitMode;
+use gateway_core::storage::quota::LotKind;
+use gateway_core::storage::{Db, NewKey, StoreError};
+use gateway_devapi::route::is_known_scope;
+use gateway_site::views::{key_json, user_json};
 
 /// `gateway --version`: the package version and the git commit it was built from.
 pub const VERSION: &str = concat!(
@@ -274,7 +274,7 @@ pub(crate) fn db_error(e: StoreError) -> String {
     format!("database error: {e}")
 }
 
-async fn user_by_email(db: &Db, email: &str) -> Result<crate::storage::UserRecord, String> {
+async fn user_by_email(db: &Db, email: &str) -> Result<gateway_core::storage::UserRecord, String> {
     let email = normalize_email(email).ok_or_else(|| format!("invalid email {email:?}"))?;
     db.users()
         .find_by_email(&email)
@@ -298,12 +298,12 @@ pub fn run_admin(cfg: &Config, command: Command) -> Result<Output, String> {
             "warnings": warnings,
         })));
     }
-    let rt = crate::storage::storage_runtime()?;
+    let rt = gateway_core::storage::storage_runtime()?;
     rt.block_on(async {
         let db = Db::connect(&cfg.storage.database_url).await.map_err(|e| {
             format!(
                 "database {}: {e}",
-                crate::storage::redact_url(&cfg.storage.database_url)
+                gateway_core::storage::redact_url(&cfg.storage.database_url)
             )
         })?;
         let json = match command {
@@ -348,7 +348,7 @@ pub fn run_admin(cfg: &Config, command: Command) -> Result<Output, String> {
                     .grant_lot(&user.id, kind, amount, days, t, "admin")
                     .await
                     .map_err(db_error)?;
-                Ok(crate::views::lot_json(&lot))
+                Ok(gateway_site::views::lot_json(&lot))
             }
             Command::Payment(cmd) => payment_command(cfg, &db, cmd).await,
             Command::Serve | Command::Config(_) => Err("not an admin command".into()),
@@ -367,8 +367,8 @@ const LISTABLE: [&str; 5] = [
 ];
 
 async fn payment_command(cfg: &Config, db: &Db, cmd: PaymentCmd) -> Result<Value, String> {
-    use crate::site::payment::{order_json, transaction_json};
-    use crate::storage::payments::CREDITABLE;
+    use gateway_core::storage::payments::CREDITABLE;
+    use gateway_site::payment::{order_json, transaction_json};
     let store = db.payments();
     match cmd {
         PaymentCmd::List { status, limit } => {
@@ -408,9 +408,9 @@ async fn payment_command(cfg: &Config, db: &Db, cmd: PaymentCmd) -> Result<Value
                 .map_err(|e| e.to_string())?;
             Ok(json!({
                 "ok": true,
-                "order": order_json(&credit.order, &cfg.payment, crate::util::now_ms()),
+                "order": order_json(&credit.order, &cfg.payment, gateway_core::util::now_ms()),
                 "transaction": transaction_json(&credit.transaction),
-                "lot": crate::views::lot_json(&credit.lot),
+                "lot": gateway_site::views::lot_json(&credit.lot),
                 "audit": {
                     "id": credit.audit_id,
                     "actor": actor,
@@ -491,7 +491,7 @@ async fn key_create(cfg: &Config, db: &Db, k: KeyCreate) -> Result<Value, String
     if let Some(bad) = scopes.iter().find(|s| !is_known_scope(s)) {
         return Err(format!(
             "unknown scope {bad:?}; known: {}",
-            crate::proxy::route::SCOPES.join(", ")
+            gateway_devapi::route::SCOPES.join(", ")
         ));
     }
     let models = list(&k.models);

@@ -22,20 +22,20 @@ use pingora_core::services::listening::Service;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_proxy::{ProxyHttp, Session};
 
-use crate::affinity::ThreadAffine;
-use crate::config::{Config, EdgeLimits};
-use crate::conn_limits::{Limiter, Phase};
-use crate::identity::IdentityCache;
-use crate::proxy::in_flight::IN_FLIGHT;
-use crate::proxy::routing::Routing;
-use crate::proxy::state::{ApiState, SharedApiState};
-use crate::proxy::tokens::TokenCounter;
-use crate::proxy::upstream::UpstreamPool;
-use crate::proxy::DevApi;
-use crate::secrets::Secrets;
-use crate::state::{AppState, SharedState};
-use crate::storage::{redact_url, storage_runtime, Db};
-use crate::usage::UsageSink;
+use gateway_core::config::{Config, EdgeLimits};
+use gateway_core::identity::IdentityCache;
+use gateway_core::secrets::Secrets;
+use gateway_core::state::{AppState, SharedState};
+use gateway_core::storage::{redact_url, storage_runtime, Db};
+use gateway_core::usage::UsageSink;
+use gateway_devapi::affinity::ThreadAffine;
+use gateway_devapi::conn_limits::{Limiter, Phase};
+use gateway_devapi::in_flight::IN_FLIGHT;
+use gateway_devapi::routing::Routing;
+use gateway_devapi::state::{ApiState, SharedApiState};
+use gateway_devapi::tokens::TokenCounter;
+use gateway_devapi::upstream::UpstreamPool;
+use gateway_devapi::DevApi;
 
 /// Write buffer of a developer connection. With Pingora's default (1,460 bytes) the response
 /// header (with its rate-limit headers) and a non-streamed answer over ~1 KB did not fit
@@ -139,8 +139,8 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
         ))
         .map_err(|e| format!("database {}: {e}", redact_url(&cfg.storage.database_url)))?;
     if let Some(secret) = &secrets.session_secret {
-        let key = crate::site::twofactor::SeedKey::derive(secret.expose());
-        match rt.block_on(crate::site::twofactor::seal_plaintext_seeds(&db, &key)) {
+        let key = gateway_site::twofactor::SeedKey::derive(secret.expose());
+        match rt.block_on(gateway_site::twofactor::seal_plaintext_seeds(&db, &key)) {
             Ok(0) => {}
             Ok(n) => log::info!("sealed {n} plaintext two-factor seeds"),
             Err(e) => log::warn!("cannot seal plaintext two-factor seeds: {e}"),
@@ -149,7 +149,7 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
     // Before any request: what a killed predecessor left in the journal is recorded first.
     let journal = match &cfg.storage.usage_journal {
         Some(path) => {
-            let (journal, _) = rt.block_on(crate::journal::replay(path.clone(), &db))?;
+            let (journal, _) = rt.block_on(gateway_core::journal::replay(path.clone(), &db))?;
             journal.spawn_syncer(cfg.storage.usage_flush);
             rt.spawn(
                 journal
@@ -172,23 +172,23 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
     let backend = match &cfg.storage.redis_url {
         Some(url) => {
             let prefix = std::env::var("GATEWAY_REDIS_PREFIX").unwrap_or_else(|_| "gw:".into());
-            let settings = crate::quota::shared::Settings {
+            let settings = gateway_core::quota::shared::Settings {
                 timeout: cfg.storage.redis_timeout,
                 outage: cfg.storage.redis_outage,
                 db_timeout: cfg.storage.database_timeout,
                 usage: Some(usage.clone()),
             };
-            let shared = rt.block_on(crate::quota::shared::Shared::connect(
+            let shared = rt.block_on(gateway_core::quota::shared::Shared::connect(
                 url, &prefix, settings,
             ))?;
             log::info!("quota and limits shared through Redis");
-            crate::quota::Backend::Shared(Box::new(shared))
+            gateway_core::quota::Backend::Shared(Box::new(shared))
         }
-        None => crate::quota::Backend::Local(crate::quota::local::Local::new(
+        None => gateway_core::quota::Backend::Local(gateway_core::quota::local::Local::new(
             cfg.storage.database_timeout,
         )),
     };
-    let quota = crate::quota::Engine::new(backend, db.clone());
+    let quota = gateway_core::quota::Engine::new(backend, db.clone());
     rt.spawn(quota.clone().run_maintenance(cfg.quota.reservation_timeout));
     for p in cfg.providers.values() {
         if let (Some(var), None) = (&p.api_key_env, &p.api_key) {
@@ -205,7 +205,7 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
         key_hasher: secrets
             .key_pepper
             .as_ref()
-            .and_then(|p| crate::apikey::KeyHasher::new(p.expose())),
+            .and_then(|p| gateway_core::apikey::KeyHasher::new(p.expose())),
         secrets,
         identity,
         usage,
@@ -275,7 +275,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
                 .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         }
     }
-    crate::metrics::init();
+    gateway_core::metrics::init();
     let threads = cfg.server.threads;
     let conf = ServerConf {
         threads,
@@ -304,13 +304,13 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     let uds = std::env::temp_dir().join(format!(
         "gateway-site-{}-{}.sock",
         std::process::id(),
-        crate::util::random_base62(8)
+        gateway_core::util::random_base62(8)
     ));
     {
         let state = state.clone();
         let path = uds.clone();
         rt.spawn(async move {
-            if let Err(e) = crate::site::serve_uds(state, &path).await {
+            if let Err(e) = gateway_site::serve_uds(state, &path).await {
                 log::error!("account service stopped: {e}");
             }
         });
@@ -329,7 +329,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
         ThreadAffine::new(dev_api, CLIENT_WRITE_BUFFER).limited(
             limiter.clone(),
             "developer API",
-            crate::conn_limits::API_HEAD_TOO_LARGE,
+            gateway_devapi::conn_limits::API_HEAD_TOO_LARGE,
         ),
     );
     api.add_listener(ListenerConfig::tcp(&api_listen).l4_buffer(L4BufferSettings::unbuffered()));
@@ -345,7 +345,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
         ThreadAffine::new(site_proxy, CLIENT_WRITE_BUFFER).limited(
             limiter,
             "site",
-            crate::conn_limits::SITE_HEAD_TOO_LARGE,
+            gateway_devapi::conn_limits::SITE_HEAD_TOO_LARGE,
         ),
     );
     site.add_listener(ListenerConfig::tcp(&site_listen).l4_buffer(L4BufferSettings::unbuffered()));
@@ -359,7 +359,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
         svc.add_tcp(admin);
         server.add_service(svc);
     }
-    crate::config::reload::spawn(state.clone(), config_path);
+    gateway_core::config::reload::spawn(state.clone(), config_path);
 
     // Written once the listeners are ours: during a graceful upgrade `bootstrap` returns only
     // after the old process handed them over, so until then the file still names the old one
@@ -390,7 +390,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     // Reached when the drain deadline passed with requests still in flight: they were dropped
     // and settled by their guards; write what they recorded.
     rt.block_on(state.usage.flush());
-    crate::accesslog::flush();
+    gateway_devapi::accesslog::flush();
     let _ = std::fs::remove_file(&uds);
     pid.remove();
     Ok(())
@@ -429,7 +429,7 @@ fn spawn_drain_monitor(
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         if IN_FLIGHT.load(Ordering::Acquire) > 0 {
-            crate::proxy::settle::cut_in_flight();
+            gateway_devapi::settle::cut_in_flight();
         }
         while IN_FLIGHT.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -439,7 +439,7 @@ fn spawn_drain_monitor(
             return;
         }
         state.usage.flush().await;
-        crate::accesslog::flush();
+        gateway_devapi::accesslog::flush();
         let _ = std::fs::remove_file(&uds);
         pid.remove();
         log::info!("shutdown complete");
@@ -494,7 +494,7 @@ impl ProxyHttp for SiteEdge {
             Phase::Body
         };
         if let Some(stream) = session.as_downstream().stream() {
-            crate::affinity::set_phase(stream, phase);
+            gateway_devapi::affinity::set_phase(stream, phase);
         }
         Ok(false)
     }
@@ -508,7 +508,7 @@ impl ProxyHttp for SiteEdge {
     ) -> pingora_error::Result<()> {
         if end_of_stream {
             if let Some(stream) = session.as_downstream().stream() {
-                crate::affinity::set_phase(stream, Phase::Serving);
+                gateway_devapi::affinity::set_phase(stream, Phase::Serving);
             }
         }
         Ok(())
@@ -520,7 +520,7 @@ impl ProxyHttp for SiteEdge {
         _e: Option<&pingora_error::Error>,
         _ctx: &mut (),
     ) {
-        crate::affinity::request_done(session);
+        gateway_devapi::affinity::request_done(session);
     }
 
     async fn upstream_peer(
@@ -589,7 +589,7 @@ impl pingora_core::apps::http_app::ServeHttp for AdminApp {
             "/metrics" => (
                 200,
                 "text/plain; version=0.0.4; charset=utf-8",
-                crate::metrics::render().into_bytes(),
+                gateway_core::metrics::render().into_bytes(),
             ),
             "/health" => (
                 200,

@@ -5,8 +5,13 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use gateway::cli::{Cli, Command, Output};
-use gateway::config::Config;
+use cli::{Cli, Command, Output};
+use gateway_core::config::Config;
+
+mod admin;
+mod cli;
+mod edge;
+mod lifecycle;
 
 /// jemalloc instead of glibc's allocator: the request path makes many small, short-lived
 /// allocations on several threads, where glibc's malloc/free took ~10% of the gateway's CPU.
@@ -29,7 +34,7 @@ pub static malloc_conf: &[u8; 18] = b"tcache_max:131072\0";
 
 fn main() -> ExitCode {
     pingora::tls::install_default_crypto_provider();
-    gateway::logging::init();
+    gateway_core::logging::init();
     let cli = Cli::parse();
     let cfg = match Config::load(&cli.config) {
         Ok(c) => c,
@@ -39,14 +44,14 @@ fn main() -> ExitCode {
         }
     };
     match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => match gateway::edge::serve(cfg) {
+        Command::Serve => match edge::serve(cfg) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
                 ExitCode::FAILURE
             }
         },
-        command => match gateway::cli::run_admin(&cfg, command) {
+        command => match cli::run_admin(&cfg, command) {
             Ok(output) => {
                 let mut out = std::io::stdout().lock();
                 let _ = match output {

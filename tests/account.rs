@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use common::site::{signed_in, Browser, Reply};
 use common::*;
-use gateway::site::twofactor;
-use gateway::storage::usage::UsageTotals;
-use gateway::storage::UsageEvent;
-use gateway::util::{iso, now_ms};
+use gateway_core::storage::usage::UsageTotals;
+use gateway_core::storage::UsageEvent;
+use gateway_core::util::{iso, now_ms};
+use gateway_site::twofactor;
 use serde_json::{json, Value};
 
 /// Header overrides for `Browser::post_with`.
@@ -76,7 +76,7 @@ async fn rotate(b: &mut Browser) -> (String, String) {
     assert_eq!(v["key"]["name"], json!("Global key"));
     assert_eq!(v["key"]["status"], json!("active"));
     let id = v["key"]["id"].as_str().expect("id").to_string();
-    assert!(gateway::util::is_valid_id("key", &id), "{id}");
+    assert!(gateway_core::util::is_valid_id("key", &id), "{id}");
     let secret = v["secret"].as_str().expect("secret").to_string();
     assert!(secret.starts_with("sk-"));
     assert_eq!(v.as_object().map(|o| o.len()), Some(3), "{v}");
@@ -475,7 +475,7 @@ async fn profile_shows_user_and_quota() {
     let v = r.ok_json();
     assert_eq!(v["ok"], json!(true));
     let u = &v["user"];
-    assert!(gateway::util::is_valid_id(
+    assert!(gateway_core::util::is_valid_id(
         "usr",
         u["id"].as_str().expect("id")
     ));
@@ -1193,7 +1193,7 @@ async fn usage_events_survive_the_move_to_the_account_key() {
     }
     pool.close().await;
 
-    let db = gateway::storage::Db::connect(&url)
+    let db = gateway_core::storage::Db::connect(&url)
         .await
         .expect("migrate to 0008");
     let usage = db.usage();

@@ -22,7 +22,7 @@ fn options(limits: &str, extra: &str) -> Options {
         o.redis_url = Some(url);
         o.env.push((
             "GATEWAY_REDIS_PREFIX".into(),
-            format!("test:{}:", gateway::util::random_base62(12)),
+            format!("test:{}:", gateway_core::util::random_base62(12)),
         ));
     }
     o

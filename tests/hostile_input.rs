@@ -1,11 +1,11 @@
 //! Hostile input: property tests on every parser that sees client or provider bytes. None may
 //! panic or hang, and each answers something documented.
 
-use gateway::proxy::query::has_sensitive_param;
-use gateway::proxy::route::{classify, Route};
-use gateway::proxy::sse::{usage_from_body, SseParser, StreamKind, StreamUsageTracker};
-use gateway::proxy::tokens::{requested_output, TokenCounter};
-use gateway::translate::{chat_to_messages, messages_to_chat};
+use gateway_devapi::query::has_sensitive_param;
+use gateway_devapi::route::{classify, Route};
+use gateway_devapi::sse::{usage_from_body, SseParser, StreamKind, StreamUsageTracker};
+use gateway_devapi::tokens::{requested_output, TokenCounter};
+use gateway_translate::{chat_to_messages, messages_to_chat};
 use proptest::prelude::*;
 use serde_json::Value;
 use std::sync::LazyLock;

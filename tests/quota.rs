@@ -32,7 +32,7 @@ fn redis_options(extra: &str) -> Options {
         o.redis_url = Some(url);
         o.env.push((
             "GATEWAY_REDIS_PREFIX".into(),
-            format!("test:{}:", gateway::util::random_base62(12)),
+            format!("test:{}:", gateway_core::util::random_base62(12)),
         ));
     }
     o
@@ -92,7 +92,7 @@ async fn lot_remaining(gw: &Gateway, email: &str) -> u64 {
     let user = db.users().find_by_email(email).await.unwrap().unwrap();
     let lots = db
         .quota()
-        .lots(&user.id, gateway::util::now_ms())
+        .lots(&user.id, gateway_core::util::now_ms())
         .await
         .unwrap();
     lots.iter().map(|l| l.remaining).sum()
@@ -399,7 +399,7 @@ requests_per_minute = 600
     let user = db.users().find_by_email(email).await.unwrap().unwrap();
     let lots = db
         .quota()
-        .lots(&user.id, gateway::util::now_ms())
+        .lots(&user.id, gateway_core::util::now_ms())
         .await
         .unwrap();
     let rem = |id: &Value| {

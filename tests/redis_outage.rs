@@ -43,7 +43,7 @@ struct Setup {
 async fn setup(policy: &str, lot: u64, mock_args: &[&str]) -> Setup {
     let redis = PrivateRedis::start();
     let mock = Mock::start(mock_args);
-    let prefix = format!("t:{}:", gateway::util::random_base62(8));
+    let prefix = format!("t:{}:", gateway_core::util::random_base62(8));
     let gw = Gateway::start(
         &mock,
         Options {
@@ -128,7 +128,7 @@ async fn db_lot_remaining(gw: &Gateway, user_id: &str) -> u64 {
     let db = gw.db().await;
     let lots = db
         .quota()
-        .lots(user_id, gateway::util::now_ms())
+        .lots(user_id, gateway_core::util::now_ms())
         .await
         .expect("lots");
     lots.iter().map(|l| l.remaining).sum()

@@ -4,7 +4,7 @@
 //! and accounts written by the previous key layout. Runs when `GATEWAY_TEST_REDIS` is set (CI's
 //! Postgres + Redis run); the gateway-level quota tests (tests/quota.rs) run these scripts too.
 
-use gateway::quota::shared::{account_keys, LOAD_LUA, RESERVE_LUA, SETTLE_LUA};
+use gateway_core::quota::shared::{account_keys, LOAD_LUA, RESERVE_LUA, SETTLE_LUA};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, Script, Value};
 
@@ -52,7 +52,7 @@ impl Account {
             .get_multiplexed_async_connection()
             .await
             .expect("redis connect");
-        let prefix = format!("test:{}:", gateway::util::random_base62(12));
+        let prefix = format!("test:{}:", gateway_core::util::random_base62(12));
         let user = "usr_scripts";
         Some(Account {
             conn,
@@ -438,7 +438,7 @@ async fn the_sweep_releases_only_stale_reservations_and_keeps_the_set_exact() {
 
 /// One sweep.lua call over the test account (10 s reservation timeout); how many it released.
 async fn sweep(a: &mut Account, due: &str, user: &str, at: i64) -> i64 {
-    let script = Script::new(gateway::quota::shared::SWEEP_LUA);
+    let script = Script::new(gateway_core::quota::shared::SWEEP_LUA);
     let mut inv = script.prepare_invoke();
     inv.key(&a.keys[0])
         .key(&a.keys[1])

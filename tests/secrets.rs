@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::site::{latest_code, signed_in, Browser};
 use common::*;
-use gateway::site::twofactor;
+use gateway_site::twofactor;
 use serde_json::json;
 use sqlx::Row;
 
@@ -323,7 +323,7 @@ async fn totp_seeds_are_sealed_and_codes_work_once() {
     // A plaintext seed from before sealing keeps working and is sealed at the next start.
     let plain = twofactor::generate(email).secret;
     db.auth()
-        .set_two_factor(&user.id, Some(&plain), gateway::util::now_ms())
+        .set_two_factor(&user.id, Some(&plain), gateway_core::util::now_ms())
         .await
         .expect("plaintext seed");
     let code = twofactor::code_at(&plain, now_s()).expect("code");

@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::site::{Browser, ORIGIN};
 use common::smtp::SmtpSink;
 use common::*;
-use gateway::site::twofactor;
-use gateway::storage::Db;
+use gateway_core::storage::Db;
+use gateway_site::twofactor;
 use serde_json::{json, Value};
 
 /// A sign-in mail from the outbox (or the SMTP sink).
@@ -841,7 +841,7 @@ async fn two_factor_is_required_when_on() {
     let setup = twofactor::generate(email);
     assert!(setup.otpauth_url.starts_with("otpauth://totp/"));
     db.auth()
-        .set_two_factor(&user.id, Some(&setup.secret), gateway::util::now_ms())
+        .set_two_factor(&user.id, Some(&setup.secret), gateway_core::util::now_ms())
         .await
         .expect("2fa on");
 
@@ -908,7 +908,7 @@ async fn two_factor_is_required_when_on() {
 
     // Off again: the emailed code alone suffices.
     db.auth()
-        .set_two_factor(&user.id, None, gateway::util::now_ms())
+        .set_two_factor(&user.id, None, gateway_core::util::now_ms())
         .await
         .expect("2fa off");
     sign_in(&gw, &mut b, email).await;
@@ -1003,7 +1003,7 @@ async fn sessions_end_when_idle_or_expired() {
     sign_in(&gw, &mut b, email).await;
     assert!(b.get("/api/auth/session").await.ok_json().is_object());
     sqlx::query("UPDATE auth_sessions SET expires_at = $1")
-        .bind(gateway::util::now_ms() - 1)
+        .bind(gateway_core::util::now_ms() - 1)
         .execute(&db.pool)
         .await
         .expect("expire");

@@ -152,7 +152,7 @@ fn postgres_database() -> String {
     let name = format!(
         "gw_test_{}_{}",
         std::process::id(),
-        gateway::util::random_base62(10).to_ascii_lowercase()
+        gateway_core::util::random_base62(10).to_ascii_lowercase()
     );
     let output = Command::new("psql")
         .args([&admin, "-q", "-c", &format!("CREATE DATABASE {name}")])
@@ -487,8 +487,8 @@ impl Gateway {
     }
 
     /// Opens the gateway's database (for assertions on what it recorded).
-    pub async fn db(&self) -> gateway::storage::Db {
-        gateway::storage::Db::connect(&self.database_url)
+    pub async fn db(&self) -> gateway_core::storage::Db {
+        gateway_core::storage::Db::connect(&self.database_url)
             .await
             .expect("open test database")
     }

@@ -1,0 +1,17 @@
+//! The gateway's core: the domain words, the config model and its validation, storage, quota,
+//! identity and the other services both front ends (the developer API and the account
+//! service) share. It depends on neither of them.
+
+pub mod apikey;
+pub mod config;
+pub mod domain;
+pub mod identity;
+pub mod journal;
+pub mod logging;
+pub mod metrics;
+pub mod quota;
+pub mod secrets;
+pub mod state;
+pub mod storage;
+pub mod usage;
+pub mod util;

@@ -1,0 +1,626 @@
+//! Forwarding an admitted request to a provider and streaming the answer back.
+//!
+//! Failover happens only before the first byte reaches the client: a connect error, TLS error,
+//! timeout, 401, 429 or 5xx moves on to the next deployment, and every attempt is scored for its
+//! deployment's health ([`crate::routing`]). Once the response
+//! header is written, the body is relayed chunk by chunk through a [`Shaper`] (which passes it
+//! through or translates it into the client's style), usage is observed on the way, and the
+//! client is watched so an abort is seen at once. Only a translated non-stream answer and a
+//! provider error are held until complete: the one has to be parsed whole to be translated, the
+//! other is checked for an echo of the provider credential ([`sanitize`]). A provider 401/403 is
+//! not relayed at all.
+
+use std::borrow::Cow;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http::HeaderName;
+use pingora_http::ResponseHeader;
+use pingora_proxy::Session;
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::pipeline::Admitted;
+use crate::respond;
+use crate::route::Endpoint;
+use crate::routing::{retry_after, Failure, Outstanding, Target, Verdict};
+use crate::sanitize;
+use crate::settle::{InFlight, Reason};
+use crate::shape::{ClientSide, Crossing, Shaper};
+use crate::sse::{usage_from_body, StreamKind, StreamUsageTracker};
+use crate::state::SharedApiState;
+use crate::upstream::{Exchange, ProviderRequest, UpstreamError};
+use gateway_core::config::ProviderStyle;
+
+/// Provider error bodies read while failing over are bounded.
+const ERROR_BODY_LIMIT: usize = 1024 * 1024;
+
+/// Where an admitted request may go: the deployments to try in order and, when some of them
+/// speak the other style, the request already translated for those (see
+/// [`crate::shape::translate_request`]).
+pub struct Attempts {
+    pub targets: Vec<Target>,
+    pub translated: Option<Value>,
+    /// `routing.failover_deadline_ms`: no attempt starts later than this after the first.
+    pub deadline: Duration,
+}
+
+/// How a forwarded request ended, for settlement.
+pub struct Outcome {
+    pub status: u16,
+    pub reason: Reason,
+    pub error_code: Option<&'static str>,
+}
+
+/// Client headers worth passing on. Everything else (credentials, cookies, hop-by-hop,
+/// encodings we could not parse) stays behind. Names built at compile time: a `&str` name is
+/// parsed on every lookup, and these are looked up for every request.
+static PASS_REQUEST_HEADERS: [HeaderName; 3] = [
+    http::header::ACCEPT,
+    http::header::USER_AGENT,
+    HeaderName::from_static("openai-beta"),
+];
+static ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+static COMPAT_VERSION: HeaderName = HeaderName::from_static("compat-version");
+static ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
+
+/// The body to send to one target. Same style: the client's bytes untouched unless the model is
+/// renamed or a streaming chat request needs `stream_options.include_usage` (the gateway always
+/// wants the provider's own count). Other style: the translated body (which asks for usage
+/// itself) with this deployment's model name.
+fn upstream_body(
+    adm: &Admitted,
+    target: &Target,
+    crossing: Crossing,
+    translated: Option<&Value>,
+) -> Result<Bytes, ApiError> {
+    if crossing != Crossing::Native {
+        let Some(mut j) = translated.cloned() else {
+            log::error!("no translated body for {}", target.label());
+            return Err(ApiError::ServerError);
+        };
+        let model = target.upstream_model.as_deref().unwrap_or(&adm.model_name);
+        if let Some(obj) = j.as_object_mut() {
+            obj.insert("model".into(), Value::String(model.to_string()));
+        }
+        return serde_json::to_vec(&j)
+            .map(Bytes::from)
+            .map_err(|_| ApiError::ServerError);
+    }
+    if adm.endpoint.is_get() {
+        return Ok(adm.body.clone());
+    }
+    let rename = target
+        .upstream_model
+        .as_deref()
+        .filter(|m| *m != adm.model_name);
+    let want_usage = adm.stream
+        && adm.endpoint == Endpoint::ChatCompletions
+        && target.provider.style == ProviderStyle::OpenAi
+        && !adm.client_wants_usage;
+    if rename.is_none() && !want_usage {
+        return Ok(adm.body.clone());
+    }
+    let mut j = adm.tree_for_rewrite()?.into_owned();
+    if let (Some(m), Some(obj)) = (rename, j.as_object_mut()) {
+        obj.insert("model".into(), Value::String(m.to_string()));
+    }
+    if want_usage {
+        if let Some(obj) = j.as_object_mut() {
+            let opts = obj
+                .entry("stream_options")
+                .or_insert_with(|| Value::Object(Default::default()));
+            if let Some(o) = opts.as_object_mut() {
+                o.insert("include_usage".into(), Value::Bool(true));
+            }
+        }
+    }
+    Ok(Bytes::from(
+        serde_json::to_vec(&j).unwrap_or_else(|_| adm.body.to_vec()),
+    ))
+}
+
+/// The headers sent to a provider, borrowed from the client's request and the provider's
+/// configuration where they can be (this runs for every request).
+fn upstream_headers<'a>(
+    session: &'a Session,
+    target: &'a Target,
+    adm: &Admitted,
+) -> Vec<(&'static str, Cow<'a, str>)> {
+    let req = session.req_header();
+    let get = |n: &HeaderName| req.headers.get(n).and_then(|v| v.to_str().ok());
+    let mut h: Vec<(&'static str, Cow<'a, str>)> = Vec::with_capacity(8);
+    if !adm.endpoint.is_get() {
+        h.push(("content-type", Cow::Borrowed("application/json")));
+    }
+    for name in &PASS_REQUEST_HEADERS {
+        if let Some(v) = get(name) {
+            h.push((name.as_str(), Cow::Borrowed(v)));
+        }
+    }
+    h.push(("accept-encoding", Cow::Borrowed("identity")));
+    let p = &target.provider;
+    match p.style {
+        ProviderStyle::OpenAi => {
+            if let Some(k) = &p.api_key {
+                h.push(("authorization", Cow::Owned(format!("Bearer {k}"))));
+            }
+        }
+        ProviderStyle::Anthropic => {
+            if let Some(k) = &p.api_key {
+                h.push(("x-api-key", Cow::Borrowed(k.as_str())));
+            }
+            let version = get(&ANTHROPIC_VERSION)
+                .or_else(|| get(&COMPAT_VERSION))
+                .unwrap_or("2023-06-01");
+            h.push(("anthropic-version", Cow::Borrowed(version)));
+            if let Some(beta) = get(&ANTHROPIC_BETA) {
+                h.push(("anthropic-beta", Cow::Borrowed(beta)));
+            }
+        }
+    }
+    h
+}
+
+/// The answer under way: the exchange, where it came from, how the request crossed to it, and
+/// whether it still counts for the deployment's health (a failure passed on as the last resort
+/// was already scored).
+struct Answer {
+    ex: Exchange,
+    target: Target,
+    crossing: Crossing,
+    scores: bool,
+    /// Holds the deployment's outstanding count until the answer is relayed.
+    _outstanding: Outstanding,
+}
+
+/// Tries the targets in order until one answers with something other than a failure of the
+/// deployment, scoring every attempt. The attempts are bounded twice: the plan holds at most
+/// `routing.max_attempts` targets, and none is started after `routing.failover_deadline_ms`.
+/// The last one's failing answer (5xx, 429) is passed on in the client's style; when no
+/// provider answered at all, the request gets 502 `routing_unavailable` saying why.
+async fn connect(
+    state: &SharedApiState,
+    session: &Session,
+    adm: &Admitted,
+    attempts: &Attempts,
+    request_id: &str,
+) -> Result<Answer, ApiError> {
+    let started = Instant::now();
+    let mut last_failure: Option<Failure> = None;
+    let targets = &attempts.targets;
+    for (i, target) in targets.iter().enumerate() {
+        if i > 0 && started.elapsed() >= attempts.deadline {
+            log::warn!(
+                "request {request_id}: failover deadline reached after {i} attempts; not trying {}",
+                target.label()
+            );
+            break;
+        }
+        let Some(crossing) = Crossing::of(adm.endpoint, target.provider.style) else {
+            continue;
+        };
+        let endpoint = crossing.provider_endpoint(adm.endpoint);
+        let path = [target.provider.base_path.as_str(), endpoint.path()].concat();
+        let req = ProviderRequest {
+            provider: &target.provider,
+            method: if endpoint.is_get() { "GET" } else { "POST" },
+            path: &path,
+            headers: upstream_headers(session, target, adm),
+            body: upstream_body(adm, target, crossing, attempts.translated.as_ref())?,
+        };
+        let outstanding = target.health.begin();
+        match Box::pin(state.upstreams.start(&req)).await {
+            Ok(mut ex) => {
+                let status = ex.status();
+                let verdict = Verdict::of_status(status);
+                state.routing.attempted(target, verdict);
+                let Verdict::Failed(failure) = verdict else {
+                    return Ok(Answer {
+                        ex,
+                        target: target.clone(),
+                        crossing,
+                        scores: true,
+                        _outstanding: outstanding,
+                    });
+                };
+                let wait = ex.header().and_then(|h| retry_after(status, h));
+                state.routing.failed(target, failure, wait, request_id);
+                let last = i + 1 == targets.len() || started.elapsed() >= attempts.deadline;
+                if !last {
+                    let _ = ex.read_all(ERROR_BODY_LIMIT).await;
+                    state.upstreams.finish(ex).await;
+                    last_failure = Some(failure);
+                    log::warn!(
+                        "deployment {} answered {status}; failing over (request {request_id})",
+                        target.label()
+                    );
+                    continue;
+                }
+                // The last one's answer is passed on (a refused credential becomes
+                // `provider_auth_failed` in `forward`).
+                return Ok(Answer {
+                    ex,
+                    target: target.clone(),
+                    crossing,
+                    scores: false,
+                    _outstanding: outstanding,
+                });
+            }
+            Err(e) => {
+                let Some(failure) = Failure::of_error(&e) else {
+                    log::error!("request {request_id} cannot be sent upstream: {e}");
+                    return Err(ApiError::ServerError);
+                };
+                log::warn!(
+                    "deployment {} failed: {e} (request {request_id})",
+                    target.label()
+                );
+                state.routing.attempted(target, Verdict::Failed(failure));
+                state.routing.failed(target, failure, None, request_id);
+                last_failure = Some(failure);
+            }
+        }
+    }
+    Err(match last_failure {
+        Some(f) => ApiError::RouteFailed(f.describe().into()),
+        None => ApiError::RoutingUnavailable,
+    })
+}
+
+/// The client's response header: the provider's headers that pass
+/// [`sanitize::client_header_name`], the gateway's request id and rate-limit headers. A
+/// translated answer gets `content_type` (and, when held whole, `content_length`) in place of
+/// the provider's, whose body it no longer describes.
+///
+/// Built as a plain `http` header map and handed to Pingora whole: Pingora's own
+/// `insert_header`/`append_header` turn every name into a title-cased copy and parse it back,
+/// two allocations per header that is not a standard one (all 13 of the gateway's own). Without
+/// a case map Pingora writes the names as they are, as it did for `build_no_case`.
+fn client_header(
+    up: &ResponseHeader,
+    status: u16,
+    content_type: Option<&str>,
+    content_length: Option<usize>,
+    reply: &Reply<'_>,
+) -> Option<Box<ResponseHeader>> {
+    use http::header::{CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
+    let (mut parts, ()) = http::Response::new(()).into_parts();
+    parts.status = http::StatusCode::from_u16(status).ok()?;
+    // The rate-limit headers first: the map comes with their names already hashed.
+    parts.headers = reply.rate.header_map();
+    let headers = &mut parts.headers;
+    // The provider's headers and at most 3 more of the gateway's own: the request id, the
+    // content type and the length (or chunking).
+    headers.reserve(up.headers.len() + 3);
+    for (name, value) in up.headers.iter() {
+        let replaced = content_type.is_some() && name == CONTENT_TYPE;
+        if let Some(name) = sanitize::client_header_name(name).filter(|_| !replaced) {
+            headers.append(name, value.clone());
+        }
+    }
+    if let Some(ct) = content_type {
+        headers.insert(CONTENT_TYPE, http::HeaderValue::from_str(ct).ok()?);
+    }
+    match content_length {
+        Some(n) => {
+            headers.insert(CONTENT_LENGTH, respond::content_length(n));
+        }
+        // Relayed as it arrives: chunked, so the connection stays reusable (without a length
+        // or chunking, HTTP/1.1 can only end the body by closing the connection).
+        None if !matches!(status, 204 | 304) => {
+            headers.insert(TRANSFER_ENCODING, http::HeaderValue::from_static("chunked"));
+        }
+        None => {}
+    }
+    headers.insert(
+        respond::X_REQUEST_ID,
+        http::HeaderValue::from_str(reply.request_id).ok()?,
+    );
+    Some(Box::new(ResponseHeader::from(parts)))
+}
+
+/// Most bytes merged into one write to the client.
+const COALESCE_LIMIT: usize = 64 * 1024;
+
+/// What followed the chunks [`coalesce`] merged.
+enum After {
+    /// The provider's body goes on.
+    Open,
+    /// The provider's body ended.
+    End,
+    /// Reading the provider's body failed.
+    Failed(UpstreamError),
+}
+
+/// The client's bytes for `first` and for every further provider chunk that has already
+/// arrived (up to [`COALESCE_LIMIT`]), so they go out in one write: a provider typically sends
+/// each stream event as its own HTTP chunk, and Pingora flushes every chunk written, which cost
+/// a `send` (and a wake-up of the client) per event. Only data already received is merged:
+/// nothing waits, so streaming latency is unchanged.
+fn coalesce(
+    ex: &mut Exchange,
+    shaper: &mut Shaper,
+    mut tracker: Option<&mut StreamUsageTracker>,
+    first: Bytes,
+) -> (Bytes, After) {
+    let out = shaper.feed(first, tracker.as_deref_mut());
+    let mut merged: Option<BytesMut> = None;
+    let mut after = After::Open;
+    while merged.as_ref().map_or(out.len(), BytesMut::len) < COALESCE_LIMIT {
+        match ex.ready_chunk() {
+            None => break,
+            Some(Ok(Some(more))) => {
+                let shaped = shaper.feed(more, tracker.as_deref_mut());
+                if !shaped.is_empty() {
+                    merged
+                        .get_or_insert_with(|| BytesMut::from(&out[..]))
+                        .extend_from_slice(&shaped);
+                }
+            }
+            Some(Ok(None)) => {
+                after = After::End;
+                break;
+            }
+            Some(Err(e)) => {
+                after = After::Failed(e);
+                break;
+            }
+        }
+    }
+    (merged.map_or(out, BytesMut::freeze), after)
+}
+
+/// The next write is the last before the chunked answer's terminator, which `forward` writes
+/// without waiting on anything else: its bytes wait in the client's write buffer and leave with
+/// the terminator, one send instead of two ([`crate::affinity::hold_next_flush`]).
+fn end_follows(session: &Session) {
+    if let Some(stream) = session.as_downstream().stream() {
+        crate::affinity::hold_next_flush(stream);
+    }
+}
+
+/// The provider's `content-length`, when its body is length-delimited (not chunked).
+fn relayed_length(ex: &Exchange) -> Option<usize> {
+    let h = ex.header()?;
+    if h.headers.contains_key(http::header::TRANSFER_ENCODING) {
+        return None;
+    }
+    h.headers
+        .get(http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn content_type(ex: &Exchange) -> Option<&str> {
+    ex.header()
+        .and_then(|h| h.headers.get(http::header::CONTENT_TYPE))
+        .and_then(|v| v.to_str().ok())
+}
+
+/// How the answer to the client is dressed: its request id, its error style, extra headers
+/// (rate-limit information).
+pub struct Reply<'a> {
+    pub request_id: &'a str,
+    pub style_b: bool,
+    pub rate: &'a gateway_core::quota::RateView,
+}
+
+/// Forwards `adm` to the first target that answers and relays the response.
+pub async fn forward(
+    state: &SharedApiState,
+    session: &mut Session,
+    adm: &Admitted,
+    attempts: &Attempts,
+    flight: &mut InFlight,
+    reply: &Reply<'_>,
+) -> Result<Outcome, ApiError> {
+    if attempts.targets.is_empty() {
+        return Err(ApiError::RoutingUnavailable);
+    }
+    let Answer {
+        mut ex,
+        target,
+        crossing,
+        scores,
+        _outstanding: outstanding,
+    } = Box::pin(connect(state, session, adm, attempts, reply.request_id)).await?;
+    flight.event.deployment = Some(target.label().to_string());
+    let mut status = ex.status();
+    if sanitize::refuses_operator(status) {
+        let body = ex.read_all(ERROR_BODY_LIMIT).await.unwrap_or_default();
+        state.upstreams.finish(ex).await;
+        let p = &target.provider;
+        return Err(sanitize::operator_refused(
+            &p.name,
+            status,
+            &body,
+            p.api_key.as_deref(),
+        ));
+    }
+    let client = ClientSide::of(adm, reply.style_b);
+    let mut shaper = Shaper::new(crossing, client, status, content_type(&ex));
+    flight.tracker = shaper.tracker();
+
+    session.as_downstream_mut().set_abort_on_close(true);
+    // Bytes of a length-delimited relayed body still owed to the client.
+    let mut owed: Option<usize> = None;
+    if !shaper.holds_header() {
+        // A body relayed byte for byte keeps the provider's length: Pingora then sends the
+        // header and the whole body in one write, with no chunk framing.
+        let length = if shaper.is_plain() {
+            relayed_length(&ex)
+        } else {
+            None
+        };
+        owed = length;
+        let header = ex
+            .header()
+            .and_then(|up| client_header(up, status, shaper.content_type(), length, reply));
+        let Some(header) = header else {
+            state.upstreams.abort(ex).await;
+            return Err(ApiError::ServerError);
+        };
+        if session.write_response_header(header, false).await.is_err() {
+            state.upstreams.abort(ex).await;
+            return Ok(Outcome {
+                status,
+                reason: Reason::ClientDisconnect,
+                error_code: None,
+            });
+        }
+        flight.mark_first_byte();
+    }
+
+    let drain_cut = crate::settle::drain_cut();
+    tokio::pin!(drain_cut);
+    // Why the provider's answer broke off, when it did.
+    let mut cut: Option<Failure> = None;
+    let reason = loop {
+        tokio::select! {
+            chunk = ex.next_chunk() => {
+                let (out, after) = match chunk {
+                    Ok(Some(bytes)) => coalesce(&mut ex, &mut shaper, flight.tracker.as_mut(), bytes),
+                    Ok(None) => (Bytes::new(), After::End),
+                    Err(e) => (Bytes::new(), After::Failed(e)),
+                };
+                if !out.is_empty() {
+                    flight.output_started = true;
+                    let sent = out.len();
+                    if matches!(after, After::End) && owed.is_none() {
+                        end_follows(session);
+                    }
+                    if session.write_response_body(Some(out), false).await.is_err() {
+                        break Reason::ClientDisconnect;
+                    }
+                    if let Some(left) = owed.as_mut() {
+                        *left = left.saturating_sub(sent);
+                        if *left == 0 {
+                            // All of it is with the client: done, without waiting for the
+                            // provider's end-of-body (the connection is pooled only if its
+                            // body was read to the end).
+                            break Reason::Complete;
+                        }
+                    }
+                }
+                match after {
+                    After::Open => {}
+                    After::End => break Reason::Complete,
+                    After::Failed(e) => {
+                        log::warn!(
+                            "deployment {} failed mid-response: {e} (request {})",
+                            target.label(),
+                            reply.request_id
+                        );
+                        cut = Failure::of_error(&e);
+                        break Reason::UpstreamError;
+                    }
+                }
+            }
+            gone = session.as_downstream_mut().read_body_or_idle(true) => {
+                if gone.is_err() {
+                    break Reason::ClientDisconnect;
+                }
+            }
+            () = &mut drain_cut => break Reason::Aborted,
+        }
+    };
+
+    // The provider's part is over: the deployment's load drops before the client can see the
+    // end of the answer (a client's next request then finds the count already down).
+    drop(outstanding);
+
+    // What the client is still owed: the held answer whole, or the end of the stream.
+    let client_here = reason != Reason::ClientDisconnect;
+    if shaper.holds_header() && client_here {
+        let (client_status, body) = shaper.whole(reason);
+        let body = match client_status {
+            400.. => sanitize::mask_credential(body, target.provider.api_key.as_deref()),
+            _ => body,
+        };
+        status = client_status;
+        let header = ex.header().and_then(|up| {
+            client_header(up, status, shaper.content_type(), Some(body.len()), reply)
+        });
+        if let Some(header) = header {
+            if session.write_response_header(header, false).await.is_ok() {
+                flight.mark_first_byte();
+                flight.output_started = true;
+                let _ = session.write_response_body(Some(body), false).await;
+            }
+        }
+    } else if !shaper.holds_header() {
+        let tail = shaper.end(reason, flight.tracker.as_mut());
+        if client_here && !tail.is_empty() {
+            if reason == Reason::Complete {
+                end_follows(session);
+            }
+            let _ = session.write_response_body(Some(tail), false).await;
+        }
+    }
+
+    if let Some(u) = flight.tracker.as_ref().and_then(|t| t.usage()) {
+        flight.provider_usage = Some(u);
+    } else if let Some(body) = shaper.provider_body() {
+        let kind = shaper.usage_kind().unwrap_or(StreamKind::OpenAiChat);
+        flight.provider_usage = usage_from_body(kind, body);
+        if flight.provider_usage.is_none() && adm.endpoint.generates() {
+            // No usage in the body: count the answer's text as delivered output.
+            let text = String::from_utf8_lossy(body);
+            flight.counted_output = Some(state.tokens.count(&text));
+        }
+    }
+
+    let (reason, error_code) = match reason {
+        Reason::Complete => {
+            if scores {
+                state.routing.succeeded(&target, reply.request_id);
+            }
+            state.upstreams.finish(ex).await;
+            let _ = session.write_response_body(None, true).await;
+            if status >= 400 {
+                (Reason::ProviderError, Some("provider_error"))
+            } else {
+                (Reason::Complete, None)
+            }
+        }
+        Reason::UpstreamError => {
+            state.upstreams.abort(ex).await;
+            if let Some(failure) = cut.filter(|_| scores) {
+                state
+                    .routing
+                    .failed(&target, failure, None, reply.request_id);
+            }
+            if shaper.is_plain() {
+                // A cut plain body cannot be marked as failed in-band: close the connection so
+                // the client sees the truncation.
+                session.as_downstream_mut().shutdown().await;
+            } else {
+                let _ = session.write_response_body(None, true).await;
+            }
+            (Reason::UpstreamError, Some("upstream_error"))
+        }
+        Reason::Aborted => {
+            // The shutdown drain ended: the answer was closed with an error (above).
+            state.upstreams.abort(ex).await;
+            let _ = session.write_response_body(None, true).await;
+            (Reason::Aborted, Some("shutting_down"))
+        }
+        other => {
+            state.upstreams.abort(ex).await;
+            (other, Some("client_disconnect"))
+        }
+    };
+    if status >= 400 && reason == Reason::ProviderError {
+        // The provider refused before generating: nothing to charge beyond what it reported.
+        flight.charge_input_estimate = false;
+    }
+    Ok(Outcome {
+        status,
+        reason,
+        error_code,
+    })
+}

@@ -1,0 +1,352 @@
+//! Settlement: every admitted request ends here exactly once, whatever the exit path.
+//!
+//! `InFlight` owns the reservation and what is known about usage so far. The normal paths call
+//! `finish` with the reason; if the request future is dropped instead (gateway shutdown, a
+//! panic unwinding), `Drop` settles with what was counted up to that point. Either way one usage
+//! event is recorded and the reservation is settled once.
+
+use std::time::Instant;
+
+use crate::sse::{StreamUsageTracker, Usage};
+use crate::state::SharedApiState;
+use gateway_core::journal::Hold;
+use gateway_core::quota::{Reservation, Used};
+use gateway_core::storage::UsageEvent;
+use gateway_core::usage::UsageSink;
+use gateway_core::util::{new_time_ordered_id, now_ms};
+
+/// How the final numbers were obtained, recorded with the event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// Completed; the provider reported usage (or no usage applies).
+    Complete,
+    /// The client went away mid-response.
+    ClientDisconnect,
+    /// The provider failed or cut the stream mid-response.
+    UpstreamError,
+    /// The provider answered with an error status before any output.
+    ProviderError,
+    /// No deployment could serve the request.
+    Unrouted,
+    /// The request future was dropped (shutdown).
+    Aborted,
+}
+
+/// The reason names, written once: [`Reason::settlement`] prefixes them at compile time.
+macro_rules! reason_name {
+    ($reason:expr, $prefix:literal) => {
+        match $reason {
+            Reason::Complete => concat!($prefix, "complete"),
+            Reason::ClientDisconnect => concat!($prefix, "client_disconnect"),
+            Reason::UpstreamError => concat!($prefix, "upstream_error"),
+            Reason::ProviderError => concat!($prefix, "provider_error"),
+            Reason::Unrouted => concat!($prefix, "unrouted"),
+            Reason::Aborted => concat!($prefix, "aborted"),
+        }
+    };
+}
+
+impl Reason {
+    /// How the numbers were obtained and why the request ended, as recorded in the event:
+    /// `provider:<reason>` or `counted:<reason>`. Static text: this is made for every request
+    /// and read on the usage writer's thread.
+    fn settlement(self, provider_reported: bool) -> &'static str {
+        if provider_reported {
+            reason_name!(self, "provider:")
+        } else {
+            reason_name!(self, "counted:")
+        }
+    }
+}
+
+pub struct InFlight {
+    state: SharedApiState,
+    reservation: Option<Reservation>,
+    started: Instant,
+    pub event: UsageEvent,
+    /// Estimated input, used when the provider reported nothing.
+    pub input_estimate: u64,
+    /// Usage the provider reported (stream or body).
+    pub provider_usage: Option<Usage>,
+    /// Stream observer, for counting delivered text when no usage came.
+    pub tracker: Option<StreamUsageTracker>,
+    /// True once any output byte reached the client.
+    pub output_started: bool,
+    /// Output tokens counted by other means (e.g. a non-stream body without usage).
+    pub counted_output: Option<u64>,
+    /// Whether input should be charged when the provider reported nothing (false for local
+    /// answers and failures before the provider saw the request).
+    pub charge_input_estimate: bool,
+    /// The journal segment holding the admission line (kept until the event is committed).
+    admitted: Option<Hold>,
+    done: bool,
+}
+
+impl InFlight {
+    pub fn new(
+        state: SharedApiState,
+        reservation: Reservation,
+        started: Instant,
+        event: UsageEvent,
+        input_estimate: u64,
+    ) -> Self {
+        gateway_core::metrics::RESERVATIONS.inc();
+        let admitted = state.usage.admit(&event, input_estimate);
+        InFlight {
+            state,
+            reservation: Some(reservation),
+            started,
+            event,
+            input_estimate,
+            provider_usage: None,
+            tracker: None,
+            output_started: false,
+            counted_output: None,
+            charge_input_estimate: true,
+            admitted,
+            done: false,
+        }
+    }
+
+    pub fn mark_first_byte(&mut self) {
+        if self.event.ttfb_ms.is_none() {
+            self.event.ttfb_ms = Some(self.started.elapsed().as_millis() as u64);
+        }
+    }
+
+    /// What the request's outcome is recorded as, from what the relay saw:
+    /// - a stream the provider broke with an `error` event settles as `upstream_error` with the
+    ///   provider's error code (the stream itself may have ended cleanly after it);
+    /// - a non-streamed answer cut mid-body is a 502, not the 200 its header announced.
+    pub fn judge(
+        &self,
+        status: u16,
+        reason: Reason,
+        error_code: Option<&'static str>,
+    ) -> (u16, Reason, Option<&'static str>) {
+        let provider_error = self
+            .tracker
+            .as_ref()
+            .filter(|t| t.error_event().is_some())
+            .map(|t| t.error_code().map_or("upstream_error", provider_code));
+        match (reason, provider_error) {
+            (Reason::Complete | Reason::UpstreamError, Some(code)) => {
+                (status, Reason::UpstreamError, Some(code))
+            }
+            (Reason::UpstreamError, None) if self.tracker.is_none() && status < 400 => {
+                (502, reason, error_code)
+            }
+            _ => (status, reason, error_code),
+        }
+    }
+
+    /// Settles and records. Consumes the guard so it cannot run twice.
+    pub fn finish(
+        mut self,
+        status: u16,
+        reason: Reason,
+        error_code: Option<&'static str>,
+    ) -> Usage {
+        self.event.status = status;
+        if let Some(code) = error_code {
+            self.event.error_code = Some(code);
+        }
+        self.complete(reason)
+    }
+
+    fn complete(&mut self, reason: Reason) -> Usage {
+        self.done = true;
+        let usage = self.final_usage();
+        self.event.settlement = reason.settlement(self.provider_usage.is_some());
+        self.event.input_tokens = usage.input_tokens;
+        self.event.output_tokens = usage.output_tokens;
+        self.event.cached_tokens = usage.cached_tokens;
+        self.event.latency_ms = self.started.elapsed().as_millis() as u64;
+        let used = Used {
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+        };
+        // Settled once (`done`): the event is not needed here any more.
+        let event = std::mem::take(&mut self.event);
+        let admitted = self.admitted.take();
+        match self.reservation.take() {
+            Some(r) => {
+                gateway_core::metrics::RESERVATIONS.dec();
+                settle_and_record(&self.state, r, used, event, admitted)
+            }
+            None => self.state.usage.record(event, admitted),
+        }
+        usage
+    }
+
+    /// Provider-reported usage when present; otherwise the estimate for input (when the provider
+    /// saw the request) and the tokenizer's count of what was delivered for output.
+    fn final_usage(&mut self) -> Usage {
+        if let Some(u) = self.provider_usage {
+            return self.at_least_delivered(u);
+        }
+        if let Some(u) = self.tracker.as_ref().and_then(|t| t.usage()) {
+            return self.at_least_delivered(u);
+        }
+        let output = match (&mut self.tracker, self.counted_output) {
+            (_, Some(n)) => n,
+            (Some(t), None) => self.state.tokens.count(t.delivered_text()),
+            (None, None) => 0,
+        };
+        Usage {
+            input_tokens: if self.charge_input_estimate {
+                self.input_estimate
+            } else {
+                0
+            },
+            output_tokens: output,
+            ..Usage::default()
+        }
+    }
+}
+
+impl InFlight {
+    /// A stream that never reached its end reports only early usage (Anthropic's
+    /// `message_start` says 1 output token): charge at least what was actually delivered.
+    fn at_least_delivered(&mut self, mut u: Usage) -> Usage {
+        if let Some(t) = &mut self.tracker {
+            if !t.saw_terminal() && !t.delivered_text().is_empty() {
+                let counted = self.state.tokens.count(t.delivered_text());
+                u.output_tokens = u.output_tokens.max(counted);
+            }
+        }
+        u
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if !self.done {
+            if self.event.status == 0 {
+                self.event.status = 499;
+            }
+            self.complete(Reason::Aborted);
+        }
+    }
+}
+
+/// Most distinct provider error codes kept; later new ones are recorded as `upstream_error`.
+const MAX_PROVIDER_CODES: usize = 256;
+
+/// The provider's error code as a `&'static str` (the event's type): each distinct code is
+/// leaked once, and only plain names up to a bounded count, since providers choose them.
+fn provider_code(code: &str) -> &'static str {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let plain = !code.is_empty()
+        && code.len() <= 64
+        && code
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if !plain {
+        return "upstream_error";
+    }
+    let mut seen = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(known) = seen.get(code) {
+        return known;
+    }
+    if seen.len() >= MAX_PROVIDER_CODES {
+        return "upstream_error";
+    }
+    let leaked: &'static str = Box::leak(code.to_owned().into_boxed_str());
+    seen.insert(leaked);
+    leaked
+}
+
+/// Set when the shutdown drain is about to end: relays still running stop and end their
+/// answers with an error in the client's style, instead of being dropped mid-stream.
+static DRAIN_CUT: std::sync::LazyLock<tokio::sync::watch::Sender<bool>> =
+    std::sync::LazyLock::new(|| tokio::sync::watch::channel(false).0);
+
+/// Asks every running relay to end now (the drain deadline is near).
+pub fn cut_in_flight() {
+    DRAIN_CUT.send_replace(true);
+}
+
+/// Resolves once [`cut_in_flight`] was called.
+pub async fn drain_cut() {
+    let mut rx = DRAIN_CUT.subscribe();
+    let _ = rx.wait_for(|cut| *cut).await;
+}
+
+/// A fresh usage event for an admitted request.
+pub fn new_event(user_id: &str, key_id: &str, model: &str, endpoint: &'static str) -> UsageEvent {
+    UsageEvent {
+        id: new_time_ordered_id("evt"),
+        user_id: user_id.to_string(),
+        key_id: key_id.to_string(),
+        model: model.to_string(),
+        endpoint,
+        reasoning_effort: None,
+        input_tokens: 0,
+        output_tokens: 0,
+        cached_tokens: 0,
+        status: 0,
+        latency_ms: 0,
+        ttfb_ms: None,
+        settlement: "",
+        deployment: None,
+        error_code: None,
+        created_at: now_ms(),
+        breakdown: None,
+    }
+}
+
+/// Settles the reservation and records the event with its breakdown. In-process settlement is
+/// immediate; a Redis settlement runs on the storage runtime (it may be called from `Drop`),
+/// counted as pending so a flush waits for it.
+fn settle_and_record(
+    state: &SharedApiState,
+    r: Reservation,
+    used: Used,
+    mut event: UsageEvent,
+    admitted: Option<Hold>,
+) {
+    let engine = state.quota.clone();
+    match engine.settle_now(r.ticket, used) {
+        Ok(b) => {
+            event.breakdown = Some(b);
+            state.usage.record(event, admitted);
+        }
+        Err(ticket) => {
+            let sink: UsageSink = state.usage.clone();
+            let pending = sink.begin_pending();
+            state.rt.spawn(async move {
+                let b = engine.settle(&ticket, used).await;
+                event.breakdown = Some(b);
+                sink.record(event, admitted);
+                drop(pending);
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reason;
+
+    #[test]
+    fn settlement_names_the_source_and_the_reason() {
+        let reasons = [
+            (Reason::Complete, "complete"),
+            (Reason::ClientDisconnect, "client_disconnect"),
+            (Reason::UpstreamError, "upstream_error"),
+            (Reason::ProviderError, "provider_error"),
+            (Reason::Unrouted, "unrouted"),
+            (Reason::Aborted, "aborted"),
+        ];
+        for (reason, name) in reasons {
+            assert_eq!(reason.settlement(true), format!("provider:{name}"));
+            assert_eq!(reason.settlement(false), format!("counted:{name}"));
+        }
+    }
+}

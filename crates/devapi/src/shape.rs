@@ -1,0 +1,845 @@
+//! Shaping: how a client endpoint meets a provider style, and the bytes the client gets back.
+//!
+//! A request reaches a provider in one of three ways ([`Crossing`]), decided per deployment:
+//! in its own style (the provider's bytes pass through), as an OpenAI chat request to an
+//! Anthropic-style provider, or as an Anthropic messages request to an OpenAI-style provider.
+//! The request body is translated once, before anything is reserved ([`translate_request`]), so
+//! a request the translation refuses costs nothing. The answer is shaped by a [`Shaper`], which
+//! `forward` feeds with the provider's chunks and which hands back the client's bytes.
+//!
+//! Usage is always read from the provider's own events and body, before any translation, so
+//! settlement records exactly what the provider reported.
+
+use bytes::{Bytes, BytesMut};
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::pipeline::Admitted;
+use crate::respond;
+use crate::route::Endpoint;
+use crate::routing::Target;
+use crate::settle::Reason;
+use crate::sse::{EventVerdict, SseEvent, SseParser, StreamKind, StreamUsageTracker};
+use gateway_core::config::ProviderStyle;
+use gateway_translate::{chat_to_messages, messages_to_chat};
+
+/// A translated answer is collected whole before it is translated; past this the provider's
+/// answer is refused (no chat answer comes near it).
+const TRANSLATE_BODY_LIMIT: usize = 16 * 1024 * 1024;
+/// A copy of a passed-through JSON body kept to read its usage.
+const USAGE_COPY_LIMIT: usize = 16 * 1024 * 1024;
+
+/// What the client is told when the provider's answer breaks off or cannot be translated, in the
+/// OpenAI error shape that both translators read like a provider's error.
+const CUT_OPENAI: &str = r#"{"error":{"message":"The upstream stream was interrupted.","type":"server_error","code":"upstream_error"}}"#;
+const CUT_BODY_OPENAI: &str = r#"{"error":{"message":"The upstream response was interrupted.","type":"server_error","code":"upstream_error"}}"#;
+const TOO_LARGE_OPENAI: &str = r#"{"error":{"message":"The provider's answer was too large to translate.","type":"server_error"}}"#;
+
+/// How a client endpoint is served by a provider of a given style.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Crossing {
+    /// Same style: the request and the answer pass through.
+    Native,
+    /// An OpenAI chat-completions client on an Anthropic-style provider (`/v1/messages`).
+    ChatToMessages,
+    /// An Anthropic messages client on an OpenAI-style provider (`/v1/chat/completions`).
+    MessagesToChat,
+}
+
+impl Crossing {
+    /// How a provider of `style` serves `endpoint`, or `None` when it cannot: Anthropic-style
+    /// providers have no responses, embeddings, images or speech, and OpenAI-style providers no
+    /// token counting (the gateway counts locally for those models instead).
+    pub fn of(endpoint: Endpoint, style: ProviderStyle) -> Option<Crossing> {
+        use Endpoint as E;
+        match (style, endpoint) {
+            (ProviderStyle::Anthropic, E::ChatCompletions) => Some(Crossing::ChatToMessages),
+            (ProviderStyle::Anthropic, E::Responses | E::Embeddings | E::Images | E::Speech) => {
+                None
+            }
+            (ProviderStyle::OpenAi, E::Messages) => Some(Crossing::MessagesToChat),
+            (ProviderStyle::OpenAi, E::CountTokens) => None,
+            _ => Some(Crossing::Native),
+        }
+    }
+
+    /// The provider endpoint a request for the client's `endpoint` is sent to.
+    pub fn provider_endpoint(self, endpoint: Endpoint) -> Endpoint {
+        match self {
+            Crossing::Native => endpoint,
+            Crossing::ChatToMessages => Endpoint::Messages,
+            Crossing::MessagesToChat => Endpoint::ChatCompletions,
+        }
+    }
+}
+
+/// The protocol the provider's answer speaks, for reading its usage.
+fn usage_kind(endpoint: Endpoint) -> Option<StreamKind> {
+    match endpoint {
+        Endpoint::ChatCompletions => Some(StreamKind::OpenAiChat),
+        Endpoint::Responses => Some(StreamKind::OpenAiResponses),
+        Endpoint::Messages => Some(StreamKind::Anthropic),
+        _ => None,
+    }
+}
+
+/// Translates the client's body for the targets of the other style, once per request. Runs
+/// before the reservation: a body the translation refuses is a 400 `invalid_request` that costs
+/// nothing. `None` when every target speaks the client's style. The `model` of the result is the
+/// client's; `forward` replaces it with each deployment's upstream name.
+pub fn translate_request(adm: &Admitted, targets: &[Target]) -> Result<Option<Value>, ApiError> {
+    let crossing = targets
+        .iter()
+        .filter_map(|t| Crossing::of(adm.endpoint, t.provider.style))
+        .find(|c| *c != Crossing::Native);
+    let Some(crossing) = crossing else {
+        return Ok(None);
+    };
+    let tree = adm.tree_for_rewrite()?;
+    let json = tree.as_ref();
+    let translated = match crossing {
+        Crossing::Native => return Ok(None),
+        Crossing::ChatToMessages => {
+            // Anthropic requires max_tokens: the reserve already holds the requested or default
+            // output, capped by the key's and the context's limits.
+            let default_max = match adm.output_reserve {
+                0 => adm
+                    .model
+                    .as_ref()
+                    .map(|m| m.default_output_tokens)
+                    .unwrap_or(1),
+                n => n,
+            };
+            chat_to_messages::request(json, &adm.model_name, default_max.max(1))
+        }
+        Crossing::MessagesToChat => messages_to_chat::request(json, &adm.model_name),
+    };
+    translated
+        .map(Some)
+        .map_err(|e| ApiError::invalid("invalid_request", e.to_string()))
+}
+
+/// The client's side of an exchange: what it called and how it wants the answer.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientSide<'a> {
+    pub endpoint: Endpoint,
+    /// The model name the client sent, echoed in translated answers.
+    pub model: &'a str,
+    /// OpenAI chat: the client's `stream_options.include_usage`.
+    pub wants_usage: bool,
+    /// Style B: the gateway's own error frames are Anthropic-shaped.
+    pub style_b: bool,
+}
+
+impl<'a> ClientSide<'a> {
+    pub fn of(adm: &'a Admitted, style_b: bool) -> Self {
+        ClientSide {
+            endpoint: adm.endpoint,
+            model: &adm.model_name,
+            wants_usage: adm.client_wants_usage,
+            style_b,
+        }
+    }
+}
+
+/// What happens to each event of a streamed answer.
+enum Shape {
+    /// Same style: the provider's bytes unchanged, except, when `drop_usage_only`, the usage-only
+    /// chat chunk the gateway asked for and the client did not.
+    Passthrough { drop_usage_only: bool },
+    /// Anthropic events to OpenAI `chat.completion.chunk`s.
+    ChatFromMessages(Box<chat_to_messages::StreamTranslator>),
+    /// OpenAI chat chunks to Anthropic events.
+    MessagesFromChat(Box<messages_to_chat::StreamTranslator>),
+}
+
+impl Shape {
+    /// Appends the client's bytes for one provider event.
+    fn event(&mut self, ev: &SseEvent, verdict: EventVerdict, out: &mut BytesMut) {
+        let frames = match self {
+            Shape::Passthrough { drop_usage_only } => {
+                if !*drop_usage_only || verdict == EventVerdict::Forward {
+                    out.extend_from_slice(&ev.raw);
+                }
+                return;
+            }
+            // Comment-only blocks (keep-alives) carry no data and mean nothing to the client.
+            _ if ev.data.is_empty() => return,
+            Shape::ChatFromMessages(t) => t.on_event(ev.event.as_deref(), &ev.data),
+            Shape::MessagesFromChat(t) => t.on_event(ev.event.as_deref(), &ev.data),
+        };
+        frames.iter().for_each(|f| out.extend_from_slice(f));
+    }
+
+    /// Ends the stream, once: a translated stream is always finished well-formed. When the
+    /// provider cut it, the client is told first, in its style: OpenAI clients get the gateway's
+    /// error frame before the final `[DONE]`, Anthropic clients an `error` event, after which
+    /// Anthropic streams send nothing more. A stream the provider had already ended gets nothing.
+    fn end(&mut self, cut: bool, style_b: bool, out: &mut BytesMut) {
+        let frames = match self {
+            Shape::Passthrough { .. } => {
+                if cut {
+                    out.extend_from_slice(&cut_frame(style_b));
+                }
+                return;
+            }
+            Shape::ChatFromMessages(t) => {
+                let tail = t.finish();
+                if cut && !tail.is_empty() {
+                    out.extend_from_slice(&cut_frame(false));
+                }
+                tail
+            }
+            Shape::MessagesFromChat(t) => {
+                let mut frames = match cut {
+                    true => t.on_event(None, CUT_OPENAI),
+                    false => Vec::new(),
+                };
+                frames.extend(t.finish());
+                frames
+            }
+        };
+        frames.iter().for_each(|f| out.extend_from_slice(f));
+    }
+}
+
+/// How the provider's body is read.
+enum Body {
+    /// Server-sent events, parsed and shaped event by event.
+    Events(SseParser, Shape),
+    /// Relayed as it comes; `copy` keeps (up to a cap) a successful JSON answer to read its usage.
+    Plain { copy: Option<Vec<u8>> },
+    /// A translated non-stream answer, or any provider error: collected whole, translated (or,
+    /// same style, handed back as it came) at the end.
+    Whole(Vec<u8>),
+}
+
+/// Turns one provider response into the client's bytes. Created once the provider's response
+/// header is in; `forward` feeds it every body chunk and then ends it exactly once.
+pub struct Shaper {
+    crossing: Crossing,
+    body: Body,
+    status: u16,
+    kind: Option<StreamKind>,
+    client_model: String,
+    style_b: bool,
+    overflow: bool,
+}
+
+impl Shaper {
+    /// `status` and `content_type` are the provider's.
+    pub fn new(
+        crossing: Crossing,
+        client: ClientSide<'_>,
+        status: u16,
+        content_type: Option<&str>,
+    ) -> Shaper {
+        // Media types are case-insensitive. A byte window, not `str::contains`: that builds a
+        // substring searcher on every call, ~0.3% of a request's CPU here.
+        let sse = content_type.is_some_and(|v| {
+            v.get(..17)
+                .is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
+        });
+        let json = content_type.is_some_and(|v| {
+            v.as_bytes()
+                .windows(4)
+                .any(|w| w.eq_ignore_ascii_case(b"json"))
+        });
+        let provider_endpoint = crossing.provider_endpoint(client.endpoint);
+        let body = match crossing {
+            // An error is held whole, whatever its content type claims: translated, or (same
+            // style) relayed as it is once the caller has masked any echo of the provider's
+            // credential in it.
+            _ if status >= 400 => Body::Whole(Vec::new()),
+            Crossing::ChatToMessages | Crossing::MessagesToChat if !sse => Body::Whole(Vec::new()),
+            Crossing::ChatToMessages => Body::Events(
+                SseParser::without_raw(),
+                Shape::ChatFromMessages(Box::new(chat_to_messages::StreamTranslator::new(
+                    client.model,
+                    client.wants_usage,
+                ))),
+            ),
+            Crossing::MessagesToChat => Body::Events(
+                SseParser::without_raw(),
+                Shape::MessagesFromChat(Box::new(messages_to_chat::StreamTranslator::new(
+                    client.model,
+                ))),
+            ),
+            Crossing::Native if sse => {
+                let drop_usage_only =
+                    provider_endpoint == Endpoint::ChatCompletions && !client.wants_usage;
+                // Only dropping needs each event's bytes; otherwise the chunks go out as they came.
+                let parser = if drop_usage_only {
+                    SseParser::new()
+                } else {
+                    SseParser::without_raw()
+                };
+                Body::Events(parser, Shape::Passthrough { drop_usage_only })
+            }
+            Crossing::Native => Body::Plain {
+                copy: (json && status < 400).then(Vec::new),
+            },
+        };
+        Shaper {
+            crossing,
+            body,
+            status,
+            kind: usage_kind(provider_endpoint),
+            client_model: client.model.to_string(),
+            style_b: client.style_b,
+            overflow: false,
+        }
+    }
+
+    /// The usage observer for a streamed answer, speaking the provider's protocol.
+    pub fn tracker(&self) -> Option<StreamUsageTracker> {
+        match self.body {
+            Body::Events(..) => self.kind.map(StreamUsageTracker::new),
+            _ => None,
+        }
+    }
+
+    /// The content type the client gets in place of the provider's, for translated answers.
+    pub fn content_type(&self) -> Option<&'static str> {
+        match (&self.body, self.crossing) {
+            (_, Crossing::Native) => None,
+            (Body::Events(..), _) => Some("text/event-stream"),
+            _ => Some(respond::JSON),
+        }
+    }
+
+    /// True when nothing is sent until the provider's body is complete: the response header
+    /// (its status and length) is then written by the caller with [`Shaper::whole`].
+    pub fn holds_header(&self) -> bool {
+        matches!(self.body, Body::Whole(_))
+    }
+
+    /// One chunk of the provider's body in, the client's bytes for it out (possibly empty).
+    /// Stream events are observed by `tracker` before they are shaped.
+    pub fn feed(&mut self, chunk: Bytes, tracker: Option<&mut StreamUsageTracker>) -> Bytes {
+        match &mut self.body {
+            Body::Events(parser, shape) => {
+                let events = parser.feed(&chunk);
+                let mut tracker = tracker;
+                if let Shape::Passthrough {
+                    drop_usage_only: false,
+                } = shape
+                {
+                    if let Some(t) = tracker {
+                        events.iter().for_each(|ev| {
+                            t.observe(ev);
+                        });
+                    }
+                    return chunk;
+                }
+                let mut out = BytesMut::new();
+                for ev in &events {
+                    let verdict = match tracker.as_deref_mut() {
+                        Some(t) => t.observe(ev),
+                        None => EventVerdict::Forward,
+                    };
+                    shape.event(ev, verdict, &mut out);
+                }
+                out.freeze()
+            }
+            Body::Plain { copy } => {
+                if let Some(c) = copy {
+                    if c.len() + chunk.len() <= USAGE_COPY_LIMIT {
+                        c.extend_from_slice(&chunk);
+                    } else {
+                        self.overflow = true;
+                    }
+                }
+                chunk
+            }
+            Body::Whole(buf) => {
+                if buf.len() + chunk.len() <= TRANSLATE_BODY_LIMIT {
+                    buf.extend_from_slice(&chunk);
+                } else {
+                    self.overflow = true;
+                }
+                Bytes::new()
+            }
+        }
+    }
+
+    /// Ends a streamed or relayed answer: what the client is still owed. A stream's unterminated
+    /// last event is observed (and, when the stream completed, delivered); a translated stream is
+    /// always finished, with an error event first when the provider cut it; a cut passthrough
+    /// stream gets an error frame in the client's style. The caller drops the bytes when the
+    /// client is gone.
+    pub fn end(&mut self, reason: Reason, tracker: Option<&mut StreamUsageTracker>) -> Bytes {
+        let Body::Events(parser, shape) = &mut self.body else {
+            return Bytes::new();
+        };
+        let mut out = BytesMut::new();
+        if let Some(ev) = parser.finish() {
+            let verdict = match tracker {
+                Some(t) => t.observe(&ev),
+                None => EventVerdict::Forward,
+            };
+            match shape {
+                // Without dropping, the raw bytes of the tail were relayed with their chunk.
+                Shape::Passthrough {
+                    drop_usage_only: false,
+                } => {}
+                Shape::Passthrough { .. } if reason != Reason::Complete => {}
+                _ => shape.event(&ev, verdict, &mut out),
+            }
+        }
+        let cut = matches!(reason, Reason::UpstreamError | Reason::Aborted);
+        shape.end(cut, self.style_b, &mut out);
+        out.freeze()
+    }
+
+    /// For a held answer ([`Shaper::holds_header`]): the status and body the client gets. A
+    /// complete answer is translated, or as it came when same-style (errors keep the provider's
+    /// status); one that broke off,
+    /// could not be read or was too large becomes a 502 in the client's error shape.
+    pub fn whole(&self, reason: Reason) -> (u16, Bytes) {
+        let Body::Whole(buf) = &self.body else {
+            return (self.status, Bytes::new());
+        };
+        let (status, answer) = match (reason, self.overflow) {
+            // Same style: the provider's error as it came.
+            (Reason::Complete, false) if self.crossing == Crossing::Native => {
+                return (self.status, Bytes::copy_from_slice(buf));
+            }
+            (Reason::Complete, false) if self.status >= 400 => (self.status, self.error(buf)),
+            (Reason::Complete, false) => match serde_json::from_slice::<Value>(buf) {
+                Ok(v) => (self.status, self.response(&v)),
+                Err(_) => (502, self.error(buf)),
+            },
+            (Reason::Complete, true) => (502, self.error(TOO_LARGE_OPENAI.as_bytes())),
+            _ => (502, self.error(CUT_BODY_OPENAI.as_bytes())),
+        };
+        (status, Bytes::from(answer.to_string()))
+    }
+
+    fn response(&self, v: &Value) -> Value {
+        match self.crossing {
+            Crossing::MessagesToChat => messages_to_chat::response(v, &self.client_model),
+            _ => chat_to_messages::response(v, &self.client_model),
+        }
+    }
+
+    /// The client-style error for a provider error body. Both translators accept the other
+    /// style's shapes and plain text, so the gateway's own messages are written OpenAI-style.
+    fn error(&self, body: &[u8]) -> Value {
+        match self.crossing {
+            Crossing::MessagesToChat => messages_to_chat::error(body),
+            Crossing::Native if self.style_b => messages_to_chat::error(body),
+            _ => chat_to_messages::error(body),
+        }
+    }
+
+    /// The provider's successful non-stream answer as it came (its first 16 MiB), to read usage
+    /// from; `None` for streams and errors.
+    pub fn provider_body(&self) -> Option<&[u8]> {
+        if self.status >= 400 {
+            return None;
+        }
+        match &self.body {
+            Body::Plain { copy: Some(c) } => Some(c),
+            Body::Whole(buf) => Some(buf),
+            _ => None,
+        }
+    }
+
+    /// The provider's protocol, for reading usage out of [`Shaper::provider_body`].
+    pub fn usage_kind(&self) -> Option<StreamKind> {
+        self.kind
+    }
+
+    /// True for a relayed (untranslated, unparsed) body: a cut one cannot be marked as failed
+    /// in-band, so the caller closes the connection instead.
+    pub fn is_plain(&self) -> bool {
+        matches!(self.body, Body::Plain { .. })
+    }
+}
+
+/// An SSE error event in the client's style, sent when a passed-through stream breaks off so the
+/// client sees an error rather than a silently short answer.
+fn cut_frame(style_b: bool) -> Bytes {
+    if style_b {
+        Bytes::from_static(
+            b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"The upstream stream was interrupted.\"}}\n\n",
+        )
+    } else {
+        Bytes::from_static(
+            b"data: {\"error\":{\"message\":\"The upstream stream was interrupted.\",\"type\":\"server_error\",\"code\":\"upstream_error\"}}\n\n",
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(endpoint: Endpoint, wants_usage: bool) -> ClientSide<'static> {
+        ClientSide {
+            endpoint,
+            model: "client-model",
+            wants_usage,
+            style_b: endpoint == Endpoint::Messages,
+        }
+    }
+
+    fn anthropic_stream() -> String {
+        [
+            r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"usage":{"input_tokens":25,"output_tokens":1,"cache_read_input_tokens":5}}}"#,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+            r#"{"type":"ping"}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hé"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"llo"}}"#,
+            r#"{"type":"content_block_stop","index":0}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":24}}"#,
+            r#"{"type":"message_stop"}"#,
+        ]
+        .iter()
+        .map(|d| {
+            let v: Value = serde_json::from_str(d).unwrap();
+            format!("event: {}\r\ndata: {d}\r\n\r\n", v["type"].as_str().unwrap())
+        })
+        .collect::<Vec<_>>()
+        .join(": keep-alive\n\n")
+    }
+
+    fn openai_stream() -> String {
+        [
+            r#"{"id":"c1","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null}]}"#,
+            r#"{"id":"c1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\""}}]},"finish_reason":null}]}"#,
+            r#"{"id":"c1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}}]},"finish_reason":null}]}"#,
+            r#"{"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+            r#"{"id":"c1","choices":[],"usage":{"prompt_tokens":25,"completion_tokens":24,"prompt_tokens_details":{"cached_tokens":5}}}"#,
+            "[DONE]",
+        ]
+        .iter()
+        .map(|d| format!("data: {d}\n\n"))
+        .collect()
+    }
+
+    /// Feeds `input` in pieces of `step` bytes, then ends with `reason`.
+    fn run(
+        crossing: Crossing,
+        client: ClientSide<'_>,
+        input: &str,
+        step: usize,
+        reason: Reason,
+    ) -> (String, Option<crate::sse::Usage>) {
+        let mut shaper = Shaper::new(crossing, client, 200, Some("text/event-stream"));
+        let mut tracker = shaper.tracker();
+        let mut out = Vec::new();
+        for piece in input.as_bytes().chunks(step) {
+            let b = shaper.feed(Bytes::copy_from_slice(piece), tracker.as_mut());
+            out.extend_from_slice(&b);
+        }
+        out.extend_from_slice(&shaper.end(reason, tracker.as_mut()));
+        let usage = tracker.and_then(|t| t.usage());
+        (String::from_utf8(out).unwrap(), usage)
+    }
+
+    /// Frames with the per-stream `created` timestamp removed, for comparing runs.
+    fn normalized(text: &str) -> Vec<Value> {
+        text.split("\n\n")
+            .filter(|f| !f.is_empty())
+            .map(|f| {
+                let data = f.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+                let mut v: Value = serde_json::from_str(data).unwrap_or(json!(data));
+                if let Some(o) = v.as_object_mut() {
+                    o.remove("created");
+                }
+                v
+            })
+            .collect()
+    }
+
+    use serde_json::json;
+
+    #[test]
+    fn crossings() {
+        use Crossing::*;
+        use ProviderStyle::*;
+        let cases = [
+            (Endpoint::ChatCompletions, Anthropic, Some(ChatToMessages)),
+            (Endpoint::ChatCompletions, OpenAi, Some(Native)),
+            (Endpoint::Messages, OpenAi, Some(MessagesToChat)),
+            (Endpoint::Messages, Anthropic, Some(Native)),
+            (Endpoint::CountTokens, Anthropic, Some(Native)),
+            (Endpoint::CountTokens, OpenAi, None),
+            (Endpoint::Responses, Anthropic, None),
+            (Endpoint::Embeddings, Anthropic, None),
+            (Endpoint::Search, Anthropic, Some(Native)),
+        ];
+        for (endpoint, style, want) in cases {
+            assert_eq!(
+                Crossing::of(endpoint, style),
+                want,
+                "{endpoint:?} {style:?}"
+            );
+        }
+        assert_eq!(
+            ChatToMessages.provider_endpoint(Endpoint::ChatCompletions),
+            Endpoint::Messages
+        );
+        assert_eq!(
+            MessagesToChat.provider_endpoint(Endpoint::Messages),
+            Endpoint::ChatCompletions
+        );
+    }
+
+    #[test]
+    fn translated_stream_ignores_chunk_boundaries_and_bills_the_provider_usage() {
+        let input = anthropic_stream();
+        let chat = client(Endpoint::ChatCompletions, true);
+        let (whole, usage) = run(
+            Crossing::ChatToMessages,
+            chat,
+            &input,
+            input.len(),
+            Reason::Complete,
+        );
+        let (bytewise, usage_bytewise) =
+            run(Crossing::ChatToMessages, chat, &input, 1, Reason::Complete);
+        assert_eq!(normalized(&whole), normalized(&bytewise));
+        assert_eq!(usage, usage_bytewise);
+        let u = usage.unwrap();
+        assert_eq!(
+            (u.input_tokens, u.output_tokens, u.cached_tokens),
+            (30, 24, 5)
+        );
+        let frames = normalized(&whole);
+        assert_eq!(frames.len(), 6, "{whole}");
+        assert_eq!(frames[1]["choices"][0]["delta"]["content"], "Hé");
+        assert_eq!(frames[4]["usage"]["prompt_tokens"], 30);
+        assert_eq!(frames[5], json!("[DONE]"));
+
+        let input = openai_stream();
+        let messages = client(Endpoint::Messages, false);
+        let (whole, usage) = run(
+            Crossing::MessagesToChat,
+            messages,
+            &input,
+            input.len(),
+            Reason::Complete,
+        );
+        let (bytewise, _) = run(
+            Crossing::MessagesToChat,
+            messages,
+            &input,
+            7,
+            Reason::Complete,
+        );
+        assert_eq!(whole, bytewise);
+        let u = usage.unwrap();
+        assert_eq!(
+            (u.input_tokens, u.output_tokens, u.cached_tokens),
+            (25, 24, 5)
+        );
+        let types: Vec<String> = normalized(&whole)
+            .iter()
+            .map(|v| v["type"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            types,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+    }
+
+    #[test]
+    fn cut_streams_tell_the_client_once() {
+        // Cut after the second delta: an OpenAI client gets the error frame, then [DONE].
+        let input = anthropic_stream();
+        let cut_at = input.find("\"llo\"").unwrap();
+        let chat = client(Endpoint::ChatCompletions, false);
+        let (text, _) = run(
+            Crossing::ChatToMessages,
+            chat,
+            &input[..cut_at],
+            64,
+            Reason::UpstreamError,
+        );
+        let frames = normalized(&text);
+        let n = frames.len();
+        assert_eq!(frames[n - 2]["error"]["code"], "upstream_error", "{text}");
+        assert_eq!(frames[n - 1], json!("[DONE]"));
+        assert!(frames[..n - 2]
+            .iter()
+            .all(|f| f["choices"][0]["finish_reason"].is_null()));
+
+        // A stream the provider had finished gets nothing more, even if the connection then fails.
+        let (text, _) = run(
+            Crossing::ChatToMessages,
+            chat,
+            &input,
+            64,
+            Reason::UpstreamError,
+        );
+        assert!(!text.contains("upstream_error"), "{text}");
+        assert_eq!(text.matches("[DONE]").count(), 1);
+
+        // An Anthropic client gets an error event and nothing after it.
+        let input = openai_stream();
+        let cut_at = input.find("[DONE]").unwrap() - 6;
+        let messages = client(Endpoint::Messages, false);
+        let (text, _) = run(
+            Crossing::MessagesToChat,
+            messages,
+            &input[..cut_at],
+            64,
+            Reason::UpstreamError,
+        );
+        // Usage came with the usage chunk: the message is complete before the cut.
+        assert!(
+            text.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"),
+            "{text}"
+        );
+        let cut_at = input.find("\"finish_reason\":\"tool_calls\"").unwrap();
+        let (text, _) = run(
+            Crossing::MessagesToChat,
+            messages,
+            &input[..cut_at],
+            64,
+            Reason::UpstreamError,
+        );
+        let last = normalized(&text).pop().unwrap();
+        assert_eq!(
+            last,
+            json!({"type": "error", "error": {"type": "api_error", "message": "The upstream stream was interrupted."}})
+        );
+    }
+
+    #[test]
+    fn passthrough_drops_only_the_unrequested_usage_chunk() {
+        let input = openai_stream();
+        let native = client(Endpoint::ChatCompletions, false);
+        let (text, usage) = run(Crossing::Native, native, &input, 5, Reason::Complete);
+        assert!(!text.contains("\"usage\""), "{text}");
+        assert_eq!(
+            text,
+            input.replace(
+                &input[input.find("data: {\"id\":\"c1\",\"choices\":[],").unwrap()
+                    ..input.find("data: [DONE]").unwrap()],
+                ""
+            )
+        );
+        assert_eq!(usage.unwrap().output_tokens, 24);
+        let wants = client(Endpoint::ChatCompletions, true);
+        let (text, _) = run(Crossing::Native, wants, &input, 5, Reason::Complete);
+        assert_eq!(text, input);
+        // A last event without its blank line still reaches the client.
+        let unterminated = input.trim_end();
+        let (text, _) = run(Crossing::Native, native, unterminated, 5, Reason::Complete);
+        assert!(text.ends_with("data: [DONE]"), "{text}");
+    }
+
+    #[test]
+    fn held_answers_are_translated_whole() {
+        let chat = client(Endpoint::ChatCompletions, false);
+        let body = br#"{"id":"msg_1","content":[{"type":"text","text":"Hi"}],"stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":2}}"#;
+        let mut s = Shaper::new(
+            Crossing::ChatToMessages,
+            chat,
+            200,
+            Some("application/json"),
+        );
+        assert!(s.holds_header() && s.tracker().is_none());
+        for piece in body.chunks(10) {
+            assert!(s.feed(Bytes::copy_from_slice(piece), None).is_empty());
+        }
+        let (status, out) = s.whole(Reason::Complete);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(v["choices"][0]["message"]["content"], "Hi");
+        assert_eq!(v["model"], "client-model");
+        assert_eq!(s.provider_body(), Some(&body[..]));
+        assert_eq!(s.content_type(), Some(respond::JSON));
+        // The same answer cut short is a 502 in the client's shape.
+        let (status, out) = s.whole(Reason::UpstreamError);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            (status, v["error"]["code"].as_str()),
+            (502, Some("api_error"))
+        );
+
+        // Errors keep the provider's status; a streamed request's error is held too.
+        let messages = client(Endpoint::Messages, false);
+        let mut s = Shaper::new(
+            Crossing::MessagesToChat,
+            messages,
+            429,
+            Some("text/event-stream"),
+        );
+        assert!(s.holds_header());
+        s.feed(Bytes::from_static(br#"{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}"#), None);
+        let (status, out) = s.whole(Reason::Complete);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(status, 429);
+        assert_eq!(
+            v,
+            json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}})
+        );
+        assert_eq!(s.provider_body(), None);
+
+        // Content types in any case: an SSE answer is shaped by event, a JSON one is kept to
+        // read its usage.
+        let chat = client(Endpoint::ChatCompletions, true);
+        let s = Shaper::new(Crossing::Native, chat, 200, Some("Text/Event-Stream"));
+        assert!(s.tracker().is_some());
+        for json in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            "x/y+Json",
+        ] {
+            let mut s = Shaper::new(Crossing::Native, chat, 200, Some(json));
+            s.feed(Bytes::from_static(b"{}"), None);
+            assert_eq!(s.provider_body(), Some(&b"{}"[..]), "{json}");
+        }
+        for other in ["text/plain", "text/event", "js", ""] {
+            let mut s = Shaper::new(Crossing::Native, chat, 200, Some(other));
+            s.feed(Bytes::from_static(b"{}"), None);
+            assert_eq!(s.provider_body(), None, "{other}");
+            assert!(s.tracker().is_none(), "{other}");
+        }
+
+        // A same-style error is held too (the caller masks the credential in it) and handed
+        // back as it came; cut short, it becomes a 502 in the client's own shape.
+        for (endpoint, ct) in [
+            (Endpoint::ChatCompletions, "text/event-stream"),
+            (Endpoint::Messages, "application/json"),
+        ] {
+            let native = client(endpoint, false);
+            let mut s = Shaper::new(Crossing::Native, native, 429, Some(ct));
+            assert!(s.holds_header() && s.tracker().is_none());
+            let body = br#"{"error":{"message":"slow down"}}"#;
+            for piece in body.chunks(5) {
+                assert!(s.feed(Bytes::copy_from_slice(piece), None).is_empty());
+            }
+            assert_eq!(s.whole(Reason::Complete), (429, Bytes::from_static(body)));
+            assert_eq!(s.content_type(), None, "the provider's content type stays");
+            let (status, out) = s.whole(Reason::UpstreamError);
+            let v: Value = serde_json::from_slice(&out).unwrap();
+            assert_eq!(status, 502);
+            assert_eq!(v["type"] == "error", endpoint == Endpoint::Messages, "{v}");
+        }
+
+        // A success that is not JSON cannot be translated.
+        let mut s = Shaper::new(Crossing::MessagesToChat, messages, 200, Some("text/html"));
+        s.feed(Bytes::from_static(b"<html>oops</html>"), None);
+        let (status, out) = s.whole(Reason::Complete);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(status, 502);
+        assert_eq!(v["error"]["message"], "<html>oops</html>");
+    }
+}

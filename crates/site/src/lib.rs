@@ -1,0 +1,91 @@
+//! The co-hosted account service (axum): `/api/auth`, `/api/account`, `/api/payment`,
+//! `/api/content`. Pingora's site listener proxies to it over a private Unix socket, so it
+//! shares the edge (and its graceful restarts) without a second public port.
+
+pub mod account;
+pub mod auth;
+pub mod captcha;
+pub mod content;
+pub mod csrf;
+pub mod error;
+pub mod mail;
+pub mod panel;
+pub mod payment;
+pub mod session;
+pub mod twofactor;
+pub mod views;
+
+use std::path::Path;
+
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+
+use error::SiteError;
+use gateway_core::state::SharedState;
+
+/// Every site route, merged in one place.
+pub fn router(state: SharedState) -> Router {
+    Router::new()
+        .route(
+            "/health",
+            get(|| async { Json(serde_json::json!({"ok": true})) }),
+        )
+        .nest(
+            "/api/auth",
+            auth::router().layer(axum::middleware::from_fn(count_signin)),
+        )
+        .nest("/api/payment", payment::router())
+        .nest("/api/content", content::router())
+        .nest("/api/account", account::router())
+        .merge(panel::router())
+        .fallback(|| async { SiteError::NotFound.into_response() })
+        .with_state(state)
+}
+
+/// Counts sign-in attempts by step and outcome for the metrics (`ok`, `rejected` for 4xx,
+/// `failed` for 5xx). Only POSTs are attempts; the session and config reads are not.
+async fn count_signin(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let step = (req.method() == axum::http::Method::POST).then(|| {
+        req.uri()
+            .path()
+            .rsplit('/')
+            .next()
+            .unwrap_or("")
+            .to_string()
+    });
+    let resp = next.run(req).await;
+    if let Some(step) = step {
+        let step = match step.as_str() {
+            "request-code" | "resend-code" | "verify-code" | "verify-link" | "signout" => step,
+            _ => "other".to_string(),
+        };
+        let status = resp.status();
+        let outcome = if status.is_server_error() {
+            "failed"
+        } else if status.is_client_error() {
+            "rejected"
+        } else {
+            "ok"
+        };
+        gateway_core::metrics::signin(&step, outcome);
+    }
+    resp
+}
+
+/// Serves the router on a Unix socket until the process exits.
+pub async fn serve_uds(state: SharedState, path: &Path) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(path);
+    let listener = tokio::net::UnixListener::bind(path)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    tokio::spawn(auth::purge_loop(state.clone()));
+    tokio::spawn(payment::expire_loop(state.clone()));
+    axum::serve(listener, router(state)).await
+}
