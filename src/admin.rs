@@ -9,14 +9,27 @@ use std::ffi::OsString;
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 
-use crate::cli::{db_error, Output};
 use gateway_core::config::{Config, Provider};
 use gateway_core::quota::tiers;
 use gateway_core::storage::reports::Grouping;
 use gateway_core::storage::usage::UsageTotals;
-use gateway_core::storage::{Db, UserRecord};
+use gateway_core::storage::{Db, StoreError, UserRecord};
 use gateway_core::util::{iso_opt, now_ms};
 use gateway_site::views::{key_json, lot_json, user_json};
+
+/// What an admin command prints on stdout.
+#[derive(Debug)]
+pub enum Output {
+    /// One JSON object on a line.
+    Json(Value),
+    /// Text as it is (CSV).
+    Text(String),
+}
+
+/// A storage failure as an admin command reports it.
+pub(crate) fn db_error(e: StoreError) -> String {
+    format!("database error: {e}")
+}
 
 const MS_PER_DAY: i64 = 86_400_000;
 /// Most accounts `user list` prints at once.

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
 
+use crate::admin::{db_error, Output};
 use gateway_core::apikey;
 use gateway_core::config::{Config, Tier};
 use gateway_core::domain::normalize_email;
@@ -246,15 +247,6 @@ pub enum ConfigCmd {
     Check,
 }
 
-/// What an admin command prints on stdout.
-#[derive(Debug)]
-pub enum Output {
-    /// One JSON object on a line.
-    Json(Value),
-    /// Text as it is (CSV).
-    Text(String),
-}
-
 fn list(raw: &Option<String>) -> Vec<String> {
     raw.as_deref()
         .unwrap_or("")
@@ -268,10 +260,6 @@ fn tier(raw: &str) -> Result<Tier, String> {
     Tier::parse(raw).ok_or_else(|| {
         format!("unknown tier {raw:?}; use beginner, steady, persistent or tryharder")
     })
-}
-
-pub(crate) fn db_error(e: StoreError) -> String {
-    format!("database error: {e}")
 }
 
 async fn user_by_email(db: &Db, email: &str) -> Result<gateway_core::storage::UserRecord, String> {

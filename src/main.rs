@@ -4,8 +4,9 @@
 use std::io::Write;
 use std::process::ExitCode;
 
+use admin::Output;
 use clap::Parser;
-use cli::{Cli, Command, Output};
+use cli::{Cli, Command};
 use gateway_core::config::Config;
 
 mod admin;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use prometheus::{Histogram, IntCounter};
 use serde::Serialize;
 
-use crate::RequestCtx;
+use crate::ctx::RequestCtx;
 use gateway_core::metrics;
 
 /// How long a line may wait in the buffer.

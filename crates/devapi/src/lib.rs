@@ -14,6 +14,7 @@ pub mod accesslog;
 pub mod affinity;
 pub mod auth;
 pub mod conn_limits;
+pub mod ctx;
 pub mod error;
 pub mod forward;
 pub mod in_flight;
@@ -43,6 +44,7 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType};
 use pingora_proxy::{ProxyHttp, Session};
 
+use crate::ctx::RequestCtx;
 use crate::error::ApiError;
 use crate::pipeline::{Admitted, Stop};
 use crate::route::{Endpoint, Route};
@@ -55,25 +57,6 @@ use gateway_core::util::new_id;
 /// The developer-API service.
 pub struct DevApi {
     pub state: SharedApiState,
-}
-
-/// Per-request state, filled in as the request walks the phases; `logging` reads it.
-pub struct RequestCtx {
-    pub request_id: String,
-    pub started: Instant,
-    pub endpoint: Option<Endpoint>,
-    pub model: Option<String>,
-    /// The caller once its key is known (shared, not copied: the access line reads the ids).
-    pub identity: Option<Identity>,
-    pub status: u16,
-    pub error_code: Option<&'static str>,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub deployment: Option<String>,
-    /// The key's per-minute windows once known, for the `x-ratelimit-*` headers.
-    pub rate: RateView,
-    /// Time to the first response byte, for forwarded requests.
-    pub ttfb_ms: Option<u64>,
 }
 
 #[async_trait]

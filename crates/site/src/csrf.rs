@@ -16,11 +16,6 @@ use gateway_core::state::AppState;
 
 pub const CSRF_HEADER: &str = "x-csrf-token";
 
-/// The CSRF token of the session whose id digest is `session_id_hash`.
-pub fn token_for(key: &AuthKey, session_id_hash: &str) -> String {
-    key.sign("csrf", session_id_hash)
-}
-
 /// Same-origin check: `invalid_origin` (403) unless the request provably comes from the site.
 pub fn check_origin(cfg: &Config, headers: &HeaderMap) -> Result<(), SiteError> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
@@ -115,6 +110,7 @@ mod tests {
 
     #[test]
     fn csrf_token_bound_to_session() {
+        use crate::session::token_for;
         let key = AuthKey::new(b"k").expect("key");
         let s = SessionInfo {
             user_id: "usr_x".into(),

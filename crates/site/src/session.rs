@@ -79,6 +79,11 @@ impl AuthKey {
     }
 }
 
+/// The CSRF token of the session whose id digest is `session_id_hash`.
+pub fn token_for(key: &AuthKey, session_id_hash: &str) -> String {
+    key.sign("csrf", session_id_hash)
+}
+
 /// The signed-in user of a request.
 #[derive(Clone)]
 pub struct SessionInfo {
@@ -119,7 +124,7 @@ impl SessionInfo {
             user_id: rec.user_id.clone(),
             email: rec.email.clone(),
             expires_ms: effective_expiry(cfg, rec.expires_at, seen),
-            csrf_token: super::csrf::token_for(key, &rec.id_hash),
+            csrf_token: token_for(key, &rec.id_hash),
             id_hash: rec.id_hash.clone(),
         }
     }
