@@ -9,11 +9,12 @@ use serde_json::{json, Value};
 
 use crate::admin::{db_error, Output};
 use gateway_core::apikey;
-use gateway_core::config::{Config, Tier};
+use gateway_core::config::Config;
 use gateway_core::domain::normalize_email;
+use gateway_core::domain::LimitMode;
+use gateway_core::domain::LotKind;
+use gateway_core::domain::Tier;
 use gateway_core::secrets::Secrets;
-use gateway_core::storage::keys::LimitMode;
-use gateway_core::storage::quota::LotKind;
 use gateway_core::storage::{Db, NewKey, StoreError};
 use gateway_devapi::route::is_known_scope;
 use gateway_site::views::{key_json, user_json};

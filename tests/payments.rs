@@ -129,7 +129,7 @@ async fn count(gw: &Gateway, sql: &str) -> i64 {
         .expect("n")
 }
 
-async fn lots_of(gw: &Gateway, email: &str) -> Vec<gateway_core::storage::quota::Lot> {
+async fn lots_of(gw: &Gateway, email: &str) -> Vec<gateway_core::domain::Lot> {
     let db = gw.db().await;
     let user = db
         .users()
@@ -654,7 +654,7 @@ async fn ignored_unmatched_and_amount_mismatch() {
     assert_eq!(statuses(&v), ["matched"]);
     let lots = lots_of(&gw, email).await;
     assert_eq!(lots.len(), 1);
-    assert_eq!(lots[0].kind, gateway_core::storage::quota::LotKind::Request);
+    assert_eq!(lots[0].kind, gateway_core::domain::LotKind::Request);
     assert_eq!(lots[0].amount, 10_000);
     assert_eq!(lots[0].tier, None);
     assert_eq!(

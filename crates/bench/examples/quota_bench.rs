@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gateway_core::config::Config;
+use gateway_core::domain::LimitMode;
 use gateway_core::identity::Identity;
 use gateway_core::quota::{local::Local, shared::Shared, Backend, Engine, Used};
-use gateway_core::storage::keys::LimitMode;
 use gateway_core::storage::{Db, NewKey};
 
 fn percentile(sorted: &[u128], p: f64) -> f64 {
@@ -85,7 +85,7 @@ async fn main() {
         .users()
         .create(
             "bench@example.com",
-            gateway_core::config::Tier::Beginner,
+            gateway_core::domain::Tier::Beginner,
             false,
         )
         .await

@@ -28,7 +28,9 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
-use crate::storage::{Breakdown, Db, LotKind, UsageEvent};
+use crate::storage::{Db, UsageEvent};
+
+use crate::domain::{Breakdown, LotKind};
 
 /// A segment is rotated out past this size, or this age when it holds anything: old lines are
 /// replayed at start (idempotently), so a segment that lives long makes the next start slower.

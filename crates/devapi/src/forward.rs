@@ -30,7 +30,7 @@ use crate::shape::{ClientSide, Crossing, Shaper};
 use crate::sse::{usage_from_body, StreamKind, StreamUsageTracker};
 use crate::state::SharedApiState;
 use crate::upstream::{Exchange, ProviderRequest, UpstreamError};
-use gateway_core::config::ProviderStyle;
+use gateway_core::domain::ProviderStyle;
 
 /// Provider error bodies read while failing over are bounded.
 const ERROR_BODY_LIMIT: usize = 1024 * 1024;

@@ -317,7 +317,7 @@ impl DevApi {
         cfg: &gateway_core::config::Config,
         adm: &Admitted,
     ) -> Result<Plan, ApiError> {
-        use gateway_core::config::ProviderStyle;
+        use gateway_core::domain::ProviderStyle;
         match adm.endpoint {
             Endpoint::Models | Endpoint::ModelInfo => Ok(Plan::Local),
             Endpoint::Search | Endpoint::WebFetch => {

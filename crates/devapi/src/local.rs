@@ -3,7 +3,8 @@
 use serde_json::{json, Value};
 
 use crate::route::Endpoint;
-use gateway_core::config::{Config, Model, ProviderStyle};
+use gateway_core::config::{Config, Model};
+use gateway_core::domain::ProviderStyle;
 use gateway_core::identity::Identity;
 
 /// The endpoints a model can serve, given its provider style. Chat completions and messages are

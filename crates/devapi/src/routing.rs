@@ -561,7 +561,7 @@ mod tests {
     fn provider(name: &str, key_env: Option<&str>) -> Arc<Provider> {
         Arc::new(Provider {
             name: name.into(),
-            style: gateway_core::config::ProviderStyle::OpenAi,
+            style: gateway_core::domain::ProviderStyle::OpenAi,
             tls: false,
             host: "127.0.0.1".into(),
             port: 9,

@@ -7,8 +7,10 @@
 
 use std::time::Instant;
 
-use crate::sse::{StreamUsageTracker, Usage};
+use crate::sse::StreamUsageTracker;
+
 use crate::state::SharedApiState;
+use gateway_core::domain::Usage;
 use gateway_core::journal::Hold;
 use gateway_core::quota::{Reservation, Used};
 use gateway_core::storage::UsageEvent;

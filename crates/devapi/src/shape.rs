@@ -20,7 +20,7 @@ use crate::route::Endpoint;
 use crate::routing::Target;
 use crate::settle::Reason;
 use crate::sse::{EventVerdict, SseEvent, SseParser, StreamKind, StreamUsageTracker};
-use gateway_core::config::ProviderStyle;
+use gateway_core::domain::ProviderStyle;
 use gateway_translate::{chat_to_messages, messages_to_chat};
 
 /// A translated answer is collected whole before it is translated; past this the provider's
@@ -526,7 +526,7 @@ mod tests {
         input: &str,
         step: usize,
         reason: Reason,
-    ) -> (String, Option<crate::sse::Usage>) {
+    ) -> (String, Option<gateway_core::domain::Usage>) {
         let mut shaper = Shaper::new(crossing, client, 200, Some("text/event-stream"));
         let mut tracker = shaper.tracker();
         let mut out = Vec::new();

@@ -13,6 +13,7 @@ use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use bytes::Bytes;
+use gateway_core::domain::Usage;
 use memchr::memmem;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -302,18 +303,6 @@ pub enum StreamKind {
     OpenAiChat,
     OpenAiResponses,
     Anthropic,
-}
-
-/// Provider-reported usage, normalized to OpenAI semantics: `cached_tokens`
-/// is a subset of `input_tokens` and `reasoning_tokens` a subset of
-/// `output_tokens`. For Anthropic, `input_tokens` therefore includes cache
-/// reads and cache writes, and `cached_tokens` is the cache reads.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub cached_tokens: u64,
-    pub reasoning_tokens: u64,
 }
 
 /// What the caller should do with the event it just observed.

@@ -403,7 +403,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use gateway_core::config::ProviderStyle;
+    use gateway_core::domain::ProviderStyle;
 
     fn provider() -> Provider {
         Provider {

@@ -36,13 +36,14 @@ use super::csrf::require_mutation;
 use super::error::SiteError;
 use super::session::{current_session, SessionInfo};
 use crate::views::lot_json;
-use gateway_core::config::{Config, PaymentConfig, Tier};
+use gateway_core::config::{Config, PaymentConfig};
+use gateway_core::domain::LotKind;
+use gateway_core::domain::Tier;
 use gateway_core::state::{AppState, SharedState};
 use gateway_core::storage::payments::{
     find_codes, CancelError, IncomingItem, ItemStatus, MatchRules, NewOrder, OrderError,
     OrderRecord, OrderRules, OrderStatus, TransactionRecord,
 };
-use gateway_core::storage::quota::LotKind;
 use gateway_core::storage::StoreError;
 use gateway_core::util::{iso, iso_opt, now_ms};
 

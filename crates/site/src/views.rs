@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use gateway_core::storage::quota::Lot;
+use gateway_core::domain::Lot;
 use gateway_core::storage::{KeyRecord, UserRecord};
 use gateway_core::util::{iso, iso_opt};
 

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::domain::{ProviderStyle, Tier};
 use file::FileConfig;
 
 /// A configuration problem: which file, which key, what is wrong.
@@ -34,65 +35,6 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
-
-/// Quota tiers, ordered from lowest to highest so `max` picks the effective tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Tier {
-    Beginner,
-    Steady,
-    Persistent,
-    Tryharder,
-}
-
-impl Tier {
-    pub const ALL: [Tier; 4] = [
-        Tier::Beginner,
-        Tier::Steady,
-        Tier::Persistent,
-        Tier::Tryharder,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Tier::Beginner => "beginner",
-            Tier::Steady => "steady",
-            Tier::Persistent => "persistent",
-            Tier::Tryharder => "tryharder",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Tier> {
-        Tier::ALL.into_iter().find(|t| t.as_str() == s)
-    }
-
-    pub fn index(self) -> usize {
-        self as usize
-    }
-}
-
-impl fmt::Display for Tier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Provider API style: how the gateway authenticates and which paths it speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProviderStyle {
-    /// `Authorization: Bearer`, OpenAI paths.
-    OpenAi,
-    /// `x-api-key` + `anthropic-version`, Anthropic paths.
-    Anthropic,
-}
-
-impl ProviderStyle {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProviderStyle::OpenAi => "openai",
-            ProviderStyle::Anthropic => "anthropic",
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {

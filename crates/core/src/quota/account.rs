@@ -4,11 +4,13 @@
 
 use std::collections::HashMap;
 
+use crate::config::QuotaConfig;
 use crate::config::TierLimits;
-use crate::config::{QuotaConfig, Tier};
+use crate::domain::Tier;
+use crate::domain::{Breakdown, Lot, LotKind, SpendBucket};
 use crate::quota::tiers::{entitlement_tier, lot_remaining, usage_tier};
 use crate::quota::Denied;
-use crate::storage::quota::{window_start_hour, Breakdown, Lot, LotKind, SpendBucket, HOUR_MS};
+use crate::storage::quota::{window_start_hour, HOUR_MS};
 use crate::util::FastHash;
 
 /// A reservation held by an account.

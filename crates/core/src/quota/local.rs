@@ -13,8 +13,8 @@ use super::account::AccountState;
 use super::limits::{check, view, WINDOW_MS};
 use super::{Denied, RatePlan, RateView, Reservation, Ticket, Used};
 use crate::config::QuotaConfig;
+use crate::domain::{Breakdown, Lot};
 use crate::identity::Identity;
-use crate::storage::quota::{Breakdown, Lot};
 use crate::storage::Db;
 use crate::util::FastHash;
 

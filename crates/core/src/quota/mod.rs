@@ -24,9 +24,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::config::{QuotaConfig, TierLimits};
+use crate::domain::Breakdown;
+use crate::domain::LimitMode;
 use crate::identity::Identity;
-use crate::storage::keys::LimitMode;
-use crate::storage::quota::Breakdown;
 use crate::storage::Db;
 use crate::util::{now_ms, random_base62};
 use limits::WindowView;

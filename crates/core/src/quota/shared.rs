@@ -25,10 +25,11 @@ use super::breaker::Breaker;
 use super::limits::{WindowView, WINDOW_MS};
 use super::local::Local;
 use super::{Denied, RatePlan, RateView, Reservation, Ticket, Used};
-use crate::config::{QuotaConfig, RedisOutage, Tier};
+use crate::config::{QuotaConfig, RedisOutage};
+use crate::domain::Tier;
+use crate::domain::{Breakdown, Lot, LotKind};
 use crate::identity::Identity;
 use crate::quota::tiers::{effective_tier, usage_tier};
-use crate::storage::quota::{Breakdown, Lot, LotKind};
 use crate::storage::Db;
 use crate::util::{now_ms, FastHash};
 
@@ -140,7 +141,7 @@ fn rate_key(prefix: &str, scope: &str, minute: i64) -> String {
 /// lot with something left.
 fn push_balance(
     inv: &mut redis::ScriptInvocation<'_>,
-    spend: &[crate::storage::quota::SpendBucket],
+    spend: &[crate::domain::SpendBucket],
     lots: &[Lot],
 ) {
     for b in spend {
@@ -316,7 +317,7 @@ impl Shared {
         db: &Db,
         user_id: &str,
         now: i64,
-    ) -> Result<(Vec<crate::storage::quota::SpendBucket>, Vec<Lot>), String> {
+    ) -> Result<(Vec<crate::domain::SpendBucket>, Vec<Lot>), String> {
         crate::storage::within(self.settings.db_timeout, async {
             let spend = db.quota().spend(user_id, now).await?;
             let lots = db.quota().lots(user_id, now).await?;
@@ -330,7 +331,7 @@ impl Shared {
     fn hint_from(
         &self,
         user_id: &str,
-        spend: &[crate::storage::quota::SpendBucket],
+        spend: &[crate::domain::SpendBucket],
         lots: &[Lot],
         now: i64,
     ) {

@@ -7,8 +7,11 @@
 
 use serde_json::{json, Value};
 
-use crate::config::{QuotaConfig, Tier, TierLimits};
-use crate::storage::quota::{window_start_hour, Lot, LotKind, SpendBucket};
+use crate::config::{QuotaConfig, TierLimits};
+
+use crate::domain::Tier;
+use crate::domain::{Lot, LotKind, SpendBucket};
+use crate::storage::quota::window_start_hour;
 use crate::storage::UserRecord;
 use crate::util::iso;
 

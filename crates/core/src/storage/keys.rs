@@ -3,32 +3,8 @@
 use sqlx::Row;
 
 use super::{flag, Db, StoreError, StoreResult};
+use crate::domain::LimitMode;
 use crate::util::{new_id, now_ms};
-
-/// How a key counts against per-minute limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LimitMode {
-    /// The key has its own per-minute windows.
-    PerKey,
-    /// The key shares the account's windows (the global key).
-    AccountPool,
-}
-
-impl LimitMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LimitMode::PerKey => "per_key",
-            LimitMode::AccountPool => "account_pool",
-        }
-    }
-    fn parse(s: &str) -> LimitMode {
-        if s == "account_pool" {
-            LimitMode::AccountPool
-        } else {
-            LimitMode::PerKey
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyRecord {

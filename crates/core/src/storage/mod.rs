@@ -21,7 +21,6 @@ use sqlx::{AnyPool, ConnectOptions, Executor};
 
 pub use auth::{AuthStore, ChallengeRecord, ChallengeSecrets, SessionRecord};
 pub use keys::{KeyRecord, KeyStore, NewKey};
-pub use quota::{Breakdown, LotKind};
 pub use usage::{UsageEvent, UsageStore};
 pub use users::{UserRecord, UserStore};
 

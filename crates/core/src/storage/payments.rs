@@ -15,9 +15,11 @@
 use rand::Rng;
 use sqlx::Row;
 
-use super::quota::{Lot, LotKind, QuotaStore};
+use super::quota::QuotaStore;
+
 use super::{Db, StoreError, StoreResult};
-use crate::config::Tier;
+use crate::domain::Tier;
+use crate::domain::{Lot, LotKind};
 use crate::util::{new_id, now_ms};
 
 /// Characters of a payment code after its prefix: uppercase letters and digits that cannot be

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use sqlx::Row;
 
 use super::{Db, StoreError, StoreResult};
-use crate::config::Tier;
+use crate::domain::Tier;
+use crate::domain::{Breakdown, Lot, LotKind, SpendBucket};
 use crate::util::{new_id, now_ms};
 
 pub const HOUR_MS: i64 = 3_600_000;
@@ -17,89 +18,6 @@ pub const WINDOW_HOURS: i64 = 168;
 /// The oldest hour (Unix hours) inside the rolling week ending at `now` (Unix ms).
 pub fn window_start_hour(now: i64) -> i64 {
     now / HOUR_MS - (WINDOW_HOURS - 1)
-}
-
-/// Which meter a lot tops up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum LotKind {
-    Token,
-    Request,
-}
-
-impl LotKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LotKind::Token => "token",
-            LotKind::Request => "request",
-        }
-    }
-    pub fn parse(s: &str) -> Option<LotKind> {
-        match s {
-            "token" => Some(LotKind::Token),
-            "request" => Some(LotKind::Request),
-            _ => None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lot {
-    pub id: String,
-    pub user_id: String,
-    pub kind: LotKind,
-    pub amount: u64,
-    pub remaining: u64,
-    pub tier: Option<Tier>,
-    pub source: String,
-    pub created_at: i64,
-    pub expires_at: i64,
-}
-
-/// One hour of spend for one account.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SpendBucket {
-    pub hour: i64,
-    pub allowance_tokens: u64,
-    pub allowance_requests: u64,
-    pub lot_tokens: u64,
-    pub lot_requests: u64,
-}
-
-impl SpendBucket {
-    /// Adds `other`'s four amounts to these (the hour is left alone).
-    pub fn add_amounts(&mut self, other: &SpendBucket) {
-        self.allowance_tokens += other.allowance_tokens;
-        self.allowance_requests += other.allowance_requests;
-        self.lot_tokens += other.lot_tokens;
-        self.lot_requests += other.lot_requests;
-    }
-
-    /// Takes `other`'s four amounts out of these, which include them.
-    pub fn sub_amounts(&mut self, other: &SpendBucket) {
-        self.allowance_tokens = self.allowance_tokens.saturating_sub(other.allowance_tokens);
-        self.allowance_requests = self
-            .allowance_requests
-            .saturating_sub(other.allowance_requests);
-        self.lot_tokens = self.lot_tokens.saturating_sub(other.lot_tokens);
-        self.lot_requests = self.lot_requests.saturating_sub(other.lot_requests);
-    }
-}
-
-/// How one settlement was paid: what came out of the weekly allowance and which lots.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Breakdown {
-    pub user_id: String,
-    pub at_ms: i64,
-    pub allowance_tokens: u64,
-    pub allowance_requests: u64,
-    /// (lot id, kind, amount taken)
-    pub lots: Vec<(String, LotKind, u64)>,
-}
-
-impl Breakdown {
-    pub fn is_empty(&self) -> bool {
-        self.allowance_tokens == 0 && self.allowance_requests == 0 && self.lots.is_empty()
-    }
 }
 
 fn i(v: u64) -> i64 {

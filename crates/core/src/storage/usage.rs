@@ -14,8 +14,10 @@ use sqlx::any::AnyArguments;
 use sqlx::error::BoxDynError;
 use sqlx::{Arguments, Row};
 
-use super::quota::{Breakdown, QuotaStore, HOUR_MS};
+use super::quota::{QuotaStore, HOUR_MS};
+
 use super::{Backend, Db, StoreError, StoreResult};
+use crate::domain::Breakdown;
 
 /// One settled request, as stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

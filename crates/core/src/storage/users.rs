@@ -3,7 +3,7 @@
 use sqlx::Row;
 
 use super::{flag, Db, StoreError, StoreResult};
-use crate::config::Tier;
+use crate::domain::Tier;
 use crate::util::{new_id, now_ms};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
