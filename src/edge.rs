@@ -424,7 +424,9 @@ fn spawn_drain_monitor(
         tokio::time::sleep(Duration::from_millis(100)).await;
         // Shortly before the deadline, relays still running end their answers with an error
         // in the client's style (a stream dropped by the runtime would just stop).
-        let cut_at = deadline - drain.min(Duration::from_millis(500));
+        let cut_at = deadline
+            .checked_sub(drain.min(Duration::from_millis(500)))
+            .unwrap_or(deadline);
         while IN_FLIGHT.load(Ordering::Acquire) > 0 && Instant::now() < cut_at {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

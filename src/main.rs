@@ -1,6 +1,8 @@
 //! `gateway`: CLI dispatch. `serve` (the default) runs the edge; the other commands are the
 //! operator tools of CONTRACT §1.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -15,12 +17,11 @@ mod edge;
 mod lifecycle;
 
 /// jemalloc instead of glibc's allocator: the request path makes many small, short-lived
-/// allocations on several threads, where glibc's malloc/free took ~10% of the gateway's CPU.
-/// (mimalloc was as fast at allocating but returned freed pages to the kernel within
-/// milliseconds, and faulting them back in cost ~3%.) It also stands in for C's `malloc`
+/// allocations on several threads, where glibc's malloc/free is costly. (mimalloc was as fast
+/// at allocating but returns freed pages to the kernel within milliseconds, and faulting them
+/// back in costs more than it saves.) It also stands in for C's `malloc`
 /// (the `unprefixed_malloc_on_supported_platforms` feature): SQLite allocates and frees every
-/// bound text of every usage event, and glibc's allocator was ~20% of the usage writer's
-/// SQLite thread.
+/// bound text of every usage event.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -28,7 +29,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// still overrides them). Pingora gives every HTTP/1 body reader a 64 KiB buffer, a
 /// request and free per request above jemalloc's default thread-cache limit (32 KiB), so each
 /// went through the arena's extent bookkeeping under its lock: raising the limit to 128 KiB
-/// serves them from the thread's cache (~8% less CPU per non-streamed request, A/B on one core).
+/// serves them from the thread's cache.
 #[allow(non_upper_case_globals)]
 #[export_name = "malloc_conf"]
 pub static malloc_conf: &[u8; 18] = b"tcache_max:131072\0";

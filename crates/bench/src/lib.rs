@@ -2,9 +2,6 @@
 //! finding the sibling binaries, starting the mock provider and the gateway on port 0 and
 //! learning their addresses from their ready lines, and running admin commands.
 
-// Each example compiles its own copy of this module and uses only part of it.
-#![allow(dead_code)]
-
 use std::future::Future;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -4,8 +4,7 @@
 //! Correctness comes from invalidation, not from short TTLs:
 //! - the instance that revokes a key or changes an account updates this cache at once;
 //! - a change feed polls `updated_at` every `FEED_INTERVAL` for changes made elsewhere (admin
-//!   commands, other instances), so a suspension or revocation is seen within that interval;
-//! - with Redis, instances also publish invalidations to each other (see `quota::shared`).
+//!   commands, other instances), so a suspension or revocation is seen within that interval.
 //!
 //! Unknown hashes are remembered briefly (negative cache) so a flood of bad keys cannot turn
 //! into a flood of database queries.

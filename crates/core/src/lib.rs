@@ -2,6 +2,8 @@
 //! identity and the other services both front ends (the developer API and the account
 //! service) share. It depends on neither of them.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod apikey;
 pub mod config;
 pub mod domain;

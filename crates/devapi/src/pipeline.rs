@@ -382,7 +382,8 @@ const HEAD_FIELD_MAX: usize = 64 * 1024;
 /// What admission reads from a body over [`INLINE_COUNT_MAX`], without building its tree: the
 /// top-level object is walked with every value borrowed raw, the head fields are built, and
 /// the input is estimated one array element at a time ([`tokens::TokenCounter::estimate_raw`]).
-/// Memory stays near the body's own size: a tree of many tiny messages cost ~40 times it.
+/// Memory stays near the body's own size: a parsed tree of many tiny messages costs many
+/// times it.
 struct LargeBody {
     head: [Option<Value>; LARGE_TEXT_AT],
     estimate: u64,

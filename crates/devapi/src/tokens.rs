@@ -72,7 +72,7 @@ const OPAQUE_KEYS: &[&str] = &[
 /// Token counts of recently seen text slices, per worker thread (no lock on the request
 /// path), keyed by a randomly keyed SipHash of the slice and its length. Chat traffic re-sends
 /// the same text on every turn (system prompts, tool definitions, the conversation so far);
-/// BPE-encoding it again cost ~15% of the gateway's CPU per request. A key collision could only
+/// BPE-encoding it again on every turn is the costliest part of admission. A key collision could only
 /// change an estimate (the reservation), never what is charged: settlement uses the provider's
 /// usage. Cleared when full: simpler than an LRU and as good for a working set this size.
 const SEEN_SLICES_MAX: usize = 16_384;

@@ -104,7 +104,6 @@ pub struct ProviderRequest<'a> {
 pub struct Exchange {
     session: Box<HttpSession>,
     pool_key: u64,
-    idle_timeout: Duration,
 }
 
 impl UpstreamPool {
@@ -192,11 +191,7 @@ impl UpstreamPool {
             match answered {
                 Ok(()) => {
                     session.read_timeout = Some(req.provider.idle_timeout);
-                    return Ok(Exchange {
-                        session,
-                        pool_key,
-                        idle_timeout: req.provider.idle_timeout,
-                    });
+                    return Ok(Exchange { session, pool_key });
                 }
                 Err(e) => {
                     session.shutdown().await;
@@ -388,14 +383,7 @@ impl Exchange {
         }
         Ok(buf.freeze())
     }
-
-    pub fn idle_timeout(&self) -> Duration {
-        self.idle_timeout
-    }
 }
-
-/// Shared handle type used by the proxy service.
-pub type SharedUpstreams = Arc<UpstreamPool>;
 
 #[cfg(test)]
 mod tests {

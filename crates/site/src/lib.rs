@@ -2,6 +2,8 @@
 //! `/api/content`. Pingora's site listener proxies to it over a private Unix socket, so it
 //! shares the edge (and its graceful restarts) without a second public port.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod account;
 pub mod auth;
 pub mod captcha;

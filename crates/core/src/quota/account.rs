@@ -27,8 +27,8 @@ pub struct AccountState {
     /// Hourly spend inside the rolling week, oldest hour first.
     spend: Vec<SpendBucket>,
     /// The sum of `spend`, kept as hours are booked and dropped. A week of an account busy
-    /// every hour is 168 buckets, and they were summed three times and searched once for every
-    /// request (~0.5 µs): now the sum only loses the hours that left the window.
+    /// every hour is 168 buckets, and summing them on every request is needless work: the sum
+    /// only loses the hours that left the window.
     spent: SpendBucket,
     pub lots: Vec<Lot>,
     pub reserved_tokens: u64,

@@ -152,9 +152,8 @@ const INSERT_SIZES: usize = INSERT_ROWS.trailing_zeros() as usize + 1;
 
 /// Splits `items` into slices whose lengths are powers of two (at most [`INSERT_ROWS`]),
 /// largest first. A multi-row INSERT's text depends on its row count, and a text the
-/// connection has not prepared before costs a parse and a plan, which for SQLite cost more
-/// than inserting the rows (~10,000 instructions per event, measured under callgrind when
-/// every batch had its own size). With these sizes at most nine texts exist, all kept in the
+/// connection has not prepared before costs a parse and a plan, which for SQLite costs more
+/// than inserting the rows. With these sizes at most nine texts exist, all kept in the
 /// connection's statement cache.
 fn statement_sized<T>(mut items: &[T]) -> impl Iterator<Item = &[T]> {
     std::iter::from_fn(move || {
@@ -177,8 +176,7 @@ const EVENT_COLUMNS: usize = 17;
 /// one more message from that thread.
 ///
 /// The arguments are sized for the whole chunk up front. Bound one by one, their list grew by
-/// doubling to 4,352 values for a full chunk (over 100 KiB), each growth a reallocation and a copy:
-/// ~14% of the usage writer's instructions under callgrind.
+/// doubling to thousands of values for a full chunk, each growth a reallocation and a copy.
 async fn insert_events(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     backend: Backend,
