@@ -354,3 +354,84 @@ fn links_stay_inside_the_repository_and_resolve() {
         }
     }
 }
+
+/// Every `.rs` file under `dir`, recursively.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|x| x == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Environment variables the gateway's code reads by name.
+fn variables_read_by_the_code() -> BTreeSet<String> {
+    let root = repo_root();
+    let mut files = Vec::new();
+    for dir in ["src", "crates"] {
+        rust_files(&root.join(dir), &mut files);
+    }
+    let read = Regex::new(r#"env::var(?:_os)?\(\s*"([A-Z][A-Z0-9_]*)"\s*\)"#).expect("re");
+    let constant = Regex::new(r#"const [A-Z0-9_]+_ENV: &str = "([A-Z][A-Z0-9_]*)""#).expect("re");
+    let mut names = BTreeSet::new();
+    for file in files {
+        let text = read(&file);
+        for c in read.captures_iter(&text).chain(constant.captures_iter(&text)) {
+            names.insert(c[1].to_string());
+        }
+    }
+    names
+}
+
+#[test]
+fn every_environment_variable_is_documented_and_in_the_template() {
+    let root = repo_root();
+    let names = variables_read_by_the_code();
+    for expected in ["GATEWAY_KEY_PEPPER", "SMTP_PASSWORD", "GATEWAY_UPGRADE"] {
+        assert!(
+            names.contains(expected),
+            "the scan of the code missed {expected}: {names:?}"
+        );
+    }
+    let operations = read(&root.join("docs/operations.md"));
+    let template = read(&root.join("conf/gateway.env.example"));
+    let in_template = |name: &str| {
+        template
+            .lines()
+            .any(|l| l.trim_start_matches('#').starts_with(&format!("{name}=")))
+    };
+    // Read by a command for its own purpose, or set only for one start: not deployment settings.
+    let not_settings = ["USER", "LOGNAME", "GATEWAY_UPGRADE"];
+    for name in &names {
+        if ["USER", "LOGNAME"].contains(&name.as_str()) {
+            continue;
+        }
+        assert!(
+            operations.contains(&format!("`{name}`")),
+            "docs/operations.md does not document {name}"
+        );
+        if !not_settings.contains(&name.as_str()) {
+            assert!(
+                in_template(name),
+                "conf/gateway.env.example does not list {name}"
+            );
+        }
+    }
+    // The provider keys the shipped config names.
+    let shipped = read(&root.join("conf/gateway.toml"));
+    let key_env = Regex::new(r#"(?m)^api_key_env\s*=\s*"([A-Z0-9_]+)""#).expect("re");
+    for c in key_env.captures_iter(&shipped) {
+        assert!(
+            in_template(&c[1]),
+            "conf/gateway.env.example does not list {}",
+            &c[1]
+        );
+    }
+    assert!(in_template("RUST_LOG"));
+}
