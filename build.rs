@@ -33,5 +33,8 @@ fn main() {
             println!("cargo:rerun-if-changed={path}");
         }
     }
+    // `sqlx::migrate!` embeds the migration folders, but only files that existed at the last
+    // build are watched: a new migration must rebuild the crate too.
+    println!("cargo:rerun-if-changed=migrations");
     println!("cargo:rerun-if-changed=build.rs");
 }

@@ -5,8 +5,14 @@
 //! 0/1 integers, placeholders are `$1, $2, …` in first-use order (SQLite binds them by order of
 //! appearance), aggregates are cast to `BIGINT` (Postgres sums to `NUMERIC`).
 
+#[macro_use]
+mod declare;
+
 pub mod auth;
+#[cfg(test)]
+mod check;
 pub mod keys;
+mod migrate;
 pub mod payments;
 pub mod quota;
 pub mod reports;
@@ -138,14 +144,7 @@ impl Db {
     }
 
     async fn migrate(&self) -> StoreResult<()> {
-        match self.backend {
-            Backend::Sqlite => sqlx::migrate!("migrations/sqlite").run(&self.pool).await?,
-            Backend::Postgres => {
-                sqlx::migrate!("migrations/postgres")
-                    .run(&self.pool)
-                    .await?
-            }
-        }
+        migrate::migrator(self.backend).run(&self.pool).await?;
         Ok(())
     }
 
@@ -233,6 +232,9 @@ fn sqlite_path(url: &str) -> Option<String> {
 pub(crate) fn flag(v: i64) -> bool {
     v != 0
 }
+
+#[cfg(test)]
+mod testdb;
 
 #[cfg(test)]
 mod tests {
