@@ -4,6 +4,12 @@
 //! Portability rules the stores follow: timestamps are `BIGINT` Unix milliseconds, flags are
 //! 0/1 integers, placeholders are `$1, $2, …` in first-use order (SQLite binds them by order of
 //! appearance), aggregates are cast to `BIGINT` (Postgres sums to `NUMERIC`).
+//!
+//! Each store declares its statements as named constants (`queries!`) and reads rows into
+//! `#[derive(sqlx::FromRow)]` structs (`row!`), converted into its public records. The `check`
+//! tests describe every statement on a migrated SQLite and Postgres and compare its columns
+//! with the struct it is read into (`declare` says why this is not sqlx's compile-time macros).
+//! `migrate` holds the two dialects' schema histories, one numbered history for both.
 
 #[macro_use]
 mod declare;
