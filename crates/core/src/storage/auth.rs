@@ -6,8 +6,6 @@
 //! conditional `UPDATE` whose affected-row count is the answer, so concurrent requests on any
 //! number of instances cannot both win.
 
-use sqlx::Row;
-
 use super::{Db, StoreError, StoreResult};
 
 /// A stored sign-in challenge.
@@ -44,20 +42,122 @@ pub struct SessionRecord {
     pub last_seen_at: i64,
 }
 
-const CHALLENGE_COLUMNS: &str = "id, email, code_hash, link_hash, code_expires_at, \
-     link_expires_at, attempts, consumed_at";
+row! {
+    /// An `auth_challenges` row as `ChallengeRecord` needs it.
+    struct ChallengeRow {
+        id: String,
+        email: String,
+        code_hash: String,
+        link_hash: String,
+        code_expires_at: i64,
+        link_expires_at: i64,
+        attempts: i64,
+        consumed_at: Option<i64>,
+    }
+}
 
-fn challenge_from_row(row: &sqlx::any::AnyRow) -> StoreResult<ChallengeRecord> {
-    Ok(ChallengeRecord {
-        id: row.try_get("id")?,
-        email: row.try_get("email")?,
-        code_hash: row.try_get("code_hash")?,
-        link_hash: row.try_get("link_hash")?,
-        code_expires_at: row.try_get("code_expires_at")?,
-        link_expires_at: row.try_get("link_expires_at")?,
-        attempts: row.try_get("attempts")?,
-        consumed_at: row.try_get("consumed_at")?,
-    })
+impl From<ChallengeRow> for ChallengeRecord {
+    fn from(r: ChallengeRow) -> ChallengeRecord {
+        ChallengeRecord {
+            id: r.id,
+            email: r.email,
+            code_hash: r.code_hash,
+            link_hash: r.link_hash,
+            code_expires_at: r.code_expires_at,
+            link_expires_at: r.link_expires_at,
+            attempts: r.attempts,
+            consumed_at: r.consumed_at,
+        }
+    }
+}
+
+row! {
+    /// A session joined with its user's email.
+    struct SessionRow {
+        id_hash: String,
+        user_id: String,
+        email: String,
+        created_at: i64,
+        expires_at: i64,
+        last_seen_at: i64,
+    }
+}
+
+impl From<SessionRow> for SessionRecord {
+    fn from(r: SessionRow) -> SessionRecord {
+        SessionRecord {
+            id_hash: r.id_hash,
+            user_id: r.user_id,
+            email: r.email,
+            created_at: r.created_at,
+            expires_at: r.expires_at,
+            last_seen_at: r.last_seen_at,
+        }
+    }
+}
+
+row! {
+    /// A user whose stored TOTP seed is not sealed yet. The seed is never NULL (the statement
+    /// asks for it not to be), but its column may be.
+    struct UnsealedSeedRow {
+        id: String,
+        totp_secret: Option<String>,
+    }
+}
+
+/// `SELECT` of a `ChallengeRow` followed by `$rest`.
+macro_rules! select_challenge {
+    ($rest:literal) => {
+        concat!(
+            "SELECT id, email, code_hash, link_hash, code_expires_at, link_expires_at, \
+             attempts, consumed_at FROM auth_challenges ",
+            $rest
+        )
+    };
+}
+
+pub(crate) mod sql {
+    queries! {
+        INSERT_CHALLENGE = "INSERT INTO auth_challenges (id, email, code_hash, link_hash, \
+             code_expires_at, link_expires_at, attempts, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, 0, $7, $8)";
+        CHALLENGE_BY_ID -> super::ChallengeRow = select_challenge!("WHERE id = $1");
+        CHALLENGE_BY_LINK -> super::ChallengeRow = select_challenge!("WHERE link_hash = $1");
+        REPLACE_SECRETS = "UPDATE auth_challenges SET code_hash = $1, link_hash = $2, \
+             code_expires_at = $3, link_expires_at = $4, attempts = 0, updated_at = $5 \
+             WHERE id = $6 AND consumed_at IS NULL";
+        TAKE_ATTEMPT = "UPDATE auth_challenges SET attempts = attempts + 1, updated_at = $1 \
+             WHERE id = $2 AND consumed_at IS NULL AND attempts < $3";
+        CONSUME = "UPDATE auth_challenges SET consumed_at = $1, updated_at = $2 \
+             WHERE id = $3 AND consumed_at IS NULL";
+        INSERT_SESSION = "INSERT INTO auth_sessions (id_hash, user_id, created_at, expires_at, \
+             last_seen_at) VALUES ($1, $2, $3, $4, $5)";
+        SESSION -> super::SessionRow = "SELECT s.id_hash, s.user_id, u.email, s.created_at, \
+             s.expires_at, s.last_seen_at \
+             FROM auth_sessions s JOIN users u ON u.id = s.user_id WHERE s.id_hash = $1";
+        TOUCH_SESSION = "UPDATE auth_sessions SET last_seen_at = $1 WHERE id_hash = $2";
+        DELETE_SESSION = "DELETE FROM auth_sessions WHERE id_hash = $1";
+        DELETE_USER_SESSIONS = "DELETE FROM auth_sessions WHERE user_id = $1";
+        RECORD_LOGIN = "UPDATE users SET last_login_at = $1, updated_at = $2 WHERE id = $3";
+        SET_TWO_FACTOR = "UPDATE users SET two_factor_enabled = $1, totp_secret = $2, \
+             updated_at = $3, totp_last_step = NULL WHERE id = $4";
+        SET_TWO_FACTOR_IF = "UPDATE users SET two_factor_enabled = $1, totp_secret = $2, \
+             updated_at = $3, totp_last_step = NULL WHERE id = $4 AND two_factor_enabled = $5";
+        CLAIM_TOTP_STEP = "UPDATE users SET totp_last_step = $1 \
+             WHERE id = $2 AND (totp_last_step IS NULL OR totp_last_step < $1)";
+        UNSEALED_SEEDS -> super::UnsealedSeedRow = "SELECT id, totp_secret FROM users \
+             WHERE totp_secret IS NOT NULL AND totp_secret NOT LIKE $1";
+        RESEAL_SEED = "UPDATE users SET totp_secret = $1 WHERE id = $2 AND totp_secret = $3";
+        HIT -> i64 = "INSERT INTO auth_rate_counters (bucket, window_start, hits) \
+             VALUES ($1, $2, 1) ON CONFLICT (bucket, window_start) \
+             DO UPDATE SET hits = auth_rate_counters.hits + 1 RETURNING hits";
+        HITS -> i64 =
+            "SELECT hits FROM auth_rate_counters WHERE bucket = $1 AND window_start = $2";
+        PURGE_CHALLENGES =
+            "DELETE FROM auth_challenges WHERE code_expires_at < $1 AND link_expires_at < $2";
+        PURGE_SESSIONS = "DELETE FROM auth_sessions WHERE expires_at < $1 OR last_seen_at < $2";
+        PURGE_COUNTERS = "DELETE FROM auth_rate_counters WHERE window_start < $1";
+    }
 }
 
 pub struct AuthStore<'a> {
@@ -73,43 +173,35 @@ impl AuthStore<'_> {
         secrets: &ChallengeSecrets,
         now: i64,
     ) -> StoreResult<()> {
-        sqlx::query(
-            "INSERT INTO auth_challenges (id, email, code_hash, link_hash, code_expires_at, \
-             link_expires_at, attempts, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, 0, $7, $8)",
-        )
-        .bind(id)
-        .bind(email)
-        .bind(&secrets.code_hash)
-        .bind(&secrets.link_hash)
-        .bind(secrets.code_expires_at)
-        .bind(secrets.link_expires_at)
-        .bind(now)
-        .bind(now)
-        .execute(&self.db.pool)
-        .await
-        .map_err(StoreError::from_sqlx)?;
+        sqlx::query(sql::INSERT_CHALLENGE)
+            .bind(id)
+            .bind(email)
+            .bind(&secrets.code_hash)
+            .bind(&secrets.link_hash)
+            .bind(secrets.code_expires_at)
+            .bind(secrets.link_expires_at)
+            .bind(now)
+            .bind(now)
+            .execute(&self.db.pool)
+            .await
+            .map_err(StoreError::from_sqlx)?;
         Ok(())
     }
 
     pub async fn challenge(&self, id: &str) -> StoreResult<Option<ChallengeRecord>> {
-        let row = sqlx::query(&format!(
-            "SELECT {CHALLENGE_COLUMNS} FROM auth_challenges WHERE id = $1"
-        ))
-        .bind(id)
-        .fetch_optional(&self.db.pool)
-        .await?;
-        row.as_ref().map(challenge_from_row).transpose()
+        let row = sqlx::query_as::<_, ChallengeRow>(sql::CHALLENGE_BY_ID)
+            .bind(id)
+            .fetch_optional(&self.db.pool)
+            .await?;
+        Ok(row.map(ChallengeRecord::from))
     }
 
     pub async fn challenge_by_link(&self, link_hash: &str) -> StoreResult<Option<ChallengeRecord>> {
-        let row = sqlx::query(&format!(
-            "SELECT {CHALLENGE_COLUMNS} FROM auth_challenges WHERE link_hash = $1"
-        ))
-        .bind(link_hash)
-        .fetch_optional(&self.db.pool)
-        .await?;
-        row.as_ref().map(challenge_from_row).transpose()
+        let row = sqlx::query_as::<_, ChallengeRow>(sql::CHALLENGE_BY_LINK)
+            .bind(link_hash)
+            .fetch_optional(&self.db.pool)
+            .await?;
+        Ok(row.map(ChallengeRecord::from))
     }
 
     /// Resend: swaps in a new code and link (the old ones stop working) and resets the attempt
@@ -120,49 +212,39 @@ impl AuthStore<'_> {
         secrets: &ChallengeSecrets,
         now: i64,
     ) -> StoreResult<bool> {
-        let r = sqlx::query(
-            "UPDATE auth_challenges SET code_hash = $1, link_hash = $2, code_expires_at = $3, \
-             link_expires_at = $4, attempts = 0, updated_at = $5 \
-             WHERE id = $6 AND consumed_at IS NULL",
-        )
-        .bind(&secrets.code_hash)
-        .bind(&secrets.link_hash)
-        .bind(secrets.code_expires_at)
-        .bind(secrets.link_expires_at)
-        .bind(now)
-        .bind(id)
-        .execute(&self.db.pool)
-        .await
-        .map_err(StoreError::from_sqlx)?;
+        let r = sqlx::query(sql::REPLACE_SECRETS)
+            .bind(&secrets.code_hash)
+            .bind(&secrets.link_hash)
+            .bind(secrets.code_expires_at)
+            .bind(secrets.link_expires_at)
+            .bind(now)
+            .bind(id)
+            .execute(&self.db.pool)
+            .await
+            .map_err(StoreError::from_sqlx)?;
         Ok(r.rows_affected() == 1)
     }
 
     /// Takes one of the challenge's `max` attempts before a code is compared, so parallel
     /// guesses cannot exceed the limit. False when none is left or the challenge was used.
     pub async fn take_attempt(&self, id: &str, max: i64, now: i64) -> StoreResult<bool> {
-        let r = sqlx::query(
-            "UPDATE auth_challenges SET attempts = attempts + 1, updated_at = $1 \
-             WHERE id = $2 AND consumed_at IS NULL AND attempts < $3",
-        )
-        .bind(now)
-        .bind(id)
-        .bind(max)
-        .execute(&self.db.pool)
-        .await?;
+        let r = sqlx::query(sql::TAKE_ATTEMPT)
+            .bind(now)
+            .bind(id)
+            .bind(max)
+            .execute(&self.db.pool)
+            .await?;
         Ok(r.rows_affected() == 1)
     }
 
     /// Marks the challenge used (its code and link both). True for exactly one caller.
     pub async fn consume(&self, id: &str, now: i64) -> StoreResult<bool> {
-        let r = sqlx::query(
-            "UPDATE auth_challenges SET consumed_at = $1, updated_at = $2 \
-             WHERE id = $3 AND consumed_at IS NULL",
-        )
-        .bind(now)
-        .bind(now)
-        .bind(id)
-        .execute(&self.db.pool)
-        .await?;
+        let r = sqlx::query(sql::CONSUME)
+            .bind(now)
+            .bind(now)
+            .bind(id)
+            .execute(&self.db.pool)
+            .await?;
         Ok(r.rows_affected() == 1)
     }
 
@@ -173,45 +255,31 @@ impl AuthStore<'_> {
         now: i64,
         expires_at: i64,
     ) -> StoreResult<()> {
-        sqlx::query(
-            "INSERT INTO auth_sessions (id_hash, user_id, created_at, expires_at, last_seen_at) \
-             VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(id_hash)
-        .bind(user_id)
-        .bind(now)
-        .bind(expires_at)
-        .bind(now)
-        .execute(&self.db.pool)
-        .await
-        .map_err(StoreError::from_sqlx)?;
+        sqlx::query(sql::INSERT_SESSION)
+            .bind(id_hash)
+            .bind(user_id)
+            .bind(now)
+            .bind(expires_at)
+            .bind(now)
+            .execute(&self.db.pool)
+            .await
+            .map_err(StoreError::from_sqlx)?;
         Ok(())
     }
 
     /// The session with this id digest and its user's email, expired or not: the caller
     /// applies the absolute and idle limits of the live config.
     pub async fn session(&self, id_hash: &str) -> StoreResult<Option<SessionRecord>> {
-        let row = sqlx::query(
-            "SELECT s.id_hash, s.user_id, u.email, s.created_at, s.expires_at, s.last_seen_at \
-             FROM auth_sessions s JOIN users u ON u.id = s.user_id WHERE s.id_hash = $1",
-        )
-        .bind(id_hash)
-        .fetch_optional(&self.db.pool)
-        .await?;
-        let Some(row) = row else { return Ok(None) };
-        Ok(Some(SessionRecord {
-            id_hash: row.try_get("id_hash")?,
-            user_id: row.try_get("user_id")?,
-            email: row.try_get("email")?,
-            created_at: row.try_get("created_at")?,
-            expires_at: row.try_get("expires_at")?,
-            last_seen_at: row.try_get("last_seen_at")?,
-        }))
+        let row = sqlx::query_as::<_, SessionRow>(sql::SESSION)
+            .bind(id_hash)
+            .fetch_optional(&self.db.pool)
+            .await?;
+        Ok(row.map(SessionRecord::from))
     }
 
     /// Records activity for the idle limit.
     pub async fn touch_session(&self, id_hash: &str, now: i64) -> StoreResult<()> {
-        sqlx::query("UPDATE auth_sessions SET last_seen_at = $1 WHERE id_hash = $2")
+        sqlx::query(sql::TOUCH_SESSION)
             .bind(now)
             .bind(id_hash)
             .execute(&self.db.pool)
@@ -220,7 +288,7 @@ impl AuthStore<'_> {
     }
 
     pub async fn delete_session(&self, id_hash: &str) -> StoreResult<()> {
-        sqlx::query("DELETE FROM auth_sessions WHERE id_hash = $1")
+        sqlx::query(sql::DELETE_SESSION)
             .bind(id_hash)
             .execute(&self.db.pool)
             .await?;
@@ -230,7 +298,7 @@ impl AuthStore<'_> {
     /// Signs a user out everywhere (e.g. after a security change); returns how many sessions
     /// ended.
     pub async fn delete_user_sessions(&self, user_id: &str) -> StoreResult<u64> {
-        let r = sqlx::query("DELETE FROM auth_sessions WHERE user_id = $1")
+        let r = sqlx::query(sql::DELETE_USER_SESSIONS)
             .bind(user_id)
             .execute(&self.db.pool)
             .await?;
@@ -240,7 +308,7 @@ impl AuthStore<'_> {
     /// `users.last_login_at`, set at every sign-in. `updated_at` moves too so the identity
     /// caches of other instances pick the row up.
     pub async fn record_login(&self, user_id: &str, now: i64) -> StoreResult<()> {
-        sqlx::query("UPDATE users SET last_login_at = $1, updated_at = $2 WHERE id = $3")
+        sqlx::query(sql::RECORD_LOGIN)
             .bind(now)
             .bind(now)
             .bind(user_id)
@@ -257,16 +325,13 @@ impl AuthStore<'_> {
         totp_secret: Option<&str>,
         now: i64,
     ) -> StoreResult<()> {
-        let r = sqlx::query(
-            "UPDATE users SET two_factor_enabled = $1, totp_secret = $2, updated_at = $3, \
-             totp_last_step = NULL WHERE id = $4",
-        )
-        .bind(totp_secret.is_some() as i64)
-        .bind(totp_secret.map(str::to_string))
-        .bind(now)
-        .bind(user_id)
-        .execute(&self.db.pool)
-        .await?;
+        let r = sqlx::query(sql::SET_TWO_FACTOR)
+            .bind(totp_secret.is_some() as i64)
+            .bind(totp_secret.map(str::to_string))
+            .bind(now)
+            .bind(user_id)
+            .execute(&self.db.pool)
+            .await?;
         if r.rows_affected() == 0 {
             return Err(StoreError::NotFound);
         }
@@ -283,17 +348,14 @@ impl AuthStore<'_> {
         totp_secret: Option<&str>,
         now: i64,
     ) -> StoreResult<bool> {
-        let r = sqlx::query(
-            "UPDATE users SET two_factor_enabled = $1, totp_secret = $2, updated_at = $3, \
-             totp_last_step = NULL WHERE id = $4 AND two_factor_enabled = $5",
-        )
-        .bind(totp_secret.is_some() as i64)
-        .bind(totp_secret.map(str::to_string))
-        .bind(now)
-        .bind(user_id)
-        .bind(enabled_before as i64)
-        .execute(&self.db.pool)
-        .await?;
+        let r = sqlx::query(sql::SET_TWO_FACTOR_IF)
+            .bind(totp_secret.is_some() as i64)
+            .bind(totp_secret.map(str::to_string))
+            .bind(now)
+            .bind(user_id)
+            .bind(enabled_before as i64)
+            .execute(&self.db.pool)
+            .await?;
         Ok(r.rows_affected() == 1)
     }
 
@@ -301,14 +363,11 @@ impl AuthStore<'_> {
     /// step was accepted before. One conditional statement, so of two concurrent uses of one
     /// code exactly one succeeds.
     pub async fn claim_totp_step(&self, user_id: &str, step: i64) -> StoreResult<bool> {
-        let r = sqlx::query(
-            "UPDATE users SET totp_last_step = $1 \
-             WHERE id = $2 AND (totp_last_step IS NULL OR totp_last_step < $1)",
-        )
-        .bind(step)
-        .bind(user_id)
-        .execute(&self.db.pool)
-        .await?;
+        let r = sqlx::query(sql::CLAIM_TOTP_STEP)
+            .bind(step)
+            .bind(user_id)
+            .execute(&self.db.pool)
+            .await?;
         Ok(r.rows_affected() == 1)
     }
 
@@ -318,16 +377,14 @@ impl AuthStore<'_> {
         &self,
         sealed_prefix: &str,
     ) -> StoreResult<Vec<(String, String)>> {
-        let rows = sqlx::query(
-            "SELECT id, totp_secret FROM users \
-             WHERE totp_secret IS NOT NULL AND totp_secret NOT LIKE $1",
-        )
-        .bind(format!("{sealed_prefix}%"))
-        .fetch_all(&self.db.pool)
-        .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get("id")?, r.try_get("totp_secret")?)))
-            .collect()
+        let rows = sqlx::query_as::<_, UnsealedSeedRow>(sql::UNSEALED_SEEDS)
+            .bind(format!("{sealed_prefix}%"))
+            .fetch_all(&self.db.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| Some((r.id, r.totp_secret?)))
+            .collect())
     }
 
     /// Replaces a stored seed with its sealed form, only while it still reads `old` (a
@@ -338,7 +395,7 @@ impl AuthStore<'_> {
         old: &str,
         sealed: &str,
     ) -> StoreResult<bool> {
-        let r = sqlx::query("UPDATE users SET totp_secret = $1 WHERE id = $2 AND totp_secret = $3")
+        let r = sqlx::query(sql::RESEAL_SEED)
             .bind(sealed)
             .bind(user_id)
             .bind(old)
@@ -350,31 +407,21 @@ impl AuthStore<'_> {
     /// Adds one hit to `bucket` in the window starting at `window_start` and returns the
     /// window's count including it. One statement, so concurrent hits all count.
     pub async fn hit(&self, bucket: &str, window_start: i64) -> StoreResult<i64> {
-        let row = sqlx::query(
-            "INSERT INTO auth_rate_counters (bucket, window_start, hits) VALUES ($1, $2, 1) \
-             ON CONFLICT (bucket, window_start) \
-             DO UPDATE SET hits = auth_rate_counters.hits + 1 RETURNING hits",
-        )
-        .bind(bucket)
-        .bind(window_start)
-        .fetch_one(&self.db.pool)
-        .await?;
-        Ok(row.try_get("hits")?)
+        Ok(sqlx::query_scalar(sql::HIT)
+            .bind(bucket)
+            .bind(window_start)
+            .fetch_one(&self.db.pool)
+            .await?)
     }
 
     /// The count of `bucket` in the window starting at `window_start` (0 when none).
     pub async fn hits(&self, bucket: &str, window_start: i64) -> StoreResult<i64> {
-        let row = sqlx::query(
-            "SELECT hits FROM auth_rate_counters WHERE bucket = $1 AND window_start = $2",
-        )
-        .bind(bucket)
-        .bind(window_start)
-        .fetch_optional(&self.db.pool)
-        .await?;
-        match row {
-            Some(r) => Ok(r.try_get("hits")?),
-            None => Ok(0),
-        }
+        let hits: Option<i64> = sqlx::query_scalar(sql::HITS)
+            .bind(bucket)
+            .bind(window_start)
+            .fetch_optional(&self.db.pool)
+            .await?;
+        Ok(hits.unwrap_or(0))
     }
 
     /// Deletes what can no longer be used: challenges whose code and link both expired before
@@ -387,19 +434,17 @@ impl AuthStore<'_> {
         idle_before: i64,
         counters_before: i64,
     ) -> StoreResult<()> {
-        sqlx::query(
-            "DELETE FROM auth_challenges WHERE code_expires_at < $1 AND link_expires_at < $2",
-        )
-        .bind(challenges_before)
-        .bind(challenges_before)
-        .execute(&self.db.pool)
-        .await?;
-        sqlx::query("DELETE FROM auth_sessions WHERE expires_at < $1 OR last_seen_at < $2")
+        sqlx::query(sql::PURGE_CHALLENGES)
+            .bind(challenges_before)
+            .bind(challenges_before)
+            .execute(&self.db.pool)
+            .await?;
+        sqlx::query(sql::PURGE_SESSIONS)
             .bind(now)
             .bind(idle_before)
             .execute(&self.db.pool)
             .await?;
-        sqlx::query("DELETE FROM auth_rate_counters WHERE window_start < $1")
+        sqlx::query(sql::PURGE_COUNTERS)
             .bind(counters_before)
             .execute(&self.db.pool)
             .await?;

@@ -1,7 +1,5 @@
 //! API keys: metadata and the peppered hash. The raw key never reaches this module.
 
-use sqlx::Row;
-
 use super::{flag, Db, StoreError, StoreResult};
 use crate::domain::LimitMode;
 use crate::util::{new_id, now_ms};
@@ -57,41 +55,112 @@ pub struct Rotation {
     pub revoked: Vec<KeyRecord>,
 }
 
-const COLUMNS: &str = "id, user_id, name, key_hash, key_prefix, key_suffix, scopes, limit_mode, \
-     custom_input_tpm, custom_output_tpm, custom_rpm, model_allowlist, max_input_tokens, \
-     max_output_tokens, status, is_global, created_at, updated_at, last_used_at, revoked_at";
-
 fn opt_u64(v: Option<i64>) -> Option<u64> {
     v.and_then(|x| u64::try_from(x).ok())
 }
 
-fn from_row(row: &sqlx::any::AnyRow) -> StoreResult<KeyRecord> {
-    let scopes: String = row.try_get("scopes")?;
-    let models: String = row.try_get("model_allowlist")?;
-    let status: String = row.try_get("status")?;
-    let mode: String = row.try_get("limit_mode")?;
-    Ok(KeyRecord {
-        id: row.try_get("id")?,
-        user_id: row.try_get("user_id")?,
-        name: row.try_get("name")?,
-        key_hash: row.try_get("key_hash")?,
-        key_prefix: row.try_get("key_prefix")?,
-        key_suffix: row.try_get("key_suffix")?,
-        scopes: serde_json::from_str(&scopes).unwrap_or_default(),
-        limit_mode: LimitMode::parse(&mode),
-        custom_input_tpm: opt_u64(row.try_get("custom_input_tpm")?),
-        custom_output_tpm: opt_u64(row.try_get("custom_output_tpm")?),
-        custom_rpm: opt_u64(row.try_get("custom_rpm")?),
-        model_allowlist: serde_json::from_str(&models).unwrap_or_default(),
-        max_input_tokens: opt_u64(row.try_get("max_input_tokens")?),
-        max_output_tokens: opt_u64(row.try_get("max_output_tokens")?),
-        revoked: status == "revoked",
-        is_global: flag(row.try_get("is_global")?),
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-        last_used_at: row.try_get("last_used_at")?,
-        revoked_at: row.try_get("revoked_at")?,
-    })
+row! {
+    /// An `api_keys` row as stored.
+    struct KeyRow {
+        id: String,
+        user_id: String,
+        name: String,
+        key_hash: String,
+        key_prefix: String,
+        key_suffix: String,
+        scopes: String,
+        limit_mode: String,
+        custom_input_tpm: Option<i64>,
+        custom_output_tpm: Option<i64>,
+        custom_rpm: Option<i64>,
+        model_allowlist: String,
+        max_input_tokens: Option<i64>,
+        max_output_tokens: Option<i64>,
+        status: String,
+        is_global: i64,
+        created_at: i64,
+        updated_at: i64,
+        last_used_at: Option<i64>,
+        revoked_at: Option<i64>,
+    }
+}
+
+impl From<KeyRow> for KeyRecord {
+    fn from(r: KeyRow) -> KeyRecord {
+        KeyRecord {
+            id: r.id,
+            user_id: r.user_id,
+            name: r.name,
+            key_hash: r.key_hash,
+            key_prefix: r.key_prefix,
+            key_suffix: r.key_suffix,
+            scopes: serde_json::from_str(&r.scopes).unwrap_or_default(),
+            limit_mode: LimitMode::parse(&r.limit_mode),
+            custom_input_tpm: opt_u64(r.custom_input_tpm),
+            custom_output_tpm: opt_u64(r.custom_output_tpm),
+            custom_rpm: opt_u64(r.custom_rpm),
+            model_allowlist: serde_json::from_str(&r.model_allowlist).unwrap_or_default(),
+            max_input_tokens: opt_u64(r.max_input_tokens),
+            max_output_tokens: opt_u64(r.max_output_tokens),
+            revoked: r.status == "revoked",
+            is_global: flag(r.is_global),
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            last_used_at: r.last_used_at,
+            revoked_at: r.revoked_at,
+        }
+    }
+}
+
+row! {
+    /// An active key of an account, as a rotation weighs it.
+    struct ActiveKeyRow {
+        id: String,
+        is_global: i64,
+    }
+}
+
+/// `SELECT` of a `KeyRow` followed by `$rest`.
+macro_rules! select_key {
+    ($rest:literal) => {
+        concat!(
+            "SELECT id, user_id, name, key_hash, key_prefix, key_suffix, scopes, limit_mode, \
+             custom_input_tpm, custom_output_tpm, custom_rpm, model_allowlist, \
+             max_input_tokens, max_output_tokens, status, is_global, created_at, updated_at, \
+             last_used_at, revoked_at FROM api_keys ",
+            $rest
+        )
+    };
+}
+
+pub(crate) mod sql {
+    queries! {
+        INSERT = "INSERT INTO api_keys (id, user_id, name, key_hash, key_prefix, key_suffix, \
+             scopes, limit_mode, custom_input_tpm, custom_output_tpm, custom_rpm, \
+             model_allowlist, max_input_tokens, max_output_tokens, status, is_global, \
+             created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+             $13, $14, 'active', $15, $16, $17)";
+        REVOKE_GLOBAL = "UPDATE api_keys SET status = 'revoked', revoked_at = $1, \
+             updated_at = $2 WHERE user_id = $3 AND is_global = 1 AND status = 'active'";
+        /// A no-op write: a row lock on Postgres, the write lock on SQLite.
+        LOCK_USER = "UPDATE users SET updated_at = updated_at WHERE id = $1";
+        ACTIVE_OF_USER -> super::ActiveKeyRow =
+            "SELECT id, is_global FROM api_keys WHERE user_id = $1 AND status = 'active'";
+        REVOKE_BY_ID = "UPDATE api_keys SET status = 'revoked', revoked_at = $1, \
+             updated_at = $2 WHERE id = $3";
+        BY_ID -> super::KeyRow = select_key!("WHERE id = $1");
+        BY_HASH -> super::KeyRow = select_key!("WHERE key_hash = $1");
+        OF_USER -> super::KeyRow = select_key!("WHERE user_id = $1 ORDER BY created_at DESC");
+        COUNT_ACTIVE -> i64 = "SELECT CAST(COUNT(*) AS BIGINT) AS n FROM api_keys \
+             WHERE user_id = $1 AND status = 'active'";
+        REVOKE_OWN = "UPDATE api_keys SET status = 'revoked', revoked_at = $1, \
+             updated_at = $2 WHERE id = $3 AND user_id = $4 AND status = 'active'";
+        REVOKE_ANY = "UPDATE api_keys SET status = 'revoked', revoked_at = $1, \
+             updated_at = $2 WHERE id = $3 AND status = 'active'";
+        CHANGED_SINCE -> super::KeyRow = select_key!("WHERE updated_at >= $1 LIMIT 10000");
+        TOUCH_LAST_USED = "UPDATE api_keys SET last_used_at = $1 WHERE id = $2 \
+             AND (last_used_at IS NULL OR last_used_at < $3)";
+    }
 }
 
 fn to_i64(v: Option<u64>) -> Option<i64> {
@@ -115,15 +184,12 @@ impl KeyStore<'_> {
     pub async fn rotate_global(&self, k: &NewKey) -> StoreResult<KeyRecord> {
         let now = now_ms();
         let mut tx = self.db.pool.begin().await?;
-        sqlx::query(
-            "UPDATE api_keys SET status = 'revoked', revoked_at = $1, updated_at = $2 \
-             WHERE user_id = $3 AND is_global = 1 AND status = 'active'",
-        )
-        .bind(now)
-        .bind(now)
-        .bind(&k.user_id)
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query(sql::REVOKE_GLOBAL)
+            .bind(now)
+            .bind(now)
+            .bind(&k.user_id)
+            .execute(&mut *tx)
+            .await?;
         let id = insert(&mut tx, k).await?;
         tx.commit().await?;
         self.get(&id).await?.ok_or(StoreError::NotFound)
@@ -141,40 +207,34 @@ impl KeyStore<'_> {
     ) -> StoreResult<Option<Rotation>> {
         let now = now_ms();
         let mut tx = self.db.pool.begin().await?;
-        // A no-op write: a row lock on Postgres, the write lock on SQLite.
-        let locked = sqlx::query("UPDATE users SET updated_at = updated_at WHERE id = $1")
+        let locked = sqlx::query(sql::LOCK_USER)
             .bind(&k.user_id)
             .execute(&mut *tx)
             .await?;
         if locked.rows_affected() == 0 {
             return Err(StoreError::NotFound);
         }
-        let rows = sqlx::query(
-            "SELECT id, is_global FROM api_keys WHERE user_id = $1 AND status = 'active'",
-        )
-        .bind(&k.user_id)
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut replaced = Vec::new();
-        for r in &rows {
-            if flag(r.try_get("is_global")?) {
-                replaced.push(r.try_get::<String, _>("id")?);
-            }
-        }
-        let after = i64::try_from(rows.len() - replaced.len()).unwrap_or(i64::MAX) + 1;
+        let rows = sqlx::query_as::<_, ActiveKeyRow>(sql::ACTIVE_OF_USER)
+            .bind(&k.user_id)
+            .fetch_all(&mut *tx)
+            .await?;
+        let active = rows.len();
+        let replaced: Vec<String> = rows
+            .into_iter()
+            .filter(|r| flag(r.is_global))
+            .map(|r| r.id)
+            .collect();
+        let after = i64::try_from(active - replaced.len()).unwrap_or(i64::MAX) + 1;
         if after > max_active {
             return Ok(None);
         }
         for id in &replaced {
-            sqlx::query(
-                "UPDATE api_keys SET status = 'revoked', revoked_at = $1, updated_at = $2 \
-                 WHERE id = $3",
-            )
-            .bind(now)
-            .bind(now)
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(sql::REVOKE_BY_ID)
+                .bind(now)
+                .bind(now)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
         }
         let id = insert(&mut tx, k).await?;
         tx.commit().await?;
@@ -189,58 +249,47 @@ impl KeyStore<'_> {
     }
 
     pub async fn get(&self, id: &str) -> StoreResult<Option<KeyRecord>> {
-        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM api_keys WHERE id = $1"))
+        let row = sqlx::query_as::<_, KeyRow>(sql::BY_ID)
             .bind(id)
             .fetch_optional(&self.db.pool)
             .await?;
-        row.as_ref().map(from_row).transpose()
+        Ok(row.map(KeyRecord::from))
     }
 
     pub async fn find_by_hash(&self, hash: &str) -> StoreResult<Option<KeyRecord>> {
-        let row = sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM api_keys WHERE key_hash = $1"
-        ))
-        .bind(hash)
-        .fetch_optional(&self.db.pool)
-        .await?;
-        row.as_ref().map(from_row).transpose()
+        let row = sqlx::query_as::<_, KeyRow>(sql::BY_HASH)
+            .bind(hash)
+            .fetch_optional(&self.db.pool)
+            .await?;
+        Ok(row.map(KeyRecord::from))
     }
 
     pub async fn list_for_user(&self, user_id: &str) -> StoreResult<Vec<KeyRecord>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM api_keys WHERE user_id = $1 ORDER BY created_at DESC"
-        ))
-        .bind(user_id)
-        .fetch_all(&self.db.pool)
-        .await?;
-        rows.iter().map(from_row).collect()
+        let rows = sqlx::query_as::<_, KeyRow>(sql::OF_USER)
+            .bind(user_id)
+            .fetch_all(&self.db.pool)
+            .await?;
+        Ok(rows.into_iter().map(KeyRecord::from).collect())
     }
 
     pub async fn count_active(&self, user_id: &str) -> StoreResult<i64> {
-        let row = sqlx::query(
-            "SELECT CAST(COUNT(*) AS BIGINT) AS n FROM api_keys \
-             WHERE user_id = $1 AND status = 'active'",
-        )
-        .bind(user_id)
-        .fetch_one(&self.db.pool)
-        .await?;
-        Ok(row.try_get("n")?)
+        Ok(sqlx::query_scalar(sql::COUNT_ACTIVE)
+            .bind(user_id)
+            .fetch_one(&self.db.pool)
+            .await?)
     }
 
     /// Revokes the key if it belongs to `user_id`. `NotFound` when it does not exist or belongs
     /// to someone else, so the caller cannot learn about other accounts' keys.
     pub async fn revoke(&self, id: &str, user_id: &str) -> StoreResult<KeyRecord> {
         let now = now_ms();
-        sqlx::query(
-            "UPDATE api_keys SET status = 'revoked', revoked_at = $1, updated_at = $2 \
-             WHERE id = $3 AND user_id = $4 AND status = 'active'",
-        )
-        .bind(now)
-        .bind(now)
-        .bind(id)
-        .bind(user_id)
-        .execute(&self.db.pool)
-        .await?;
+        sqlx::query(sql::REVOKE_OWN)
+            .bind(now)
+            .bind(now)
+            .bind(id)
+            .bind(user_id)
+            .execute(&self.db.pool)
+            .await?;
         match self.get(id).await? {
             Some(k) if k.user_id == user_id => Ok(k),
             _ => Err(StoreError::NotFound),
@@ -252,27 +301,22 @@ impl KeyStore<'_> {
     /// no key has this id; a key already revoked is returned unchanged.
     pub async fn revoke_any(&self, id: &str) -> StoreResult<Option<KeyRecord>> {
         let now = now_ms();
-        sqlx::query(
-            "UPDATE api_keys SET status = 'revoked', revoked_at = $1, updated_at = $2 \
-             WHERE id = $3 AND status = 'active'",
-        )
-        .bind(now)
-        .bind(now)
-        .bind(id)
-        .execute(&self.db.pool)
-        .await?;
+        sqlx::query(sql::REVOKE_ANY)
+            .bind(now)
+            .bind(now)
+            .bind(id)
+            .execute(&self.db.pool)
+            .await?;
         self.get(id).await
     }
 
     /// Keys changed at or after `since_ms` (created, revoked, edited): the cache change feed.
     pub async fn changed_since(&self, since_ms: i64) -> StoreResult<Vec<KeyRecord>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM api_keys WHERE updated_at >= $1 LIMIT 10000"
-        ))
-        .bind(since_ms)
-        .fetch_all(&self.db.pool)
-        .await?;
-        rows.iter().map(from_row).collect()
+        let rows = sqlx::query_as::<_, KeyRow>(sql::CHANGED_SINCE)
+            .bind(since_ms)
+            .fetch_all(&self.db.pool)
+            .await?;
+        Ok(rows.into_iter().map(KeyRecord::from).collect())
     }
 
     /// Records last use for a batch of keys in one transaction. Deliberately does not bump
@@ -283,15 +327,12 @@ impl KeyStore<'_> {
         }
         let mut tx = self.db.pool.begin().await?;
         for (id, at) in uses {
-            sqlx::query(
-                "UPDATE api_keys SET last_used_at = $1 WHERE id = $2 \
-                 AND (last_used_at IS NULL OR last_used_at < $3)",
-            )
-            .bind(*at)
-            .bind(id)
-            .bind(*at)
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(sql::TOUCH_LAST_USED)
+                .bind(*at)
+                .bind(id)
+                .bind(*at)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(())
@@ -303,31 +344,26 @@ async fn insert(tx: &mut sqlx::Transaction<'_, sqlx::Any>, k: &NewKey) -> StoreR
     let id = new_id("key");
     let scopes = serde_json::to_string(&k.scopes).unwrap_or_else(|_| "[]".into());
     let models = serde_json::to_string(&k.model_allowlist).unwrap_or_else(|_| "[]".into());
-    sqlx::query(
-        "INSERT INTO api_keys (id, user_id, name, key_hash, key_prefix, key_suffix, scopes, \
-         limit_mode, custom_input_tpm, custom_output_tpm, custom_rpm, model_allowlist, \
-         max_input_tokens, max_output_tokens, status, is_global, created_at, updated_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, 'active', $15, $16, $17)",
-    )
-    .bind(&id)
-    .bind(&k.user_id)
-    .bind(&k.name)
-    .bind(&k.key_hash)
-    .bind(&k.key_prefix)
-    .bind(&k.key_suffix)
-    .bind(scopes)
-    .bind(k.limit_mode.as_str())
-    .bind(to_i64(k.custom_input_tpm))
-    .bind(to_i64(k.custom_output_tpm))
-    .bind(to_i64(k.custom_rpm))
-    .bind(models)
-    .bind(to_i64(k.max_input_tokens))
-    .bind(to_i64(k.max_output_tokens))
-    .bind(k.is_global as i64)
-    .bind(now)
-    .bind(now)
-    .execute(&mut **tx)
-    .await
-    .map_err(StoreError::from_sqlx)?;
+    sqlx::query(sql::INSERT)
+        .bind(&id)
+        .bind(&k.user_id)
+        .bind(&k.name)
+        .bind(&k.key_hash)
+        .bind(&k.key_prefix)
+        .bind(&k.key_suffix)
+        .bind(scopes)
+        .bind(k.limit_mode.as_str())
+        .bind(to_i64(k.custom_input_tpm))
+        .bind(to_i64(k.custom_output_tpm))
+        .bind(to_i64(k.custom_rpm))
+        .bind(models)
+        .bind(to_i64(k.max_input_tokens))
+        .bind(to_i64(k.max_output_tokens))
+        .bind(k.is_global as i64)
+        .bind(now)
+        .bind(now)
+        .execute(&mut **tx)
+        .await
+        .map_err(StoreError::from_sqlx)?;
     Ok(id)
 }

@@ -4,8 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use sqlx::Row;
-
 use super::{Db, StoreError, StoreResult};
 use crate::domain::Tier;
 use crate::domain::{Breakdown, Lot, LotKind, SpendBucket};
@@ -28,24 +26,93 @@ fn u(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
-fn lot_from_row(row: &sqlx::any::AnyRow) -> StoreResult<Lot> {
-    let kind: String = row.try_get("kind")?;
-    let tier: Option<String> = row.try_get("tier")?;
-    Ok(Lot {
-        id: row.try_get("id")?,
-        user_id: row.try_get("user_id")?,
-        kind: LotKind::parse(&kind).unwrap_or(LotKind::Token),
-        amount: u(row.try_get("amount")?),
-        remaining: u(row.try_get("remaining")?),
-        tier: tier.as_deref().and_then(Tier::parse),
-        source: row.try_get("source")?,
-        created_at: row.try_get("created_at")?,
-        expires_at: row.try_get("expires_at")?,
-    })
+row! {
+    /// A `quota_lots` row as stored.
+    struct LotRow {
+        id: String,
+        user_id: String,
+        kind: String,
+        amount: i64,
+        remaining: i64,
+        tier: Option<String>,
+        source: String,
+        created_at: i64,
+        expires_at: i64,
+    }
 }
 
-const LOT_COLUMNS: &str =
-    "id, user_id, kind, amount, remaining, tier, source, created_at, expires_at";
+impl From<LotRow> for Lot {
+    fn from(r: LotRow) -> Lot {
+        Lot {
+            id: r.id,
+            user_id: r.user_id,
+            kind: LotKind::parse(&r.kind).unwrap_or(LotKind::Token),
+            amount: u(r.amount),
+            remaining: u(r.remaining),
+            tier: r.tier.as_deref().and_then(Tier::parse),
+            source: r.source,
+            created_at: r.created_at,
+            expires_at: r.expires_at,
+        }
+    }
+}
+
+row! {
+    /// A `quota_spend` row without its account.
+    struct SpendRow {
+        hour: i64,
+        allowance_tokens: i64,
+        allowance_requests: i64,
+        lot_tokens: i64,
+        lot_requests: i64,
+    }
+}
+
+impl From<SpendRow> for SpendBucket {
+    fn from(r: SpendRow) -> SpendBucket {
+        SpendBucket {
+            hour: r.hour,
+            allowance_tokens: u(r.allowance_tokens),
+            allowance_requests: u(r.allowance_requests),
+            lot_tokens: u(r.lot_tokens),
+            lot_requests: u(r.lot_requests),
+        }
+    }
+}
+
+/// `SELECT` of a `LotRow` followed by `$rest`.
+macro_rules! select_lot {
+    ($rest:literal) => {
+        concat!(
+            "SELECT id, user_id, kind, amount, remaining, tier, source, created_at, expires_at \
+             FROM quota_lots ",
+            $rest
+        )
+    };
+}
+
+pub(crate) mod sql {
+    queries! {
+        INSERT_LOT = "INSERT INTO quota_lots (id, user_id, kind, amount, remaining, tier, \
+             source, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+        /// Touches the account so every instance's change feed picks a new lot up.
+        TOUCH_USER = "UPDATE users SET updated_at = $1 WHERE id = $2";
+        LIVE_LOTS -> super::LotRow =
+            select_lot!("WHERE user_id = $1 AND expires_at > $2 ORDER BY expires_at");
+        SPEND -> super::SpendRow = "SELECT hour, allowance_tokens, allowance_requests, lot_tokens, \
+             lot_requests FROM quota_spend WHERE user_id = $1 AND hour >= $2";
+        LOTS_CREATED_SINCE -> super::LotRow = select_lot!("WHERE created_at >= $1 LIMIT 10000");
+        DRAW_LOT = "UPDATE quota_lots SET remaining = \
+             CASE WHEN remaining > $1 THEN remaining - $2 ELSE 0 END WHERE id = $3";
+        ADD_SPEND = "INSERT INTO quota_spend (user_id, hour, allowance_tokens, \
+             allowance_requests, lot_tokens, lot_requests) VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (user_id, hour) DO UPDATE SET \
+             allowance_tokens = quota_spend.allowance_tokens + excluded.allowance_tokens, \
+             allowance_requests = quota_spend.allowance_requests + excluded.allowance_requests, \
+             lot_tokens = quota_spend.lot_tokens + excluded.lot_tokens, \
+             lot_requests = quota_spend.lot_requests + excluded.lot_requests";
+    }
+}
 
 pub struct QuotaStore<'a> {
     pub(super) db: &'a Db,
@@ -78,24 +145,20 @@ impl QuotaStore<'_> {
             created_at: now,
             expires_at: now + i(days.min(36_500)) * 24 * HOUR_MS,
         };
-        sqlx::query(
-            "INSERT INTO quota_lots (id, user_id, kind, amount, remaining, tier, source, created_at, expires_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        )
-        .bind(&lot.id)
-        .bind(&lot.user_id)
-        .bind(kind.as_str())
-        .bind(i(amount))
-        .bind(i(amount))
-        .bind(tier.map(|t| t.as_str()))
-        .bind(&lot.source)
-        .bind(lot.created_at)
-        .bind(lot.expires_at)
-        .execute(&mut **tx)
-        .await
-        .map_err(StoreError::from_sqlx)?;
-        // Touch the account so every instance's change feed picks the lot up.
-        sqlx::query("UPDATE users SET updated_at = $1 WHERE id = $2")
+        sqlx::query(sql::INSERT_LOT)
+            .bind(&lot.id)
+            .bind(&lot.user_id)
+            .bind(kind.as_str())
+            .bind(i(amount))
+            .bind(i(amount))
+            .bind(tier.map(|t| t.as_str()))
+            .bind(&lot.source)
+            .bind(lot.created_at)
+            .bind(lot.expires_at)
+            .execute(&mut **tx)
+            .await
+            .map_err(StoreError::from_sqlx)?;
+        sqlx::query(sql::TOUCH_USER)
             .bind(now)
             .bind(user_id)
             .execute(&mut **tx)
@@ -120,50 +183,32 @@ impl QuotaStore<'_> {
 
     /// Lots not yet expired (used up ones included, for display).
     pub async fn lots(&self, user_id: &str, now: i64) -> StoreResult<Vec<Lot>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {LOT_COLUMNS} FROM quota_lots WHERE user_id = $1 AND expires_at > $2 \
-             ORDER BY expires_at"
-        ))
-        .bind(user_id)
-        .bind(now)
-        .fetch_all(&self.db.pool)
-        .await?;
-        rows.iter().map(lot_from_row).collect()
+        let rows = sqlx::query_as::<_, LotRow>(sql::LIVE_LOTS)
+            .bind(user_id)
+            .bind(now)
+            .fetch_all(&self.db.pool)
+            .await?;
+        Ok(rows.into_iter().map(Lot::from).collect())
     }
 
     /// Spend buckets of the rolling week ending at `now`.
     pub async fn spend(&self, user_id: &str, now: i64) -> StoreResult<Vec<SpendBucket>> {
         let from = window_start_hour(now);
-        let rows = sqlx::query(
-            "SELECT hour, allowance_tokens, allowance_requests, lot_tokens, lot_requests \
-             FROM quota_spend WHERE user_id = $1 AND hour >= $2",
-        )
-        .bind(user_id)
-        .bind(from)
-        .fetch_all(&self.db.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(SpendBucket {
-                    hour: r.try_get("hour")?,
-                    allowance_tokens: u(r.try_get("allowance_tokens")?),
-                    allowance_requests: u(r.try_get("allowance_requests")?),
-                    lot_tokens: u(r.try_get("lot_tokens")?),
-                    lot_requests: u(r.try_get("lot_requests")?),
-                })
-            })
-            .collect()
+        let rows = sqlx::query_as::<_, SpendRow>(sql::SPEND)
+            .bind(user_id)
+            .bind(from)
+            .fetch_all(&self.db.pool)
+            .await?;
+        Ok(rows.into_iter().map(SpendBucket::from).collect())
     }
 
     /// Lots created at or after `since` (the change feed for hot balances).
     pub async fn lots_created_since(&self, since: i64) -> StoreResult<Vec<Lot>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {LOT_COLUMNS} FROM quota_lots WHERE created_at >= $1 LIMIT 10000"
-        ))
-        .bind(since)
-        .fetch_all(&self.db.pool)
-        .await?;
-        rows.iter().map(lot_from_row).collect()
+        let rows = sqlx::query_as::<_, LotRow>(sql::LOTS_CREATED_SINCE)
+            .bind(since)
+            .fetch_all(&self.db.pool)
+            .await?;
+        Ok(rows.into_iter().map(Lot::from).collect())
     }
 
     /// Applies settlements' breakdowns inside the caller's transaction, summed first: one
@@ -194,34 +239,23 @@ impl QuotaStore<'_> {
             }
         }
         for (id, amount) in &lots {
-            sqlx::query(
-                "UPDATE quota_lots SET remaining = CASE WHEN remaining > $1 THEN remaining - $2 ELSE 0 END \
-                 WHERE id = $3",
-            )
-            .bind(i(*amount))
-            .bind(i(*amount))
-            .bind(*id)
-            .execute(&mut **tx)
-            .await?;
+            sqlx::query(sql::DRAW_LOT)
+                .bind(i(*amount))
+                .bind(i(*amount))
+                .bind(*id)
+                .execute(&mut **tx)
+                .await?;
         }
         for ((user_id, hour), s) in &spend {
-            sqlx::query(
-                "INSERT INTO quota_spend (user_id, hour, allowance_tokens, allowance_requests, lot_tokens, lot_requests) \
-                 VALUES ($1, $2, $3, $4, $5, $6) \
-                 ON CONFLICT (user_id, hour) DO UPDATE SET \
-                 allowance_tokens = quota_spend.allowance_tokens + excluded.allowance_tokens, \
-                 allowance_requests = quota_spend.allowance_requests + excluded.allowance_requests, \
-                 lot_tokens = quota_spend.lot_tokens + excluded.lot_tokens, \
-                 lot_requests = quota_spend.lot_requests + excluded.lot_requests",
-            )
-            .bind(*user_id)
-            .bind(*hour)
-            .bind(i(s[0]))
-            .bind(i(s[1]))
-            .bind(i(s[2]))
-            .bind(i(s[3]))
-            .execute(&mut **tx)
-            .await?;
+            sqlx::query(sql::ADD_SPEND)
+                .bind(*user_id)
+                .bind(*hour)
+                .bind(i(s[0]))
+                .bind(i(s[1]))
+                .bind(i(s[2]))
+                .bind(i(s[3]))
+                .execute(&mut **tx)
+                .await?;
         }
         Ok(())
     }

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use sqlx::any::AnyArguments;
 use sqlx::error::BoxDynError;
-use sqlx::{Arguments, Row};
+use sqlx::Arguments;
 
 use super::quota::{QuotaStore, HOUR_MS};
 
@@ -77,13 +77,14 @@ impl UsageTotals {
         self.total_tokens = self.total_tokens.saturating_sub(o.total_tokens);
     }
 
-    fn from_row(row: &sqlx::any::AnyRow) -> StoreResult<UsageTotals> {
-        Ok(UsageTotals {
-            requests: u(row.try_get("requests")?),
-            input_tokens: u(row.try_get("input_tokens")?),
-            output_tokens: u(row.try_get("output_tokens")?),
-            total_tokens: u(row.try_get("total_tokens")?),
-        })
+    /// Totals from a row's four sums (negative sums, which never occur, read as 0).
+    fn from_sums(requests: i64, input_tokens: i64, output_tokens: i64, total_tokens: i64) -> Self {
+        UsageTotals {
+            requests: u(requests),
+            input_tokens: u(input_tokens),
+            output_tokens: u(output_tokens),
+            total_tokens: u(total_tokens),
+        }
     }
 }
 
@@ -97,6 +98,112 @@ pub struct RecentEvent {
     pub output_tokens: u64,
     pub total_tokens: u64,
     pub created_at: i64,
+}
+
+row! {
+    /// Rollup sums of one day or hour.
+    struct BucketRow {
+        bucket: i64,
+        requests: i64,
+        input_tokens: i64,
+        output_tokens: i64,
+        total_tokens: i64,
+    }
+}
+
+row! {
+    /// Rollup or raw-event sums of one model.
+    struct ModelRow {
+        model: String,
+        requests: i64,
+        input_tokens: i64,
+        output_tokens: i64,
+        total_tokens: i64,
+    }
+}
+
+impl ModelRow {
+    fn into_pair(self) -> (String, UsageTotals) {
+        let t = UsageTotals::from_sums(
+            self.requests,
+            self.input_tokens,
+            self.output_tokens,
+            self.total_tokens,
+        );
+        (self.model, t)
+    }
+}
+
+row! {
+    /// A `usage_events` row as a report's newest events show it.
+    struct RecentRow {
+        id: String,
+        model: String,
+        reasoning_effort: Option<String>,
+        input_tokens: i64,
+        output_tokens: i64,
+        total_tokens: i64,
+        created_at: i64,
+    }
+}
+
+impl From<RecentRow> for RecentEvent {
+    fn from(r: RecentRow) -> RecentEvent {
+        RecentEvent {
+            id: r.id,
+            model: r.model,
+            reasoning_effort: r.reasoning_effort,
+            input_tokens: u(r.input_tokens),
+            output_tokens: u(r.output_tokens),
+            total_tokens: u(r.total_tokens),
+            created_at: r.created_at,
+        }
+    }
+}
+
+/// Rollup sums of one account's hours `$2..=$3`, each group named `$key`, grouped by `$group`.
+macro_rules! rollup_sums {
+    ($key:literal, $group:literal) => {
+        concat!(
+            "SELECT ",
+            $key,
+            ", CAST(SUM(requests) AS BIGINT) AS requests, \
+             CAST(SUM(input_tokens) AS BIGINT) AS input_tokens, \
+             CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, \
+             CAST(SUM(total_tokens) AS BIGINT) AS total_tokens \
+             FROM usage_rollup WHERE user_id = $1 AND hour >= $2 AND hour <= $3 GROUP BY ",
+            $group
+        )
+    };
+}
+
+pub(crate) mod sql {
+    queries! {
+        /// Adds a batch's counts to one rollup row.
+        ADD_ROLLUP = "INSERT INTO usage_rollup (user_id, hour, model, requests, input_tokens, \
+             output_tokens, total_tokens) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+             ON CONFLICT (user_id, hour, model) DO UPDATE SET \
+             requests = usage_rollup.requests + excluded.requests, \
+             input_tokens = usage_rollup.input_tokens + excluded.input_tokens, \
+             output_tokens = usage_rollup.output_tokens + excluded.output_tokens, \
+             total_tokens = usage_rollup.total_tokens + excluded.total_tokens";
+        ROLLUP_BY_DAY -> super::BucketRow = rollup_sums!("hour / 24 AS bucket", "hour / 24");
+        ROLLUP_BY_HOUR -> super::BucketRow = rollup_sums!("hour AS bucket", "hour");
+        ROLLUP_BY_MODEL -> super::ModelRow = rollup_sums!("model", "model");
+        EVENTS_BY_MODEL -> super::ModelRow = "SELECT model, CAST(COUNT(*) AS BIGINT) AS requests, \
+             CAST(SUM(input_tokens) AS BIGINT) AS input_tokens, \
+             CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, \
+             CAST(SUM(total_tokens) AS BIGINT) AS total_tokens \
+             FROM usage_events WHERE user_id = $1 AND created_at >= $2 AND created_at < $3 \
+             GROUP BY model";
+        RECENT -> super::RecentRow = "SELECT id, model, reasoning_effort, input_tokens, \
+             output_tokens, total_tokens, created_at FROM usage_events \
+             WHERE user_id = $1 AND created_at >= $2 ORDER BY created_at DESC LIMIT $3";
+        LAST_CALL -> i64 = "SELECT created_at FROM usage_events WHERE user_id = $1 \
+             ORDER BY created_at DESC LIMIT 1";
+        COUNT_FOR_USER -> i64 =
+            "SELECT CAST(COUNT(*) AS BIGINT) AS n FROM usage_events WHERE user_id = $1";
+    }
 }
 
 /// An account's usage in `[from, now]`, as the usage report needs it.
@@ -267,6 +374,50 @@ fn push_placeholders(sql: &mut String, backend: Backend, first: usize, count: us
     }
 }
 
+/// Looks up which of `rows` events (user id, time and id, three parameters each) are stored,
+/// by the table's key (account, time, id), one equality group per event: SQLite reads a
+/// row-value `IN` list by scanning the table, and it searches the key for each term of an
+/// `OR`. Returns the stored ids.
+fn stored_ids_sql(backend: Backend, rows: usize) -> String {
+    let mut sql = String::from("SELECT id FROM usage_events WHERE ");
+    for n in 0..rows {
+        if n > 0 {
+            sql.push_str(" OR ");
+        }
+        sql.push_str("(user_id = ");
+        push_placeholders(&mut sql, backend, n * 3, 1);
+        sql.push_str(" AND created_at = ");
+        push_placeholders(&mut sql, backend, n * 3 + 1, 1);
+        sql.push_str(" AND id = ");
+        push_placeholders(&mut sql, backend, n * 3 + 2, 1);
+        sql.push(')');
+    }
+    sql
+}
+
+/// The statements built per batch size, at the smallest and largest size, for
+/// `storage::check`: (name, text, columns read).
+#[cfg(test)]
+pub(crate) fn built_statements(
+    backend: Backend,
+) -> Vec<(String, String, Option<&'static [super::check::Column]>)> {
+    use super::check::Shape;
+    let mut out = Vec::new();
+    for rows in [1, INSERT_ROWS] {
+        out.push((
+            format!("INSERT_EVENTS({rows})"),
+            build_insert_sql(backend, rows),
+            None,
+        ));
+        out.push((
+            format!("STORED_IDS({rows})"),
+            stored_ids_sql(backend, rows),
+            Some(<String as Shape>::COLUMNS),
+        ));
+    }
+    out
+}
+
 pub struct UsageStore<'a> {
     pub(super) db: &'a Db,
 }
@@ -323,58 +474,34 @@ impl UsageStore<'_> {
         // Sorted keys: concurrent writers (several instances on one Postgres) lock rollup rows
         // in the same order and cannot deadlock each other.
         for ((user_id, hour, model), t) in &rollup {
-            sqlx::query(
-                "INSERT INTO usage_rollup (user_id, hour, model, requests, input_tokens, \
-                 output_tokens, total_tokens) VALUES ($1, $2, $3, $4, $5, $6, $7) \
-                 ON CONFLICT (user_id, hour, model) DO UPDATE SET \
-                 requests = usage_rollup.requests + excluded.requests, \
-                 input_tokens = usage_rollup.input_tokens + excluded.input_tokens, \
-                 output_tokens = usage_rollup.output_tokens + excluded.output_tokens, \
-                 total_tokens = usage_rollup.total_tokens + excluded.total_tokens",
-            )
-            .bind(*user_id)
-            .bind(*hour)
-            .bind(*model)
-            .bind(i(t.requests))
-            .bind(i(t.input_tokens))
-            .bind(i(t.output_tokens))
-            .bind(i(t.total_tokens))
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(sql::ADD_ROLLUP)
+                .bind(*user_id)
+                .bind(*hour)
+                .bind(*model)
+                .bind(i(t.requests))
+                .bind(i(t.input_tokens))
+                .bind(i(t.output_tokens))
+                .bind(i(t.total_tokens))
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(())
     }
 
-    /// Which of these events' ids are stored already. Looked up by the table's key (account,
-    /// time, id), one equality group per event: SQLite reads a row-value `IN` list by scanning
-    /// the table, and it searches the key for each term of an `OR`.
+    /// Which of these events' ids are stored already (see [`stored_ids_sql`]).
     async fn stored_ids(&self, events: &[UsageEvent]) -> StoreResult<HashSet<String>> {
         let mut stored = HashSet::new();
         for chunk in statement_sized(events) {
-            let mut sql = String::from("SELECT id FROM usage_events WHERE ");
-            for n in 0..chunk.len() {
-                if n > 0 {
-                    sql.push_str(" OR ");
-                }
-                sql.push_str("(user_id = ");
-                push_placeholders(&mut sql, self.db.backend, n * 3, 1);
-                sql.push_str(" AND created_at = ");
-                push_placeholders(&mut sql, self.db.backend, n * 3 + 1, 1);
-                sql.push_str(" AND id = ");
-                push_placeholders(&mut sql, self.db.backend, n * 3 + 2, 1);
-                sql.push(')');
-            }
-            let mut q = sqlx::query(&sql);
+            let sql = stored_ids_sql(self.db.backend, chunk.len());
+            let mut q = sqlx::query_scalar::<_, String>(&sql);
             for e in chunk {
                 q = q
                     .bind(e.user_id.as_str())
                     .bind(e.created_at)
                     .bind(e.id.as_str());
             }
-            for row in q.fetch_all(&self.db.pool).await? {
-                stored.insert(row.try_get::<String, _>("id")?);
-            }
+            stored.extend(q.fetch_all(&self.db.pool).await?);
         }
         Ok(stored)
     }
@@ -458,28 +585,29 @@ impl UsageStore<'_> {
         to_hour: i64,
         by_hour: bool,
     ) -> StoreResult<BTreeMap<i64, UsageTotals>> {
-        const BY_DAY: &str =
-            "SELECT hour / 24 AS bucket, CAST(SUM(requests) AS BIGINT) AS requests, \
-             CAST(SUM(input_tokens) AS BIGINT) AS input_tokens, \
-             CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, \
-             CAST(SUM(total_tokens) AS BIGINT) AS total_tokens \
-             FROM usage_rollup WHERE user_id = $1 AND hour >= $2 AND hour <= $3 \
-             GROUP BY hour / 24";
-        const BY_HOUR: &str = "SELECT hour AS bucket, CAST(SUM(requests) AS BIGINT) AS requests, \
-             CAST(SUM(input_tokens) AS BIGINT) AS input_tokens, \
-             CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, \
-             CAST(SUM(total_tokens) AS BIGINT) AS total_tokens \
-             FROM usage_rollup WHERE user_id = $1 AND hour >= $2 AND hour <= $3 \
-             GROUP BY hour";
-        let rows = sqlx::query(if by_hour { BY_HOUR } else { BY_DAY })
+        let statement = if by_hour {
+            sql::ROLLUP_BY_HOUR
+        } else {
+            sql::ROLLUP_BY_DAY
+        };
+        let rows = sqlx::query_as::<_, BucketRow>(statement)
             .bind(user_id)
             .bind(from_hour)
             .bind(to_hour)
             .fetch_all(&self.db.pool)
             .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get::<i64, _>("bucket")?, UsageTotals::from_row(r)?)))
-            .collect()
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let t = UsageTotals::from_sums(
+                    r.requests,
+                    r.input_tokens,
+                    r.output_tokens,
+                    r.total_tokens,
+                );
+                (r.bucket, t)
+            })
+            .collect())
     }
 
     /// Rollup sums per model for hours `from_hour..=to_hour`.
@@ -489,22 +617,13 @@ impl UsageStore<'_> {
         from_hour: i64,
         to_hour: i64,
     ) -> StoreResult<BTreeMap<String, UsageTotals>> {
-        let rows = sqlx::query(
-            "SELECT model, CAST(SUM(requests) AS BIGINT) AS requests, \
-             CAST(SUM(input_tokens) AS BIGINT) AS input_tokens, \
-             CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, \
-             CAST(SUM(total_tokens) AS BIGINT) AS total_tokens \
-             FROM usage_rollup WHERE user_id = $1 AND hour >= $2 AND hour <= $3 \
-             GROUP BY model",
-        )
-        .bind(user_id)
-        .bind(from_hour)
-        .bind(to_hour)
-        .fetch_all(&self.db.pool)
-        .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get::<String, _>("model")?, UsageTotals::from_row(r)?)))
-            .collect()
+        let rows = sqlx::query_as::<_, ModelRow>(sql::ROLLUP_BY_MODEL)
+            .bind(user_id)
+            .bind(from_hour)
+            .bind(to_hour)
+            .fetch_all(&self.db.pool)
+            .await?;
+        Ok(rows.into_iter().map(ModelRow::into_pair).collect())
     }
 
     /// Raw event sums per model for `[from, to)`, or nothing when there is no range.
@@ -516,73 +635,39 @@ impl UsageStore<'_> {
         let Some((from, to)) = range else {
             return Ok(Vec::new());
         };
-        let rows = sqlx::query(
-            "SELECT model, CAST(COUNT(*) AS BIGINT) AS requests, \
-             CAST(SUM(input_tokens) AS BIGINT) AS input_tokens, \
-             CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, \
-             CAST(SUM(total_tokens) AS BIGINT) AS total_tokens \
-             FROM usage_events WHERE user_id = $1 AND created_at >= $2 AND created_at < $3 \
-             GROUP BY model",
-        )
-        .bind(user_id)
-        .bind(from)
-        .bind(to)
-        .fetch_all(&self.db.pool)
-        .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get::<String, _>("model")?, UsageTotals::from_row(r)?)))
-            .collect()
+        let rows = sqlx::query_as::<_, ModelRow>(sql::EVENTS_BY_MODEL)
+            .bind(user_id)
+            .bind(from)
+            .bind(to)
+            .fetch_all(&self.db.pool)
+            .await?;
+        Ok(rows.into_iter().map(ModelRow::into_pair).collect())
     }
 
     /// The `limit` newest events at or after `from`, newest first.
     async fn recent(&self, user_id: &str, from: i64, limit: u32) -> StoreResult<Vec<RecentEvent>> {
-        let rows = sqlx::query(
-            "SELECT id, model, reasoning_effort, input_tokens, output_tokens, total_tokens, \
-             created_at FROM usage_events WHERE user_id = $1 AND created_at >= $2 \
-             ORDER BY created_at DESC LIMIT $3",
-        )
-        .bind(user_id)
-        .bind(from)
-        .bind(i64::from(limit))
-        .fetch_all(&self.db.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(RecentEvent {
-                    id: r.try_get("id")?,
-                    model: r.try_get("model")?,
-                    reasoning_effort: r.try_get("reasoning_effort")?,
-                    input_tokens: u(r.try_get("input_tokens")?),
-                    output_tokens: u(r.try_get("output_tokens")?),
-                    total_tokens: u(r.try_get("total_tokens")?),
-                    created_at: r.try_get("created_at")?,
-                })
-            })
-            .collect()
+        let rows = sqlx::query_as::<_, RecentRow>(sql::RECENT)
+            .bind(user_id)
+            .bind(from)
+            .bind(i64::from(limit))
+            .fetch_all(&self.db.pool)
+            .await?;
+        Ok(rows.into_iter().map(RecentEvent::from).collect())
     }
 
     /// When the account last called the developer API (newest event), if ever.
     async fn last_call(&self, user_id: &str) -> StoreResult<Option<i64>> {
-        let row = sqlx::query(
-            "SELECT created_at FROM usage_events WHERE user_id = $1 \
-             ORDER BY created_at DESC LIMIT 1",
-        )
-        .bind(user_id)
-        .fetch_optional(&self.db.pool)
-        .await?;
-        row.map(|r| r.try_get::<i64, _>("created_at"))
-            .transpose()
-            .map_err(Into::into)
+        Ok(sqlx::query_scalar(sql::LAST_CALL)
+            .bind(user_id)
+            .fetch_optional(&self.db.pool)
+            .await?)
     }
 
     pub async fn count_for_user(&self, user_id: &str) -> StoreResult<i64> {
-        let row = sqlx::query(
-            "SELECT CAST(COUNT(*) AS BIGINT) AS n FROM usage_events WHERE user_id = $1",
-        )
-        .bind(user_id)
-        .fetch_one(&self.db.pool)
-        .await?;
-        Ok(row.try_get("n")?)
+        Ok(sqlx::query_scalar(sql::COUNT_FOR_USER)
+            .bind(user_id)
+            .fetch_one(&self.db.pool)
+            .await?)
     }
 }
 

@@ -1,0 +1,7 @@
+-- Intentionally no statement: this version exists so both dialects share one numbered history.
+-- On SQLite, 0007 rebuilds usage_events WITHOUT ROWID, keyed by id, so each event is written into
+-- two B-trees instead of three (the rowid table, the id's unique index, the time index). A
+-- Postgres table is a heap with no rowid tree, and its schema after 0002 is already what SQLite's
+-- 0007 produces (primary key on id, index on (user_id, created_at)): there is nothing to change.
+-- Databases migrated before this file existed run it after 0008 and 0009; doing nothing, it is
+-- correct in any order.
