@@ -363,7 +363,7 @@ pub fn config_warnings(cfg: &Config, env: impl Fn(&str) -> Option<OsString>) -> 
             continue;
         }
         out.push(format!(
-            "{var} is not set: requests to provider {} go without a credential ({})",
+            "{var} is not set: provider {} is never tried until it is ({})",
             p.name,
             served_by(cfg, p)
         ));
