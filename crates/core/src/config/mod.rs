@@ -163,7 +163,7 @@ impl Config {
         let keys = keys::validate(f.keys);
         let quota = quota::validate(c, f.quota)?;
         let providers = providers::validate(c, &f.providers)?;
-        let (models, models_by_id) = models::validate(c, &f.models, &providers)?;
+        let models = models::validate(c, &f.models, &providers)?;
         let routing = routing::validate(c, f.routing)?;
         let tools = tools::validate(c, f.tools, &providers)?;
         let payment = payment::validate(c, f.payment)?;
@@ -180,8 +180,8 @@ impl Config {
             keys,
             quota,
             providers,
-            models,
-            models_by_id,
+            models: models.in_order,
+            models_by_id: models.by_id,
             routing,
             tools,
             payment,

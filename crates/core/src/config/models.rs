@@ -49,11 +49,17 @@ impl Model {
     }
 }
 
+/// The validated `[[models]]`: in file order (for `GET /v1/models`) and by id.
+pub(super) struct Models {
+    pub(super) in_order: Vec<Arc<Model>>,
+    pub(super) by_id: BTreeMap<String, Arc<Model>>,
+}
+
 pub(super) fn validate(
     c: &Checker,
     f: &[ModelFile],
     providers: &BTreeMap<String, Arc<Provider>>,
-) -> Result<(Vec<Arc<Model>>, BTreeMap<String, Arc<Model>>), ConfigError> {
+) -> Result<Models, ConfigError> {
     let mut models = Vec::new();
     let mut models_by_id = BTreeMap::new();
     for (i, m) in f.iter().enumerate() {
@@ -128,5 +134,8 @@ pub(super) fn validate(
         models_by_id.insert(m.id.clone(), model.clone());
         models.push(model);
     }
-    Ok((models, models_by_id))
+    Ok(Models {
+        in_order: models,
+        by_id: models_by_id,
+    })
 }
