@@ -3,8 +3,9 @@
 
 use gateway_devapi::query::has_sensitive_param;
 use gateway_devapi::route::{classify, Route};
-use gateway_devapi::sse::{usage_from_body, SseParser, StreamKind, StreamUsageTracker};
+use gateway_devapi::sse::SseParser;
 use gateway_devapi::tokens::{requested_output, TokenCounter};
+use gateway_devapi::usage::{usage_from_body, StreamKind, StreamUsageTracker};
 use gateway_translate::{chat_to_messages, messages_to_chat};
 use proptest::prelude::*;
 use serde_json::Value;

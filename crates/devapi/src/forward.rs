@@ -27,9 +27,9 @@ use crate::routing::{retry_after, Failure, Outstanding, Target, Verdict};
 use crate::sanitize;
 use crate::settle::{InFlight, Reason};
 use crate::shape::{ClientSide, Crossing, Shaper};
-use crate::sse::{usage_from_body, StreamKind, StreamUsageTracker};
 use crate::state::SharedApiState;
 use crate::upstream::{Exchange, ProviderRequest, UpstreamError};
+use crate::usage::{usage_from_body, StreamKind, StreamUsageTracker};
 use gateway_core::domain::ProviderStyle;
 
 /// Provider error bodies read while failing over are bounded.

@@ -35,6 +35,7 @@ pub mod sse;
 pub mod state;
 pub mod tokens;
 pub mod upstream;
+pub mod usage;
 
 use std::time::Instant;
 

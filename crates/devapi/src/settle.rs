@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use crate::sse::StreamUsageTracker;
+use crate::usage::StreamUsageTracker;
 
 use crate::state::SharedApiState;
 use gateway_core::domain::Usage;

@@ -19,7 +19,8 @@ use crate::respond;
 use crate::route::Endpoint;
 use crate::routing::Target;
 use crate::settle::Reason;
-use crate::sse::{EventVerdict, SseEvent, SseParser, StreamKind, StreamUsageTracker};
+use crate::sse::{SseEvent, SseParser};
+use crate::usage::{EventVerdict, StreamKind, StreamUsageTracker};
 use gateway_core::domain::ProviderStyle;
 use gateway_translate::{chat_to_messages, messages_to_chat};
 
