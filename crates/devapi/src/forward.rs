@@ -29,7 +29,7 @@ use crate::settle::{InFlight, Reason};
 use crate::shape::{ClientSide, Crossing, Shaper};
 use crate::state::SharedApiState;
 use crate::upstream::{Exchange, ProviderRequest, UpstreamError};
-use crate::usage::{usage_from_body, StreamKind, StreamUsageTracker};
+use crate::usage::{StreamKind, StreamUsageTracker};
 use gateway_core::domain::ProviderStyle;
 
 /// Provider error bodies read while failing over are bounded.
@@ -428,7 +428,7 @@ pub async fn forward(
         scores,
         _outstanding: outstanding,
     } = Box::pin(connect(state, session, adm, attempts, reply.request_id)).await?;
-    flight.event.deployment = Some(target.label().to_string());
+    flight.set_deployment(target.label());
     let mut status = ex.status();
     if sanitize::refuses_operator(status) {
         let body = ex.read_all(ERROR_BODY_LIMIT).await.unwrap_or_default();
@@ -443,7 +443,7 @@ pub async fn forward(
     }
     let client = ClientSide::of(adm, reply.style_b);
     let mut shaper = Shaper::new(crossing, client, status, content_type(&ex));
-    flight.tracker = shaper.tracker();
+    flight.watch_stream(shaper.tracker());
 
     session.as_downstream_mut().set_abort_on_close(true);
     // Bytes of a length-delimited relayed body still owed to the client.
@@ -483,12 +483,11 @@ pub async fn forward(
         tokio::select! {
             chunk = ex.next_chunk() => {
                 let (out, after) = match chunk {
-                    Ok(Some(bytes)) => coalesce(&mut ex, &mut shaper, flight.tracker.as_mut(), bytes),
+                    Ok(Some(bytes)) => coalesce(&mut ex, &mut shaper, flight.tracker_mut(), bytes),
                     Ok(None) => (Bytes::new(), After::End),
                     Err(e) => (Bytes::new(), After::Failed(e)),
                 };
                 if !out.is_empty() {
-                    flight.output_started = true;
                     let sent = out.len();
                     if matches!(after, After::End) && owed.is_none() {
                         end_follows(session);
@@ -548,12 +547,11 @@ pub async fn forward(
         if let Some(header) = header {
             if session.write_response_header(header, false).await.is_ok() {
                 flight.mark_first_byte();
-                flight.output_started = true;
                 let _ = session.write_response_body(Some(body), false).await;
             }
         }
     } else if !shaper.holds_header() {
-        let tail = shaper.end(reason, flight.tracker.as_mut());
+        let tail = shaper.end(reason, flight.tracker_mut());
         if client_here && !tail.is_empty() {
             if reason == Reason::Complete {
                 end_follows(session);
@@ -562,16 +560,9 @@ pub async fn forward(
         }
     }
 
-    if let Some(u) = flight.tracker.as_ref().and_then(|t| t.usage()) {
-        flight.provider_usage = Some(u);
-    } else if let Some(body) = shaper.provider_body() {
+    if let Some(body) = shaper.provider_body() {
         let kind = shaper.usage_kind().unwrap_or(StreamKind::OpenAiChat);
-        flight.provider_usage = usage_from_body(kind, body);
-        if flight.provider_usage.is_none() && adm.endpoint.generates() {
-            // No usage in the body: count the answer's text as delivered output.
-            let text = String::from_utf8_lossy(body);
-            flight.counted_output = Some(state.tokens.count(&text));
-        }
+        flight.read_whole_answer(kind, body, adm.endpoint.generates());
     }
 
     let (reason, error_code) = match reason {
@@ -616,7 +607,7 @@ pub async fn forward(
     };
     if status >= 400 && reason == Reason::ProviderError {
         // The provider refused before generating: nothing to charge beyond what it reported.
-        flight.charge_input_estimate = false;
+        flight.waive_input_estimate();
     }
     Ok(Outcome {
         status,

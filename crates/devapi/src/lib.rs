@@ -261,8 +261,10 @@ impl DevApi {
             event,
             adm.input_estimate,
         );
-        // Counting tokens is not generation: it costs one request and no tokens.
-        flight.charge_input_estimate = endpoint != Endpoint::CountTokens;
+        if endpoint == Endpoint::CountTokens {
+            // Counting tokens is not generation: it costs one request and no tokens.
+            flight.waive_input_estimate();
+        }
 
         let result = match targets {
             Plan::Local => {
@@ -288,7 +290,7 @@ impl DevApi {
         };
         if endpoint == Endpoint::CountTokens {
             // Whatever the provider's count answer looks like, counting costs no tokens.
-            flight.provider_usage = Some(Default::default());
+            flight.costs_no_tokens();
         }
         match result {
             Ok(outcome) => {
@@ -296,8 +298,8 @@ impl DevApi {
                     flight.judge(outcome.status, outcome.reason, outcome.error_code);
                 ctx.status = status;
                 ctx.error_code = error_code;
-                ctx.deployment = flight.event.deployment.clone();
-                ctx.ttfb_ms = flight.event.ttfb_ms;
+                ctx.deployment = flight.deployment();
+                ctx.ttfb_ms = flight.ttfb_ms();
                 let used = flight.finish(status, reason, error_code);
                 ctx.input_tokens = used.input_tokens;
                 ctx.output_tokens = used.output_tokens;
@@ -305,7 +307,7 @@ impl DevApi {
             }
             Err(e) => {
                 // Nothing reached the provider or the client: release the reservation.
-                flight.charge_input_estimate = false;
+                flight.waive_input_estimate();
                 flight.finish(e.status(), Reason::Unrouted, Some(e.code()));
                 Err(fail(e))
             }
@@ -381,8 +383,8 @@ impl DevApi {
             _ => serde_json::json!({ "input_tokens": adm.input_estimate }),
         };
         // Listings and local counts cost one request and no tokens.
-        flight.charge_input_estimate = false;
-        flight.provider_usage = Some(Default::default());
+        flight.waive_input_estimate();
+        flight.costs_no_tokens();
         flight.mark_first_byte();
         respond::json(
             session,

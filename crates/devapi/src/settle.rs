@@ -1,13 +1,15 @@
 //! Settlement: every admitted request ends here exactly once, whatever the exit path.
 //!
-//! `InFlight` owns the reservation and what is known about usage so far. The normal paths call
+//! `InFlight` owns the reservation and what is known about usage so far, behind methods that
+//! record facts (the stream's tracker, a whole answer's body, "this costs no tokens");
+//! `charge` alone decides from them what is billed. The normal paths call
 //! `finish` with the reason; if the request future is dropped instead (gateway shutdown, a
 //! panic unwinding), `Drop` settles with what was counted up to that point. Either way one usage
 //! event is recorded and the reservation is settled once.
 
 use std::time::Instant;
 
-use crate::usage::StreamUsageTracker;
+use crate::usage::{usage_from_body, StreamKind, StreamUsageTracker};
 
 use crate::state::SharedApiState;
 use gateway_core::domain::Usage;
@@ -65,20 +67,21 @@ pub struct InFlight {
     state: SharedApiState,
     reservation: Option<Reservation>,
     started: Instant,
-    pub event: UsageEvent,
-    /// Estimated input, used when the provider reported nothing.
-    pub input_estimate: u64,
-    /// Usage the provider reported (stream or body).
-    pub provider_usage: Option<Usage>,
-    /// Stream observer, for counting delivered text when no usage came.
-    pub tracker: Option<StreamUsageTracker>,
-    /// True once any output byte reached the client.
-    pub output_started: bool,
-    /// Output tokens counted by other means (e.g. a non-stream body without usage).
-    pub counted_output: Option<u64>,
+    event: UsageEvent,
+    /// Estimated input, charged when the provider reported nothing.
+    input_estimate: u64,
+    /// Stream observer: the usage a stream reported, and its delivered text for counting
+    /// when it reported none.
+    tracker: Option<StreamUsageTracker>,
+    /// Usage stated in a whole (non-streamed) answer.
+    body_usage: Option<Usage>,
+    /// Output tokens counted by other means (a whole answer that stated no usage).
+    counted_output: Option<u64>,
+    /// The request costs no tokens whatever the provider says (listings, token counts).
+    tokens_free: bool,
     /// Whether input should be charged when the provider reported nothing (false for local
     /// answers and failures before the provider saw the request).
-    pub charge_input_estimate: bool,
+    charge_input_estimate: bool,
     /// The journal segment holding the admission line (kept until the event is committed).
     admitted: Option<Hold>,
     done: bool,
@@ -100,14 +103,60 @@ impl InFlight {
             started,
             event,
             input_estimate,
-            provider_usage: None,
             tracker: None,
-            output_started: false,
+            body_usage: None,
             counted_output: None,
+            tokens_free: false,
             charge_input_estimate: true,
             admitted,
             done: false,
         }
+    }
+
+    /// Names the deployment that answered, for the event and the access log.
+    pub fn set_deployment(&mut self, label: &str) {
+        self.event.deployment = Some(label.to_string());
+    }
+
+    pub fn deployment(&self) -> Option<String> {
+        self.event.deployment.clone()
+    }
+
+    pub fn ttfb_ms(&self) -> Option<u64> {
+        self.event.ttfb_ms
+    }
+
+    /// The answer is a stream read by `tracker` (`None`: it is not).
+    pub fn watch_stream(&mut self, tracker: Option<StreamUsageTracker>) {
+        self.tracker = tracker;
+    }
+
+    /// The stream's observer, for the relay to show it each event.
+    pub fn tracker_mut(&mut self) -> Option<&mut StreamUsageTracker> {
+        self.tracker.as_mut()
+    }
+
+    /// Reads the usage a whole answer states; an answer that generated text but states none
+    /// has its text counted as output instead.
+    pub fn read_whole_answer(&mut self, kind: StreamKind, body: &[u8], generates: bool) {
+        if self.tracker.as_ref().and_then(|t| t.usage()).is_some() {
+            return;
+        }
+        self.body_usage = usage_from_body(kind, body);
+        if self.body_usage.is_none() && generates {
+            let text = String::from_utf8_lossy(body);
+            self.counted_output = Some(self.state.tokens.count(&text));
+        }
+    }
+
+    /// The request costs one request and no tokens, whatever the provider says.
+    pub fn costs_no_tokens(&mut self) {
+        self.tokens_free = true;
+    }
+
+    /// Input is not charged on the estimate: the provider never generated for this request.
+    pub fn waive_input_estimate(&mut self) {
+        self.charge_input_estimate = false;
     }
 
     pub fn mark_first_byte(&mut self) {
@@ -158,8 +207,8 @@ impl InFlight {
 
     fn complete(&mut self, reason: Reason) -> Usage {
         self.done = true;
-        let usage = self.final_usage();
-        self.event.settlement = reason.settlement(self.provider_usage.is_some());
+        let (usage, provider_reported) = self.charge();
+        self.event.settlement = reason.settlement(provider_reported);
         self.event.input_tokens = usage.input_tokens;
         self.event.output_tokens = usage.output_tokens;
         self.event.cached_tokens = usage.cached_tokens;
@@ -181,21 +230,28 @@ impl InFlight {
         usage
     }
 
-    /// Provider-reported usage when present; otherwise the estimate for input (when the provider
-    /// saw the request) and the tokenizer's count of what was delivered for output.
-    fn final_usage(&mut self) -> Usage {
-        if let Some(u) = self.provider_usage {
-            return self.at_least_delivered(u);
-        }
-        if let Some(u) = self.tracker.as_ref().and_then(|t| t.usage()) {
-            return self.at_least_delivered(u);
+    /// Which usage the request is charged, decided here and only here, and whether the
+    /// provider reported it: what the provider reported in its stream or its body (raised to
+    /// what was delivered when the stream was cut); otherwise the input estimate (when the
+    /// provider saw the request) and the tokenizer's count of what was delivered for output.
+    fn charge(&mut self) -> (Usage, bool) {
+        let reported = if self.tokens_free {
+            Some(Usage::default())
+        } else {
+            self.tracker
+                .as_ref()
+                .and_then(StreamUsageTracker::usage)
+                .or(self.body_usage)
+        };
+        if let Some(u) = reported {
+            return (self.at_least_delivered(u), true);
         }
         let output = match (&mut self.tracker, self.counted_output) {
             (_, Some(n)) => n,
             (Some(t), None) => self.state.tokens.count(t.delivered_text()),
             (None, None) => 0,
         };
-        Usage {
+        let usage = Usage {
             input_tokens: if self.charge_input_estimate {
                 self.input_estimate
             } else {
@@ -203,7 +259,8 @@ impl InFlight {
             },
             output_tokens: output,
             ..Usage::default()
-        }
+        };
+        (usage, false)
     }
 }
 
