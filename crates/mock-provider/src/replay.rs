@@ -24,7 +24,7 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{Response, StatusCode};
 
-use super::{full_body, paced_body, BoxedBody, Step};
+use crate::body::{full_body, paced_body, BoxedBody, Step};
 
 /// The prefix of a `model` that asks for a replay.
 const PREFIX: &str = "replay:";

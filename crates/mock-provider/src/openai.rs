@@ -1,0 +1,244 @@
+//! OpenAI answers: chat completions and the Responses API, whole and streamed.
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use crate::faults::{Behaviour, MIDSTREAM_ERROR_AFTER};
+use crate::reply::{
+    error_value, json_string, sse_data, sse_event, unix_secs, EventPlan, ANSWER_TEXT,
+    CACHED_TOKENS, COMPLETION_TOKENS, PROMPT_TOKENS, TOOL_ARG_PARTS,
+};
+use crate::request::RequestInfo;
+
+pub(crate) fn chat_usage() -> Value {
+    json!({
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": COMPLETION_TOKENS,
+        "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS,
+        "prompt_tokens_details": { "cached_tokens": CACHED_TOKENS }
+    })
+}
+
+pub(crate) fn tool_call_value() -> Value {
+    json!({
+        "id": "call_mock",
+        "type": "function",
+        "function": { "name": "get_weather", "arguments": TOOL_ARG_PARTS.concat() }
+    })
+}
+
+pub(crate) fn chat_completion(model: &str, b: &Behaviour) -> Value {
+    let (message, finish) = if b.tools {
+        let message = json!({
+            "role": "assistant",
+            "content": null,
+            "tool_calls": [tool_call_value()]
+        });
+        (message, "tool_calls")
+    } else {
+        (
+            json!({ "role": "assistant", "content": ANSWER_TEXT }),
+            "stop",
+        )
+    };
+    let mut body = json!({
+        "id": "chatcmpl-mock",
+        "object": "chat.completion",
+        "created": unix_secs(),
+        "model": model,
+        "choices": [{ "index": 0, "message": message, "finish_reason": finish }]
+    });
+    if !b.no_usage {
+        body["usage"] = chat_usage();
+    }
+    body
+}
+
+/// Renders `chat.completion.chunk` events; the common head is escaped once.
+pub(crate) struct ChunkWriter {
+    pub(crate) head: String,
+}
+
+impl ChunkWriter {
+    pub(crate) fn new(model: &str) -> Self {
+        let head = format!(
+            "{{\"id\":\"chatcmpl-mock\",\"object\":\"chat.completion.chunk\",\"created\":{},\"model\":{}",
+            unix_secs(),
+            json_string(model)
+        );
+        ChunkWriter { head }
+    }
+
+    pub(crate) fn choice(&self, delta: &str, finish: Option<&str>) -> Bytes {
+        let finish = finish.map_or_else(|| "null".to_owned(), json_string);
+        sse_data(&format!(
+            "{},\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}",
+            self.head
+        ))
+    }
+
+    pub(crate) fn usage(&self) -> Bytes {
+        sse_data(&format!(
+            "{},\"choices\":[],\"usage\":{}}}",
+            self.head,
+            chat_usage()
+        ))
+    }
+}
+
+pub(crate) fn chat_stream(info: &RequestInfo, b: &Behaviour, chunks: usize) -> EventPlan {
+    let w = ChunkWriter::new(info.model());
+    let mut plan = EventPlan::default();
+    let finish = if b.tools {
+        let first = json!({
+            "role": "assistant",
+            "content": null,
+            "tool_calls": [{
+                "index": 0, "id": "call_mock", "type": "function",
+                "function": { "name": "get_weather", "arguments": "" }
+            }]
+        });
+        plan.prelude.push(w.choice(&first.to_string(), None));
+        plan.deltas = TOOL_ARG_PARTS
+            .iter()
+            .map(|part| {
+                let delta =
+                    json!({ "tool_calls": [{ "index": 0, "function": { "arguments": part } }] });
+                w.choice(&delta.to_string(), None)
+            })
+            .collect();
+        "tool_calls"
+    } else {
+        plan.deltas = (0..info.delta_count(chunks))
+            .map(|i| {
+                let role = if i == 0 {
+                    "\"role\":\"assistant\","
+                } else {
+                    ""
+                };
+                w.choice(&format!("{{{role}\"content\":\"tok{i} \"}}"), None)
+            })
+            .collect();
+        "stop"
+    };
+    plan.epilogue.push(w.choice("{}", Some(finish)));
+    if info.include_usage() && !b.no_usage {
+        plan.epilogue.push(w.usage());
+    }
+    plan.epilogue.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    plan.error_event = sse_data(&error_value("overloaded", "server_error").to_string());
+    plan
+}
+
+pub(crate) fn responses_usage() -> Value {
+    json!({
+        "input_tokens": PROMPT_TOKENS,
+        "output_tokens": COMPLETION_TOKENS,
+        "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS,
+        "input_tokens_details": { "cached_tokens": CACHED_TOKENS }
+    })
+}
+
+pub(crate) fn output_message(text: &str, status: &str) -> Value {
+    json!({
+        "type": "message",
+        "id": "msg_mock",
+        "status": status,
+        "role": "assistant",
+        "content": [{ "type": "output_text", "text": text, "annotations": [] }]
+    })
+}
+
+pub(crate) fn response_object(model: &str, status: &str, output: Vec<Value>, usage: bool) -> Value {
+    let mut body = json!({
+        "id": "resp_mock",
+        "object": "response",
+        "created_at": unix_secs(),
+        "status": status,
+        "model": model,
+        "output": output
+    });
+    if usage {
+        body["usage"] = responses_usage();
+    }
+    body
+}
+
+/// Builds Responses API events, numbering them as the real API does.
+pub(crate) struct ResponseEvents {
+    pub(crate) seq: u64,
+}
+
+impl ResponseEvents {
+    pub(crate) fn event(&mut self, kind: &str, mut data: Value) -> Bytes {
+        data["type"] = Value::from(kind);
+        data["sequence_number"] = Value::from(self.seq);
+        self.seq += 1;
+        sse_event(kind, &data.to_string())
+    }
+
+    /// Hot path: deltas are formatted by hand.
+    pub(crate) fn delta(&mut self, text: &str) -> Bytes {
+        let json = format!(
+            "{{\"type\":\"response.output_text.delta\",\"item_id\":\"msg_mock\",\"output_index\":0,\"content_index\":0,\"delta\":{},\"sequence_number\":{}}}",
+            json_string(text),
+            self.seq
+        );
+        self.seq += 1;
+        sse_event("response.output_text.delta", &json)
+    }
+}
+
+pub(crate) fn responses_stream(info: &RequestInfo, b: &Behaviour, chunks: usize) -> EventPlan {
+    let model = info.model();
+    let mut ev = ResponseEvents { seq: 0 };
+    let mut plan = EventPlan::default();
+    let pending = response_object(model, "in_progress", Vec::new(), false);
+    plan.prelude = vec![
+        ev.event("response.created", json!({ "response": pending })),
+        ev.event("response.in_progress", json!({ "response": pending })),
+        ev.event(
+            "response.output_item.added",
+            json!({ "output_index": 0, "item": output_message("", "in_progress") }),
+        ),
+        ev.event(
+            "response.content_part.added",
+            json!({ "item_id": "msg_mock", "output_index": 0, "content_index": 0,
+                    "part": { "type": "output_text", "text": "", "annotations": [] } }),
+        ),
+    ];
+    let pieces: Vec<String> = (0..info.delta_count(chunks))
+        .map(|i| format!("tok{i} "))
+        .collect();
+    plan.deltas = pieces.iter().map(|p| ev.delta(p)).collect();
+    // The error event replaces everything after the first few deltas.
+    let error_seq = plan.prelude.len() + plan.deltas.len().min(MIDSTREAM_ERROR_AFTER);
+    let text = pieces.concat();
+    let item = output_message(&text, "completed");
+    plan.epilogue = vec![
+        ev.event(
+            "response.output_text.done",
+            json!({ "item_id": "msg_mock", "output_index": 0, "content_index": 0, "text": text }),
+        ),
+        ev.event(
+            "response.content_part.done",
+            json!({ "item_id": "msg_mock", "output_index": 0, "content_index": 0,
+                    "part": { "type": "output_text", "text": text, "annotations": [] } }),
+        ),
+        ev.event(
+            "response.output_item.done",
+            json!({ "output_index": 0, "item": item }),
+        ),
+        ev.event(
+            "response.completed",
+            json!({ "response": response_object(model, "completed", vec![item], !b.no_usage) }),
+        ),
+    ];
+    plan.error_event = sse_event(
+        "error",
+        &json!({ "type": "error", "code": "server_error", "message": "overloaded",
+                 "param": null, "sequence_number": error_seq })
+        .to_string(),
+    );
+    plan
+}
