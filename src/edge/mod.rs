@@ -1,26 +1,25 @@
 //! Builds and runs the process: the storage runtime, the shared state, the Pingora server with
-//! both listeners, and an orderly shutdown.
+//! its listeners (the developer API here, the site proxy in `site_proxy`, the admin app in
+//! `admin_app`), and an orderly shutdown (`drain`).
 //!
 //! Shutdown: SIGTERM or SIGINT stops the listeners (Pingora's graceful terminate); in-flight
 //! requests then get up to `server.shutdown_drain_seconds` to finish. A drain monitor ends the
 //! process as soon as nothing is in flight, after flushing the usage writer, so an idle gateway
 //! stops at once and a busy one loses no usage record. SIGQUIT is Pingora's graceful upgrade.
 
+mod admin_app;
+mod drain;
+mod site_proxy;
+
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use async_trait::async_trait;
-use bytes::Bytes;
 use pingora_core::listeners::{L4BufferSettings, ListenerConfig};
 use pingora_core::server::configuration::{Opt, ServerConf};
-use pingora_core::server::{ExecutionPhase, RunArgs, Server, ShutdownSignal, ShutdownSignalWatch};
+use pingora_core::server::{RunArgs, Server};
 use pingora_core::services::listening::Service;
-use pingora_core::upstreams::peer::HttpPeer;
-use pingora_proxy::{ProxyHttp, Session};
 
 use gateway_core::config::{Config, EdgeLimits};
 use gateway_core::identity::IdentityCache;
@@ -29,13 +28,16 @@ use gateway_core::state::{AppState, SharedState};
 use gateway_core::storage::{redact_url, storage_runtime, Db};
 use gateway_core::usage::UsageSink;
 use gateway_devapi::affinity::ThreadAffine;
-use gateway_devapi::conn_limits::{Limiter, Phase};
-use gateway_devapi::in_flight::IN_FLIGHT;
+use gateway_devapi::conn_limits::Limiter;
 use gateway_devapi::routing::Routing;
 use gateway_devapi::state::{ApiState, SharedApiState};
 use gateway_devapi::tokens::TokenCounter;
 use gateway_devapi::upstream::UpstreamPool;
 use gateway_devapi::DevApi;
+
+use admin_app::AdminApp;
+use drain::{spawn_drain_monitor, Signals};
+use site_proxy::SiteEdge;
 
 /// Write buffer of a developer connection. With Pingora's default (1,460 bytes) the response
 /// header (with its rate-limit headers) and a non-streamed answer over ~1 KB did not fit
@@ -394,217 +396,4 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     let _ = std::fs::remove_file(&uds);
     pid.remove();
     Ok(())
-}
-
-/// Ends the process once shutdown has begun and nothing is in flight (or the drain deadline
-/// passed), after flushing queued usage events.
-fn spawn_drain_monitor(
-    mut phases: tokio::sync::broadcast::Receiver<ExecutionPhase>,
-    state: SharedState,
-    rt: tokio::runtime::Handle,
-    drain: Duration,
-    uds: PathBuf,
-    pid: Arc<crate::lifecycle::PidFile>,
-) {
-    let handle = rt.clone();
-    handle.spawn(async move {
-        loop {
-            match phases.recv().await {
-                Ok(ExecutionPhase::GracefulTerminate) | Ok(ExecutionPhase::ShutdownGracePeriod) => {
-                    break
-                }
-                Ok(_) => continue,
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(_) => return,
-            }
-        }
-        log::info!("shutdown: draining up to {drain:?}");
-        let deadline = Instant::now() + drain;
-        // Give accepted connections a moment to reach request_filter.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        // Shortly before the deadline, relays still running end their answers with an error
-        // in the client's style (a stream dropped by the runtime would just stop).
-        let cut_at = deadline
-            .checked_sub(drain.min(Duration::from_millis(500)))
-            .unwrap_or(deadline);
-        while IN_FLIGHT.load(Ordering::Acquire) > 0 && Instant::now() < cut_at {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if IN_FLIGHT.load(Ordering::Acquire) > 0 {
-            gateway_devapi::settle::cut_in_flight();
-        }
-        while IN_FLIGHT.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if IN_FLIGHT.load(Ordering::Acquire) > 0 {
-            // Let Pingora's grace period end and drop the rest; main flushes after that.
-            return;
-        }
-        state.usage.flush().await;
-        gateway_devapi::accesslog::flush();
-        let _ = std::fs::remove_file(&uds);
-        pid.remove();
-        log::info!("shutdown complete");
-        std::process::exit(0);
-    });
-}
-
-/// SIGTERM and SIGINT drain gracefully; SIGQUIT hands the listeners to a new process.
-struct Signals;
-
-#[async_trait]
-impl ShutdownSignalWatch for Signals {
-    async fn recv(&self) -> ShutdownSignal {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int), Ok(mut quit)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::quit()),
-        ) else {
-            log::error!("cannot install signal handlers");
-            return std::future::pending().await;
-        };
-        tokio::select! {
-            _ = term.recv() => { log::info!("SIGTERM: graceful shutdown"); ShutdownSignal::GracefulTerminate }
-            _ = int.recv() => { log::info!("SIGINT: graceful shutdown"); ShutdownSignal::GracefulTerminate }
-            _ = quit.recv() => { log::info!("SIGQUIT: graceful upgrade"); ShutdownSignal::GracefulUpgrade }
-        }
-    }
-}
-
-/// The site listener: forwards everything to the account service's private socket, telling it
-/// the real client address (any client-sent forwarding header is replaced, never trusted).
-struct SiteEdge {
-    socket: PathBuf,
-}
-
-#[async_trait]
-impl ProxyHttp for SiteEdge {
-    type CTX = ();
-
-    fn new_ctx(&self) {}
-
-    /// The head is in: the connection's limits move on to the body, or straight to serving.
-    async fn request_filter(
-        &self,
-        session: &mut Session,
-        _ctx: &mut (),
-    ) -> pingora_error::Result<bool> {
-        let phase = if session.is_body_empty() {
-            Phase::Serving
-        } else {
-            Phase::Body
-        };
-        if let Some(stream) = session.as_downstream().stream() {
-            gateway_devapi::affinity::set_phase(stream, phase);
-        }
-        Ok(false)
-    }
-
-    async fn request_body_filter(
-        &self,
-        session: &mut Session,
-        _body: &mut Option<Bytes>,
-        end_of_stream: bool,
-        _ctx: &mut (),
-    ) -> pingora_error::Result<()> {
-        if end_of_stream {
-            if let Some(stream) = session.as_downstream().stream() {
-                gateway_devapi::affinity::set_phase(stream, Phase::Serving);
-            }
-        }
-        Ok(())
-    }
-
-    async fn logging(
-        &self,
-        session: &mut Session,
-        _e: Option<&pingora_error::Error>,
-        _ctx: &mut (),
-    ) {
-        gateway_devapi::affinity::request_done(session);
-    }
-
-    async fn upstream_peer(
-        &self,
-        _session: &mut Session,
-        _ctx: &mut (),
-    ) -> pingora_error::Result<Box<HttpPeer>> {
-        let path = self.socket.display().to_string();
-        Ok(Box::new(HttpPeer::new_uds(&path, false, String::new())?))
-    }
-
-    async fn upstream_request_filter(
-        &self,
-        session: &mut Session,
-        upstream_request: &mut pingora_http::RequestHeader,
-        _ctx: &mut (),
-    ) -> pingora_error::Result<()> {
-        let client = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(|a| a.ip().to_string())
-            .unwrap_or_default();
-        upstream_request.insert_header("x-gateway-client-ip", client)?;
-        upstream_request.remove_header("x-forwarded-for");
-        Ok(())
-    }
-
-    /// A pooled connection to the account service may have been closed by it while idle (it
-    /// closes after answering without reading a body, e.g. a refused webhook). Writing the next
-    /// request then fails; the service cannot have received that request whole, so it is
-    /// retried on a fresh connection whatever its method (Pingora's default retries only
-    /// idempotent methods, which answered a POST with 502).
-    fn error_while_proxy(
-        &self,
-        peer: &HttpPeer,
-        session: &mut Session,
-        e: Box<pingora_error::Error>,
-        _ctx: &mut (),
-        client_reused: bool,
-    ) -> Box<pingora_error::Error> {
-        let mut e = e.more_context(format!("Peer: {peer}"));
-        let unsent = e.etype() == &pingora_error::ErrorType::WriteError;
-        if client_reused && unsent && !session.as_ref().retry_buffer_truncated() {
-            e.set_retry(true);
-        } else if !session.req_header().method.is_idempotent()
-            || session.as_ref().retry_buffer_truncated()
-        {
-            e.set_retry(false);
-        } else {
-            e.retry.decide_reuse(client_reused);
-        }
-        e
-    }
-}
-
-/// The admin listener: Prometheus text at `/metrics`, liveness at `/health`.
-struct AdminApp;
-
-#[async_trait]
-impl pingora_core::apps::http_app::ServeHttp for AdminApp {
-    async fn response(
-        &self,
-        session: &mut pingora_core::protocols::http::ServerSession,
-    ) -> http::Response<Vec<u8>> {
-        let (status, ctype, body) = match session.req_header().uri.path() {
-            "/metrics" => (
-                200,
-                "text/plain; version=0.0.4; charset=utf-8",
-                gateway_core::metrics::render().into_bytes(),
-            ),
-            "/health" => (
-                200,
-                "application/json; charset=utf-8",
-                b"{\"ok\":true}".to_vec(),
-            ),
-            _ => (404, "text/plain; charset=utf-8", b"not found".to_vec()),
-        };
-        http::Response::builder()
-            .status(status)
-            .header("content-type", ctype)
-            .header("content-length", body.len())
-            .body(body)
-            .unwrap_or_default()
-    }
 }
