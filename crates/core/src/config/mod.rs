@@ -83,6 +83,8 @@ pub struct EdgeLimits {
 pub struct StorageConfig {
     pub database_url: String,
     pub redis_url: Option<String>,
+    /// Seed nodes of a Redis Cluster (exclusive with `redis_url`); empty: none.
+    pub redis_cluster_nodes: Vec<String>,
     pub usage_batch_size: usize,
     pub usage_flush: Duration,
     /// Deadline of one Redis call, including the wait for a connection.
@@ -93,6 +95,20 @@ pub struct StorageConfig {
     pub database_timeout: Duration,
     /// Segment path prefix of the usage journal; `None`: off.
     pub usage_journal: Option<PathBuf>,
+}
+
+impl StorageConfig {
+    /// The Redis the quota engine shares state through; `None`: in-process limits.
+    pub fn redis_target(&self) -> Option<crate::quota::redis_conn::RedisTarget> {
+        use crate::quota::redis_conn::RedisTarget;
+        match &self.redis_url {
+            Some(url) => Some(RedisTarget::Single(url.clone())),
+            None if !self.redis_cluster_nodes.is_empty() => {
+                Some(RedisTarget::Cluster(self.redis_cluster_nodes.clone()))
+            }
+            None => None,
+        }
+    }
 }
 
 /// What the developer API does while Redis is unreachable (the circuit breaker is open).
@@ -702,9 +718,26 @@ impl Config {
                 return Err(c.err("storage.redis_url", "must start with redis:// or rediss://"));
             }
         }
+        let redis_cluster_nodes = f.storage.redis_cluster_nodes.unwrap_or_default();
+        if let Some(bad) = redis_cluster_nodes
+            .iter()
+            .find(|n| !(n.starts_with("redis://") || n.starts_with("rediss://")))
+        {
+            return Err(c.err(
+                "storage.redis_cluster_nodes",
+                format!("each node must start with redis:// or rediss://, got {bad:?}"),
+            ));
+        }
+        if redis_url.is_some() && !redis_cluster_nodes.is_empty() {
+            return Err(c.err(
+                "storage.redis_cluster_nodes",
+                "set either redis_url (one Redis) or redis_cluster_nodes (a Redis Cluster), not both",
+            ));
+        }
         let mut storage = StorageConfig {
             database_url,
             redis_url,
+            redis_cluster_nodes,
             // Large batches: every transaction costs fixed work (commit, WAL frames of the pages it
             // touched, rollup and balance rows) whatever its size, so fewer, larger batches cost
             // less CPU under load. The flush interval stays 200 ms, so
@@ -1153,6 +1186,28 @@ mod tests {
 
     fn load(text: &str) -> Result<Config, ConfigError> {
         Config::from_str(Path::new("test.toml"), text)
+    }
+
+    #[test]
+    fn redis_cluster_nodes_exclude_redis_url() {
+        let c = load("[storage]\nredis_cluster_nodes = [\"redis://10.0.0.1:7000\", \"redis://10.0.0.2:7000\"]\n")
+            .expect("cluster");
+        assert_eq!(
+            c.storage.redis_target(),
+            Some(crate::quota::redis_conn::RedisTarget::Cluster(vec![
+                "redis://10.0.0.1:7000".into(),
+                "redis://10.0.0.2:7000".into()
+            ]))
+        );
+        let both = load(
+            "[storage]\nredis_url = \"redis://127.0.0.1:6379\"\nredis_cluster_nodes = [\"redis://10.0.0.1:7000\"]\n",
+        )
+        .unwrap_err();
+        assert_eq!(both.key, "storage.redis_cluster_nodes");
+        assert!(both.message.contains("not both"), "{both}");
+        let bad = load("[storage]\nredis_cluster_nodes = [\"10.0.0.1:7000\"]\n").unwrap_err();
+        assert_eq!(bad.key, "storage.redis_cluster_nodes");
+        assert_eq!(load("").expect("defaults").storage.redis_target(), None);
     }
 
     #[test]
