@@ -128,34 +128,19 @@ impl ProxyHttp for DevApi {
 }
 
 impl DevApi {
-    /// Runs one request. An `Err` carries what to answer and whether in style B.
+    /// Runs one request, in the spec's order: the route, checks 1–8 (`admit`), the plan, the
+    /// reservation (check 9, `reserve`), then the answer and its settlement (`serve`). An `Err`
+    /// carries what to answer and whether in style B.
     async fn handle(
         &self,
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<(), (Stop, bool)> {
-        // A client may send its next request before this one is answered (pipelining), or as
-        // soon as it has the answer whole while the relay still watches the connection for a
-        // disconnect: with pipelining on, Pingora keeps those bytes for the next request
-        // instead of dropping them (the next request would then arrive cut).
-        if let ServerSession::H1(h1) = session.as_downstream_mut() {
-            h1.set_pipelining_enabled(true);
-            // The head is in: no read deadline until a body is read (a streamed answer watches
-            // the connection for a disconnect for as long as it runs).
-            crate::affinity::set_phase(h1.stream(), crate::conn_limits::Phase::Serving);
-        }
+        keep_pipelined_bytes(session);
         let cfg = self.state.config();
-        // Read while the request header is borrowed: no copies of the method, path or query.
-        // The query is judged here but refused in check 2's place, after the key.
-        let (route, sensitive_query) = {
-            let req = session.req_header();
-            (
-                route::classify(req.method.as_str(), req.uri.path()),
-                req.uri.query().is_some_and(query::has_sensitive_param),
-            )
-        };
-        let (endpoint, method_ok, style_b) = match route {
-            Route::Health => {
+        let asked = match Asked::of(session) {
+            Ok(asked) => asked,
+            Err(Route::Health) => {
                 ctx.status = 200;
                 respond::json(
                     session,
@@ -167,108 +152,30 @@ impl DevApi {
                 .await;
                 return Ok(());
             }
-            Route::Ready => {
+            Err(Route::Ready) => {
                 let (status, body) = crate::ready::probe(&self.state).await;
                 ctx.status = status;
                 respond::json(session, status, body, &ctx.request_id, &[]).await;
                 return Ok(());
             }
-            Route::NotFound => return Err((ApiError::NotFound.into(), false)),
-            Route::Api {
-                endpoint,
-                method_ok,
-                style_b,
-            } => (endpoint, method_ok, style_b),
+            Err(_) => return Err((ApiError::NotFound.into(), false)),
         };
+        let style_b = asked.style_b;
         let fail = |e: ApiError| (Stop::Api(e), style_b);
 
-        // Checks 1–5.
-        let identity = pipeline::authenticate(&self.state, session)
-            .await
-            .map_err(fail)?;
-        ctx.identity = Some(identity.clone());
-        let endpoint =
-            pipeline::gate(&identity, sensitive_query, endpoint, method_ok).map_err(fail)?;
-        ctx.endpoint = Some(endpoint);
-
-        // Checks 6–8 need the body. A large one is read only if the key could be admitted at
-        // all: a key with nothing left cannot make the gateway read and parse megabytes.
-        if !endpoint.is_get() && pipeline::large_body(session) {
-            let tokens = endpoint != Endpoint::CountTokens;
-            if let Err(denied) = self
-                .state
-                .quota
-                .precheck(&cfg.quota, &identity, tokens)
-                .await
-            {
-                // The body stays unread: the connection cannot be reused.
-                session.as_downstream_mut().set_keepalive(None);
-                return Err(fail(denied_error(denied)));
-            }
-        }
         // Held until the request ends: its body is in memory until then.
-        let (body, _body_permit) = if endpoint.is_get() {
-            (Bytes::new(), pipeline::BodyPermit::none())
-        } else {
-            pipeline::read_body(
-                session,
-                cfg.server.max_body_bytes,
-                cfg.server.limits.max_body_bytes_in_flight,
-            )
+        let (adm, _body_permit) = self
+            .admit(session, ctx, &cfg, &asked)
             .await
-            .map_err(|s| (s, style_b))?
-        };
-        let adm = pipeline::admit(&self.state, &cfg, endpoint, identity.clone(), body)
-            .await
-            .map_err(fail)?;
-        if !adm.model_name.is_empty() {
-            ctx.model = Some(adm.model_name.clone());
-        }
+            .map_err(|s| (s, style_b))?;
 
         // Where it would go, before reserving anything for it.
         let targets = self.targets(&cfg, &adm).map_err(fail)?;
 
-        // Check 9: reservation (after the per-minute limits).
-        let reservation = match self
-            .state
-            .quota
-            .reserve(
-                &cfg.quota,
-                &identity,
-                adm.reserved_input(),
-                adm.output_reserve,
-            )
-            .await
-        {
-            Ok(r) => r,
-            Err((denied, rate)) => {
-                ctx.rate = rate;
-                return Err(fail(denied_error(denied)));
-            }
-        };
-        ctx.rate = reservation.rate;
-        let mut event = new_event(
-            &identity.user.id,
-            &identity.key.id,
-            &adm.model_name,
-            endpoint.name(),
-        );
-        event.reasoning_effort = adm.reasoning_effort.clone();
-        let mut flight = InFlight::new(
-            self.state.clone(),
-            reservation,
-            ctx.started,
-            event,
-            adm.input_estimate,
-        );
-        if endpoint == Endpoint::CountTokens {
-            // Counting tokens is not generation: it costs one request and no tokens.
-            flight.waive_input_estimate();
-        }
-
+        let mut flight = self.reserve(ctx, &cfg, &adm).await.map_err(fail)?;
         let result = match targets {
             Plan::Local => {
-                self.answer_locally(session, ctx, &cfg, &adm, &identity, &mut flight)
+                self.answer_locally(session, ctx, &cfg, &adm, &adm.identity, &mut flight)
                     .await
             }
             Plan::Forward(attempts) => {
@@ -288,30 +195,107 @@ impl DevApi {
                 .await
             }
         };
-        if endpoint == Endpoint::CountTokens {
-            // Whatever the provider's count answer looks like, counting costs no tokens.
-            flight.costs_no_tokens();
-        }
-        match result {
-            Ok(outcome) => {
-                let (status, reason, error_code) =
-                    flight.judge(outcome.status, outcome.reason, outcome.error_code);
-                ctx.status = status;
-                ctx.error_code = error_code;
-                ctx.deployment = flight.deployment();
-                ctx.ttfb_ms = flight.ttfb_ms();
-                let used = flight.finish(status, reason, error_code);
-                ctx.input_tokens = used.input_tokens;
-                ctx.output_tokens = used.output_tokens;
-                Ok(())
+        settle(ctx, flight, adm.endpoint, result).map_err(fail)
+    }
+
+    /// Checks 1–8: the key, the gate, then the body (read only if the key could be admitted)
+    /// and the checks that need it.
+    async fn admit(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        cfg: &gateway_core::config::Config,
+        asked: &Asked,
+    ) -> Result<(Admitted, pipeline::BodyPermit), Stop> {
+        // Checks 1–5.
+        let identity = pipeline::authenticate(&self.state, session).await?;
+        ctx.identity = Some(identity.clone());
+        let endpoint = pipeline::gate(
+            &identity,
+            asked.sensitive_query,
+            asked.endpoint,
+            asked.method_ok,
+        )?;
+        ctx.endpoint = Some(endpoint);
+
+        // Checks 6–8 need the body. A large one is read only if the key could be admitted at
+        // all: a key with nothing left cannot make the gateway read and parse megabytes.
+        if !endpoint.is_get() && pipeline::large_body(session) {
+            let tokens = endpoint != Endpoint::CountTokens;
+            if let Err(denied) = self
+                .state
+                .quota
+                .precheck(&cfg.quota, &identity, tokens)
+                .await
+            {
+                // The body stays unread: the connection cannot be reused.
+                session.as_downstream_mut().set_keepalive(None);
+                return Err(denied_error(denied).into());
             }
-            Err(e) => {
-                // Nothing reached the provider or the client: release the reservation.
-                flight.waive_input_estimate();
-                flight.finish(e.status(), Reason::Unrouted, Some(e.code()));
-                Err(fail(e))
-            }
         }
+        let (body, body_permit) = if endpoint.is_get() {
+            (Bytes::new(), pipeline::BodyPermit::none())
+        } else {
+            pipeline::read_body(
+                session,
+                cfg.server.max_body_bytes,
+                cfg.server.limits.max_body_bytes_in_flight,
+            )
+            .await?
+        };
+        let adm = pipeline::admit(&self.state, cfg, endpoint, identity, body).await?;
+        if !adm.model_name.is_empty() {
+            ctx.model = Some(adm.model_name.clone());
+        }
+        Ok((adm, body_permit))
+    }
+
+    /// Check 9: the reservation (after the per-minute limits), and the settlement guard that
+    /// owns it from here on.
+    async fn reserve(
+        &self,
+        ctx: &mut RequestCtx,
+        cfg: &gateway_core::config::Config,
+        adm: &Admitted,
+    ) -> Result<InFlight, ApiError> {
+        let identity = &adm.identity;
+        let reservation = match self
+            .state
+            .quota
+            .reserve(
+                &cfg.quota,
+                identity,
+                adm.reserved_input(),
+                adm.output_reserve,
+            )
+            .await
+        {
+            Ok(r) => r,
+            Err((denied, rate)) => {
+                ctx.rate = rate;
+                return Err(denied_error(denied));
+            }
+        };
+        ctx.rate = reservation.rate;
+        let mut event = new_event(
+            &identity.user.id,
+            &identity.key.id,
+            &adm.model_name,
+            adm.endpoint.name(),
+        );
+        event.reasoning_effort = adm.reasoning_effort.clone();
+        let mut flight = InFlight::new(
+            self.state.clone(),
+            reservation,
+            ctx.started,
+            event,
+            adm.input_estimate,
+        );
+        if adm.endpoint == Endpoint::CountTokens {
+            // Counting tokens is not generation: it costs one request and no tokens.
+            flight.waive_input_estimate();
+        }
+        Ok(flight)
     }
 
     /// Decides whether the gateway answers itself or which deployments to try. A chat request
@@ -420,4 +404,79 @@ fn denied_error(denied: Denied) -> ApiError {
 enum Plan {
     Local,
     Forward(forward::Attempts),
+}
+
+/// Settles the request with what its answer showed, and notes the outcome for the access log.
+fn settle(
+    ctx: &mut RequestCtx,
+    mut flight: InFlight,
+    endpoint: Endpoint,
+    result: Result<forward::Outcome, ApiError>,
+) -> Result<(), ApiError> {
+    if endpoint == Endpoint::CountTokens {
+        // Whatever the provider's count answer looks like, counting costs no tokens.
+        flight.costs_no_tokens();
+    }
+    match result {
+        Ok(outcome) => {
+            let (status, reason, error_code) =
+                flight.judge(outcome.status, outcome.reason, outcome.error_code);
+            ctx.status = status;
+            ctx.error_code = error_code;
+            ctx.deployment = flight.deployment();
+            ctx.ttfb_ms = flight.ttfb_ms();
+            let used = flight.finish(status, reason, error_code);
+            ctx.input_tokens = used.input_tokens;
+            ctx.output_tokens = used.output_tokens;
+            Ok(())
+        }
+        Err(e) => {
+            // Nothing reached the provider or the client: release the reservation.
+            flight.waive_input_estimate();
+            flight.finish(e.status(), Reason::Unrouted, Some(e.code()));
+            Err(e)
+        }
+    }
+}
+
+/// What the request line asked for, read while the request header is borrowed (no copies of
+/// the method, path or query). The query is judged here but refused in check 2's place, after
+/// the key. `Err` is a route that is not an API endpoint.
+struct Asked {
+    endpoint: Option<Endpoint>,
+    method_ok: bool,
+    style_b: bool,
+    sensitive_query: bool,
+}
+
+impl Asked {
+    fn of(session: &Session) -> Result<Asked, Route> {
+        let req = session.req_header();
+        match route::classify(req.method.as_str(), req.uri.path()) {
+            Route::Api {
+                endpoint,
+                method_ok,
+                style_b,
+            } => Ok(Asked {
+                endpoint,
+                method_ok,
+                style_b,
+                sensitive_query: req.uri.query().is_some_and(query::has_sensitive_param),
+            }),
+            other => Err(other),
+        }
+    }
+}
+
+/// A client may send its next request before this one is answered (pipelining), or as soon as
+/// it has the answer whole while the relay still watches the connection for a disconnect: with
+/// pipelining on, Pingora keeps those bytes for the next request instead of dropping them (the
+/// next request would then arrive cut).
+fn keep_pipelined_bytes(session: &mut Session) {
+    if let ServerSession::H1(h1) = session.as_downstream_mut() {
+        h1.set_pipelining_enabled(true);
+        // The head is in: no read deadline until a body is read (a streamed answer watches
+        // the connection for a disconnect for as long as it runs).
+        crate::affinity::set_phase(h1.stream(), crate::conn_limits::Phase::Serving);
+    }
 }
