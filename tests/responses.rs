@@ -475,3 +475,113 @@ async fn translated_paths_charge_the_provider_usage() {
         assert_eq!(left, 100_000 - (charged - 10), "{path} {body}");
     }
 }
+
+/// A recorded first request of a real agent, with its model replaced.
+fn fixture(name: &str, model: &str, stream: bool) -> Value {
+    let path = format!(
+        "{}/tests/fixtures/agents/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut v: Value = serde_json::from_str(&text).expect("fixture JSON");
+    v["model"] = json!(model);
+    v["stream"] = json!(stream);
+    v
+}
+
+/// The agents' real first requests (Claude Code: messages with its tools, system prompt and a
+/// mid-conversation system turn; Codex: Responses with its tools, developer items and
+/// reasoning), replayed on every kind of model, whole and streamed: none is refused, each gets
+/// a well-formed answer in its own API, and each is settled with the provider's usage.
+#[tokio::test]
+async fn real_agent_requests_on_every_kind_of_model() {
+    let mock = Mock::start(&["--chunks", "3"]);
+    let gw = Gateway::start(&mock, options(&mock, ""));
+    let key = gw.user_with_key("agents@example.com", &[]);
+    // Claude Code's keyless probe of its base URL.
+    for base in ["/alt", "/v1"] {
+        let r = client().head(gw.url(base)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{base}");
+    }
+    let mut served = 0;
+    for model in ["claude-mock", "mock-gpt", "gpt-chat-only"] {
+        for stream in [false, true] {
+            // Claude Code.
+            let body = fixture("claude-code-messages.json", model, stream);
+            let r = post(&gw, "/alt/v1/messages", &key, &body).await;
+            assert_eq!(r.status(), 200, "claude-code on {model}, stream {stream}");
+            let text = r.text().await.unwrap();
+            if stream {
+                assert!(
+                    text.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"),
+                    "{text}"
+                );
+            } else {
+                let v: Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(v["type"], "message", "{v}");
+                assert!(v["content"][0]["text"].is_string(), "{v}");
+            }
+            let (path, sent) = last_upstream(&mock).await;
+            if model == "claude-mock" {
+                assert_eq!((path.as_str(), &sent), ("/v1/messages", &body));
+            } else {
+                assert_eq!(path, "/v1/chat/completions");
+                let roles: Vec<&str> = sent["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| m["role"].as_str().unwrap())
+                    .collect();
+                assert_eq!(roles, ["system", "user", "system"], "{model}");
+                assert_eq!(
+                    sent["tools"].as_array().unwrap().len(),
+                    body["tools"].as_array().unwrap().len()
+                );
+            }
+
+            // Codex.
+            let body = fixture("codex-responses.json", model, stream);
+            let r = post(&gw, "/v1/responses", &key, &body).await;
+            assert_eq!(r.status(), 200, "codex on {model}, stream {stream}");
+            let text = r.text().await.unwrap();
+            let done = if stream {
+                let events = responses_events(&text);
+                let last = events.last().unwrap().clone();
+                assert_eq!(last["type"], "response.completed", "{text}");
+                last["response"].clone()
+            } else {
+                serde_json::from_str(&text).unwrap()
+            };
+            assert_eq!(done["status"], "completed", "{done}");
+            assert_eq!(done["output"][0]["type"], "message", "{done}");
+            assert_eq!(done["usage"]["input_tokens_details"]["cached_tokens"], 5);
+            let (path, sent) = last_upstream(&mock).await;
+            match model {
+                "claude-mock" => {
+                    assert_eq!(path, "/v1/messages");
+                    assert!(sent["system"].as_str().unwrap().len() > 100, "{sent}");
+                    let names: Vec<&str> = sent["tools"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|t| t["name"].as_str().unwrap())
+                        .collect();
+                    assert!(names.contains(&"exec_command"), "{names:?}");
+                }
+                "mock-gpt" => assert_eq!((path.as_str(), &sent), ("/v1/responses", &body)),
+                _ => {
+                    assert_eq!(path, "/v1/chat/completions");
+                    assert_eq!(sent["messages"][0]["role"], "system");
+                }
+            }
+            served += 2;
+        }
+    }
+    let events = gw.wait_usage(served).await;
+    assert_eq!(events.len(), served);
+    for e in &events {
+        assert_eq!(e["status"], 200, "{e}");
+        assert_eq!(e["settlement"], "provider:complete", "{e}");
+        assert_eq!(e["output_tokens"], 24, "{e}");
+    }
+}
