@@ -141,6 +141,10 @@ provider = "mock-anthropic"
 upstream_model = "fail400"
 
 [[models]]
+id = "claude-big"
+provider = "mock-anthropic"
+
+[[models]]
 id = "claude-cut"
 provider = "mock-anthropic"
 upstream_model = "cut"
@@ -504,7 +508,8 @@ async fn real_agent_requests_on_every_kind_of_model() {
         assert_eq!(r.status(), 200, "{base}");
     }
     let mut served = 0;
-    for model in ["claude-mock", "mock-gpt", "gpt-chat-only"] {
+    // Models without output limits: the agents ask for up to 32000 tokens.
+    for model in ["claude-big", "mock-big", "gpt-chat-only"] {
         for stream in [false, true] {
             // Claude Code.
             let body = fixture("claude-code-messages.json", model, stream);
@@ -522,7 +527,7 @@ async fn real_agent_requests_on_every_kind_of_model() {
                 assert!(v["content"][0]["text"].is_string(), "{v}");
             }
             let (path, sent) = last_upstream(&mock).await;
-            if model == "claude-mock" {
+            if model == "claude-big" {
                 assert_eq!((path.as_str(), &sent), ("/v1/messages", &body));
             } else {
                 assert_eq!(path, "/v1/chat/completions");
@@ -557,7 +562,7 @@ async fn real_agent_requests_on_every_kind_of_model() {
             assert_eq!(done["usage"]["input_tokens_details"]["cached_tokens"], 5);
             let (path, sent) = last_upstream(&mock).await;
             match model {
-                "claude-mock" => {
+                "claude-big" => {
                     assert_eq!(path, "/v1/messages");
                     assert!(sent["system"].as_str().unwrap().len() > 100, "{sent}");
                     let names: Vec<&str> = sent["tools"]
@@ -568,7 +573,7 @@ async fn real_agent_requests_on_every_kind_of_model() {
                         .collect();
                     assert!(names.contains(&"exec_command"), "{names:?}");
                 }
-                "mock-gpt" => assert_eq!((path.as_str(), &sent), ("/v1/responses", &body)),
+                "mock-big" => assert_eq!((path.as_str(), &sent), ("/v1/responses", &body)),
                 _ => {
                     assert_eq!(path, "/v1/chat/completions");
                     assert_eq!(sent["messages"][0]["role"], "system");
