@@ -81,28 +81,60 @@ fn normalized(text: &str) -> Vec<Value> {
 
 use serde_json::json;
 
+fn provider(style: ProviderStyle, serves_responses: bool) -> Provider {
+    let kind = style.as_str();
+    let toml = format!(
+        "[[providers]]\nname = \"p\"\nstyle = \"{kind}\"\nbase_url = \"http://127.0.0.1:9\"\n"
+    );
+    let cfg =
+        gateway_core::config::Config::from_str(std::path::Path::new("t.toml"), &toml).unwrap();
+    let mut p = (*cfg.providers["p"]).clone();
+    p.serves_responses = serves_responses;
+    p
+}
+
 #[test]
 fn crossings() {
     use Crossing::*;
     use ProviderStyle::*;
     let cases = [
-        (Endpoint::ChatCompletions, Anthropic, Some(ChatToMessages)),
-        (Endpoint::ChatCompletions, OpenAi, Some(Native)),
-        (Endpoint::Messages, OpenAi, Some(MessagesToChat)),
-        (Endpoint::Messages, Anthropic, Some(Native)),
-        (Endpoint::CountTokens, Anthropic, Some(Native)),
-        (Endpoint::CountTokens, OpenAi, None),
-        (Endpoint::Responses, Anthropic, None),
-        (Endpoint::Embeddings, Anthropic, None),
-        (Endpoint::Search, Anthropic, Some(Native)),
+        (
+            Endpoint::ChatCompletions,
+            Anthropic,
+            true,
+            Some(ChatToMessages),
+        ),
+        (Endpoint::ChatCompletions, OpenAi, true, Some(Native)),
+        (Endpoint::Messages, OpenAi, true, Some(MessagesToChat)),
+        (Endpoint::Messages, Anthropic, false, Some(Native)),
+        (Endpoint::CountTokens, Anthropic, false, Some(Native)),
+        (Endpoint::CountTokens, OpenAi, true, None),
+        (
+            Endpoint::Responses,
+            Anthropic,
+            false,
+            Some(ResponsesToMessages),
+        ),
+        (Endpoint::Responses, OpenAi, true, Some(Native)),
+        (Endpoint::Responses, OpenAi, false, Some(ResponsesToChat)),
+        (Endpoint::Embeddings, Anthropic, false, None),
+        (Endpoint::Search, Anthropic, false, Some(Native)),
     ];
-    for (endpoint, style, want) in cases {
+    for (endpoint, style, responses, want) in cases {
         assert_eq!(
-            Crossing::of(endpoint, style),
+            Crossing::of(endpoint, &provider(style, responses)),
             want,
-            "{endpoint:?} {style:?}"
+            "{endpoint:?} {style:?} {responses}"
         );
     }
+    assert_eq!(
+        ResponsesToMessages.provider_endpoint(Endpoint::Responses),
+        Endpoint::Messages
+    );
+    assert_eq!(
+        ResponsesToChat.provider_endpoint(Endpoint::Responses),
+        Endpoint::ChatCompletions
+    );
     assert_eq!(
         ChatToMessages.provider_endpoint(Endpoint::ChatCompletions),
         Endpoint::Messages
