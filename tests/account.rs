@@ -878,7 +878,8 @@ async fn two_factor_on_and_off() {
     let v = b.get("/api/account/security").await.ok_json();
     assert_eq!(
         v,
-        json!({"ok": true, "security": {"twoFactorEnabled": false}, "csrfToken": b.csrf})
+        json!({"ok": true, "security": {"twoFactorEnabled": false, "twoFactorPending": false},
+               "csrfToken": b.csrf})
     );
 
     for body in [
@@ -901,12 +902,14 @@ async fn two_factor_on_and_off() {
         json!({"ok": true, "security": {"twoFactorEnabled": false}})
     );
 
-    // On: the secret and its otpauth URL, once.
+    // Enrolment: the secret and its otpauth URL, once; on after a code of it confirms it (with
+    // the previous step's code, so this step's stays unused for the sign-in below).
     let v = b
         .post("/api/account/security", &json!({"twoFactorEnabled": true}))
         .await
         .ok_json();
-    assert_eq!(v["security"]["twoFactorEnabled"], json!(true));
+    assert_eq!(v["security"]["twoFactorEnabled"], json!(false));
+    assert_eq!(v["security"]["twoFactorPending"], json!(true));
     let secret = v["security"]["totpSecret"]
         .as_str()
         .expect("totpSecret")
@@ -916,8 +919,21 @@ async fn two_factor_on_and_off() {
         url.starts_with("otpauth://totp/") && url.contains(&format!("secret={secret}")),
         "{url}"
     );
-    let v = b.get("/api/account/security").await.ok_json();
+    let confirm = twofactor::code_at(&secret, now_s() - 30).expect("code");
+    let v = b
+        .post(
+            "/api/account/security",
+            &json!({"twoFactorEnabled": true, "twoFactorCode": confirm}),
+        )
+        .await
+        .ok_json();
     assert_eq!(v["security"], json!({"twoFactorEnabled": true}));
+    assert_eq!(v["recoveryCodes"].as_array().map(Vec::len), Some(10));
+    let v = b.get("/api/account/security").await.ok_json();
+    assert_eq!(
+        v["security"],
+        json!({"twoFactorEnabled": true, "twoFactorPending": false, "recoveryCodesLeft": 10})
+    );
     let v = b
         .post("/api/account/security", &json!({"twoFactorEnabled": true}))
         .await
@@ -988,6 +1004,13 @@ async fn two_factor_on_and_off() {
         .as_str()
         .expect("secret")
         .to_string();
+    let confirm = twofactor::code_at(&secret, now_s() - 30).expect("code");
+    b.post(
+        "/api/account/security",
+        &json!({"twoFactorEnabled": true, "twoFactorCode": confirm}),
+    )
+    .await
+    .ok_json();
     // Two codes tried above, three more now; the sixth is refused unchecked.
     for _ in 0..3 {
         let (s, c) = b
@@ -1280,14 +1303,14 @@ async fn storage_failures_are_named_not_explained() {
         exec(
             &gw,
             "CREATE FUNCTION refuse() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'refused'; END $$ \
-             LANGUAGE plpgsql; CREATE TRIGGER refuse_tfa BEFORE UPDATE OF two_factor_enabled ON \
+             LANGUAGE plpgsql; CREATE TRIGGER refuse_tfa BEFORE UPDATE OF totp_pending_secret ON \
              users FOR EACH ROW EXECUTE FUNCTION refuse();",
         )
         .await;
     } else {
         exec(
             &gw,
-            "CREATE TRIGGER refuse_tfa BEFORE UPDATE OF two_factor_enabled ON users \
+            "CREATE TRIGGER refuse_tfa BEFORE UPDATE OF totp_pending_secret ON users \
              BEGIN SELECT RAISE(ABORT, 'refused'); END;",
         )
         .await;

@@ -110,6 +110,10 @@ async fn pages_assets_headers_and_qr() {
 
     for (asset, ctype) in [
         ("/panel/assets/app.js", "text/javascript; charset=utf-8"),
+        (
+            "/panel/assets/security.js",
+            "text/javascript; charset=utf-8",
+        ),
         ("/panel/assets/panel.css", "text/css; charset=utf-8"),
         ("/panel/assets/icon.svg", "image/svg+xml"),
     ] {
@@ -394,10 +398,13 @@ async fn panel_in_headless_chromium() {
     for size in ["desktop", "mobile"] {
         for name in [
             "01-signin",
+            "02-two-factor",
             "03-keys",
             "04-usage-24h",
             "04-usage-7d",
-            "05-security",
+            "05-security-scan",
+            "05-security-recovery",
+            "05-security-on",
             "06-billing",
             "07-order",
             "08-paid",

@@ -194,6 +194,20 @@ async fn trace_logs_hold_no_secrets() {
         .as_str()
         .expect("seed")
         .to_string();
+    let confirm = twofactor::code_at(&seed, now_s() - 30).expect("totp");
+    let v = b
+        .post(
+            "/api/account/security",
+            &json!({"twoFactorEnabled": true, "twoFactorCode": confirm}),
+        )
+        .await
+        .ok_json();
+    let recovery: Vec<String> = v["recoveryCodes"]
+        .as_array()
+        .expect("recovery codes")
+        .iter()
+        .map(|c| c.as_str().expect("code").to_string())
+        .collect();
     let totp = twofactor::code_at(&seed, now_s()).expect("totp");
     let r = Browser::new(&gw)
         .sign_in_with(&gw, email, Some(&totp))
@@ -225,6 +239,7 @@ async fn trace_logs_hold_no_secrets() {
         ("rotated key", rotated.as_str()),
         ("provider key", "provider-openai-secret"),
         ("TOTP seed", seed.as_str()),
+        ("recovery code", recovery[0].as_str()),
         ("magic-link token", "secret-link-token-0123456789"),
     ] {
         assert!(!log.contains(secret), "the log prints the {what}");
@@ -272,6 +287,14 @@ async fn totp_seeds_are_sealed_and_codes_work_once() {
         .as_str()
         .expect("seed")
         .to_string();
+    // Confirmed with the previous step's code, so this step's is still unused below.
+    let confirm = twofactor::code_at(&seed, now_s() - 30).expect("code");
+    b.post(
+        "/api/account/security",
+        &json!({"twoFactorEnabled": true, "twoFactorCode": confirm}),
+    )
+    .await
+    .ok_json();
     let stored = stored_seed(&gw, email).await.expect("stored seed");
     assert!(
         stored.starts_with("v1.") && !stored.contains(&seed),

@@ -1,7 +1,9 @@
 // Drives Debian's Chromium (playwright-core, no downloaded browser) through the web panel, once
 // on a desktop window and once on a 390×844 phone: sign-in with the emailed code, key creation
 // and copy, developer API calls with the new key, the quota left, the usage chart (hourly bars
-// for 24h), two-factor QR, billing (bank name, copy buttons, one order for a double click, the
+// for 24h), two-factor enrolment (scan the QR code, confirm with a TOTP code computed here from
+// the secret the page shows, save the recovery codes) and signing in again with the second
+// factor, billing (bank name, copy buttons, one order for a double click, the
 // page turning paid by itself after the bank's webhook, cancelling with a confirmation),
 // rotation and revocation behind a confirmation, the `/` redirect and the 404 page. On every
 // page it checks that nothing is wider than the window, and it screenshots every page.
@@ -14,6 +16,7 @@
 // `PANEL_OK`; exits non-zero on any failure.
 
 import { chromium } from 'playwright-core';
+import { createHmac } from 'node:crypto';
 import { readdirSync, readFileSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 
@@ -31,7 +34,26 @@ function check(cond, what) {
   console.log(`ok - ${what}`);
 }
 
-async function mailCode(to, timeoutMs = 15000) {
+/** RFC 4648 base32 (no padding) to bytes. */
+function base32(text) {
+  const alphabet = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567';
+  let bits = '';
+  for (const c of text.replace(/=+$/, '').toUpperCase()) bits += alphabet.indexOf(c).toString(2).padStart(5, '0');
+  const bytes = [];
+  for (let i = 0; i + 8 <= bits.length; i += 8) bytes.push(parseInt(bits.slice(i, i + 8), 2));
+  return Buffer.from(bytes);
+}
+
+/** The RFC 6238 code (SHA-1, 6 digits, 30 s) of a base32 `secret` at `atMs`. */
+function totp(secret, atMs = Date.now()) {
+  const counter = Buffer.alloc(8);
+  counter.writeBigUInt64BE(BigInt(Math.floor(atMs / 30000)));
+  const mac = createHmac('sha1', base32(secret)).update(counter).digest();
+  const at = mac[mac.length - 1] & 15;
+  return String((mac.readUInt32BE(at) & 0x7fffffff) % 1000000).padStart(6, '0');
+}
+
+async function mailCode(to, timeoutMs = 15000, notCode = null) {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
     let names = [];
@@ -41,7 +63,7 @@ async function mailCode(to, timeoutMs = 15000) {
       if (!raw.includes(to)) continue;
       const code = raw.split(/\r?\n/).map((l) => l.trim()).find((l) => /^\d{6}$/.test(l));
       const link = /verify-link\?token=/.test(raw);
-      if (code) return { code, link };
+      if (code && code !== notCode) return { code, link };
     }
     await sleep(100);
   }
@@ -76,8 +98,13 @@ async function scenario(tag, contextOptions) {
   const context = await browser.newContext(contextOptions);
   await context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: site });
   const page = await context.newPage();
+  // Answers the scenario provokes on purpose (a wrong two-factor code, a sign-in that needs the
+  // second factor), which Chromium logs as console errors: each step allows one.
+  let expectedRefusals = 0;
   page.on('console', (m) => {
-    if (m.type() === 'error' && !/status of 404/.test(m.text())) problems.push(`console: ${m.text()}`);
+    if (m.type() !== 'error' || /status of 404/.test(m.text())) return;
+    if (expectedRefusals > 0 && /status of 40[01]/.test(m.text())) { expectedRefusals -= 1; return; }
+    problems.push(`console: ${m.text()}`);
   });
   page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
   page.on('request', (r) => {
@@ -189,15 +216,66 @@ async function scenario(tag, contextOptions) {
   await fits('usage 7d');
   await shot('04-usage-7d');
 
-  // Security: two-factor's QR code drawn as SVG.
+  // Security: two-factor enrolment walks through scan, confirm, save the recovery codes.
   await page.goto(`${site}/panel/security`);
   await ready('/panel/security');
+  check((await page.textContent('#tfa-state')) === 'off', `${tag}: two-factor starts off`);
   await fits('security');
   await page.click('#enable-2fa');
   await page.waitForSelector('#totp-qr svg path');
-  check((await page.textContent('#totp-secret')).trim().length >= 16, `${tag}: the TOTP secret is shown`);
+  const seed = (await page.textContent('#totp-secret')).trim();
+  check(/^[A-Z2-7]{16,}$/.test(seed), `${tag}: the TOTP secret is shown`);
+  check((await page.textContent('#tfa-state')) === 'off', `${tag}: two-factor stays off until a code confirms it`);
   await fits('security with the QR code');
-  await shot('05-security');
+  await shot('05-security-scan');
+  const valid = [-30000, 0, 30000].map((d) => totp(seed, Date.now() + d));
+  const wrongCode = ['000000', '111111', '222222', '333333'].find((c) => !valid.includes(c));
+  await page.fill('#confirm-code', wrongCode);
+  expectedRefusals = 1;
+  await page.click('#confirm-2fa');
+  await page.waitForSelector('#tfa-error:not(:empty)');
+  check((await page.textContent('#tfa-error')).includes('not valid'), `${tag}: a wrong code does not turn it on`);
+  await page.fill('#confirm-code', totp(seed));
+  await page.click('#confirm-2fa');
+  await page.waitForSelector('#recovery-codes li');
+  const recovery = await page.$$eval('#recovery-codes li', (lis) => lis.map((li) => li.textContent.trim()));
+  check(recovery.length === 10 && new Set(recovery).size === 10 && recovery.every((c) => /^[a-z2-9]{5}-[a-z2-9]{5}$/.test(c)),
+    `${tag}: ten distinct recovery codes are shown (${recovery.length})`);
+  check((await page.textContent('#tfa-state')) === 'on', `${tag}: a right code turns two-factor on`);
+  await page.click('#copy-recovery');
+  await page.waitForSelector('#copy-recovery:text-is("Copied")');
+  check(await page.evaluate(() => navigator.clipboard.readText()) === recovery.join('\n'), `${tag}: copy puts the recovery codes on the clipboard`);
+  await fits('security with the recovery codes');
+  await shot('05-security-recovery');
+  await page.click('#recovery-done');
+  await page.waitForSelector('#disable-form');
+  check((await page.textContent('#recovery-left')).includes('10'), `${tag}: ten recovery codes are left`);
+  check(!(await page.$('#recovery-codes')), `${tag}: the recovery codes are not shown again`);
+  await fits('security with two-factor on');
+  await shot('05-security-on');
+
+  // Signing in again asks for the second factor.
+  const used = (await mailCode(email)).code;
+  await page.click('#signout');
+  await page.waitForURL(`${site}/panel/signin`);
+  await ready('/panel/signin');
+  await page.fill('#email', email);
+  await page.check('#terms');
+  await page.click('#request-form button[type=submit]');
+  await page.waitForSelector('#code-form:not([hidden])');
+  await page.fill('#code', (await mailCode(email, 15000, used)).code);
+  expectedRefusals = 1;
+  await page.click('#code-form button[type=submit]');
+  await page.waitForSelector('#two-factor-box:not([hidden])');
+  check((await page.textContent('[role=alert]')).includes('authenticator'), `${tag}: sign-in asks for the authenticator code`);
+  await fits('sign-in second factor');
+  await shot('02-two-factor');
+  // The confirming code was this step's and is accepted once: the next step's signs in.
+  await page.fill('#two-factor', totp(seed, Date.now() + 30000));
+  await page.click('#code-form button[type=submit]');
+  await page.waitForURL(`${site}/panel/keys`);
+  await ready('/panel/keys');
+  check((await page.textContent('#who')) === email, `${tag}: signed in again with the second factor`);
 
   // Billing: a double click on Buy creates one order; bank name and copy buttons.
   await page.goto(`${site}/panel/billing`);

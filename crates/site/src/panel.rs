@@ -1,5 +1,5 @@
 //! The first-party web panel (`/panel/*`): a few static pages embedded in the binary (plain
-//! HTML, CSS and one ES module, no build step, no third-party hosts) that talk only to the
+//! HTML, CSS and two ES modules, no build step, no third-party hosts) that talk only to the
 //! account, auth, payment and content APIs, plus `POST /panel/qr`, which draws a QR code as SVG
 //! (the two-factor `otpauth://` URL, the VietQR transfer payload) so no image ever comes from
 //! elsewhere.
@@ -35,6 +35,7 @@ const QR_BODY_LIMIT: usize = 8 * 1024;
 
 const SHELL: &str = include_str!("../assets/panel/index.html");
 const APP_JS: &str = include_str!("../assets/panel/app.js");
+const SECURITY_JS: &str = include_str!("../assets/panel/security.js");
 const PANEL_CSS: &str = include_str!("../assets/panel/panel.css");
 const ICON_SVG: &str = include_str!("../assets/panel/icon.svg");
 
@@ -74,6 +75,10 @@ pub fn router() -> Router<SharedState> {
         .route(
             "/panel/assets/app.js",
             get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
+        )
+        .route(
+            "/panel/assets/security.js",
+            get(|| async { asset("text/javascript; charset=utf-8", SECURITY_JS) }),
         )
         .route(
             "/panel/assets/panel.css",

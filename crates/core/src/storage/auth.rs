@@ -1,5 +1,6 @@
 //! Sign-in storage: challenges (one emailed code plus one magic link), web sessions, the
-//! request-code hit counters, and the two user fields sign-in owns (last login, two-factor).
+//! request-code hit counters, and what sign-in owns of a user: the last login and two-factor
+//! (the seed, a pending enrolment, the last accepted time step, recovery-code digests).
 //!
 //! Nothing secret is stored in the clear: callers pass HMAC digests of codes, link tokens and
 //! session ids. Every state change that must happen once (an attempt, a consumption) is a single
@@ -105,6 +106,25 @@ row! {
     }
 }
 
+row! {
+    /// A user's two-factor columns.
+    struct TwoFactorRow {
+        two_factor_enabled: i64,
+        totp_secret: Option<String>,
+        totp_pending_secret: Option<String>,
+    }
+}
+
+/// A user's two-factor state as stored (seeds sealed).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TwoFactorState {
+    pub enabled: bool,
+    /// The confirmed seed, while two-factor is on.
+    pub secret: Option<String>,
+    /// The seed of an enrolment no code has confirmed yet.
+    pub pending: Option<String>,
+}
+
 /// `SELECT` of a `ChallengeRow` followed by `$rest`.
 macro_rules! select_challenge {
     ($rest:literal) => {
@@ -140,9 +160,26 @@ pub(crate) mod sql {
         DELETE_USER_SESSIONS = "DELETE FROM auth_sessions WHERE user_id = $1";
         RECORD_LOGIN = "UPDATE users SET last_login_at = $1, updated_at = $2 WHERE id = $3";
         SET_TWO_FACTOR = "UPDATE users SET two_factor_enabled = $1, totp_secret = $2, \
-             updated_at = $3, totp_last_step = NULL WHERE id = $4";
-        SET_TWO_FACTOR_IF = "UPDATE users SET two_factor_enabled = $1, totp_secret = $2, \
-             updated_at = $3, totp_last_step = NULL WHERE id = $4 AND two_factor_enabled = $5";
+             updated_at = $3, totp_last_step = NULL, totp_pending_secret = NULL WHERE id = $4";
+        TWO_FACTOR_STATE -> super::TwoFactorRow = "SELECT two_factor_enabled, totp_secret, \
+             totp_pending_secret FROM users WHERE id = $1";
+        START_ENROLMENT = "UPDATE users SET totp_pending_secret = $1, updated_at = $2 \
+             WHERE id = $3 AND two_factor_enabled = 0";
+        CANCEL_ENROLMENT = "UPDATE users SET totp_pending_secret = NULL, updated_at = $1 \
+             WHERE id = $2 AND two_factor_enabled = 0 AND totp_pending_secret IS NOT NULL";
+        CONFIRM_ENROLMENT = "UPDATE users SET two_factor_enabled = 1, \
+             totp_secret = totp_pending_secret, totp_pending_secret = NULL, totp_last_step = $1, \
+             updated_at = $2 WHERE id = $3 AND two_factor_enabled = 0 AND totp_pending_secret = $4";
+        DISABLE_TWO_FACTOR = "UPDATE users SET two_factor_enabled = 0, totp_secret = NULL, \
+             totp_pending_secret = NULL, totp_last_step = NULL, updated_at = $1 \
+             WHERE id = $2 AND two_factor_enabled = 1";
+        DELETE_RECOVERY_CODES = "DELETE FROM two_factor_recovery_codes WHERE user_id = $1";
+        INSERT_RECOVERY_CODE = "INSERT INTO two_factor_recovery_codes \
+             (user_id, code_hash, created_at) VALUES ($1, $2, $3)";
+        UNUSED_RECOVERY_CODES -> String = "SELECT code_hash FROM two_factor_recovery_codes \
+             WHERE user_id = $1 AND used_at IS NULL";
+        USE_RECOVERY_CODE = "UPDATE two_factor_recovery_codes SET used_at = $1 \
+             WHERE user_id = $2 AND code_hash = $3 AND used_at IS NULL";
         CLAIM_TOTP_STEP = "UPDATE users SET totp_last_step = $1 \
              WHERE id = $2 AND (totp_last_step IS NULL OR totp_last_step < $1)";
         UNSEALED_SEEDS -> super::UnsealedSeedRow = "SELECT id, totp_secret FROM users \
@@ -318,42 +355,150 @@ impl AuthStore<'_> {
     }
 
     /// Turns two-factor on with `totp_secret` (as stored: sealed by `twofactor::SeedKey`), or
-    /// off with `None` (clearing the secret). Either way the single-use record starts afresh.
+    /// off with `None`. Either way a pending enrolment, the recovery codes and the single-use
+    /// record start afresh. Operators reset two-factor with it (`gateway user reset-2fa`).
     pub async fn set_two_factor(
         &self,
         user_id: &str,
         totp_secret: Option<&str>,
         now: i64,
     ) -> StoreResult<()> {
+        let mut tx = self.db.pool.begin().await?;
         let r = sqlx::query(sql::SET_TWO_FACTOR)
             .bind(totp_secret.is_some() as i64)
             .bind(totp_secret.map(str::to_string))
             .bind(now)
             .bind(user_id)
-            .execute(&self.db.pool)
+            .execute(&mut *tx)
             .await?;
         if r.rows_affected() == 0 {
             return Err(StoreError::NotFound);
         }
+        sqlx::query(sql::DELETE_RECOVERY_CODES)
+            .bind(user_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         Ok(())
     }
 
-    /// `set_two_factor` only while the flag still reads `enabled_before`: of two concurrent
-    /// changes exactly one wins, so a double-clicked "turn on" can never show a secret that a
-    /// second request has already replaced. False when the flag had changed meanwhile.
-    pub async fn set_two_factor_if(
+    /// The user's two-factor columns; `None` for an unknown user.
+    pub async fn two_factor(&self, user_id: &str) -> StoreResult<Option<TwoFactorState>> {
+        let row = sqlx::query_as::<_, TwoFactorRow>(sql::TWO_FACTOR_STATE)
+            .bind(user_id)
+            .fetch_optional(&self.db.pool)
+            .await?;
+        Ok(row.map(|r| TwoFactorState {
+            enabled: super::flag(r.two_factor_enabled),
+            secret: r.totp_secret,
+            pending: r.totp_pending_secret,
+        }))
+    }
+
+    /// Starts (or restarts) an enrolment with the sealed seed `pending`, replacing any earlier
+    /// pending one. False when two-factor is already on.
+    pub async fn start_enrolment(
         &self,
         user_id: &str,
-        enabled_before: bool,
-        totp_secret: Option<&str>,
+        pending: &str,
         now: i64,
     ) -> StoreResult<bool> {
-        let r = sqlx::query(sql::SET_TWO_FACTOR_IF)
-            .bind(totp_secret.is_some() as i64)
-            .bind(totp_secret.map(str::to_string))
+        let r = sqlx::query(sql::START_ENROLMENT)
+            .bind(pending)
             .bind(now)
             .bind(user_id)
-            .bind(enabled_before as i64)
+            .execute(&self.db.pool)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// Drops a pending enrolment; false when there was none (or two-factor is on).
+    pub async fn cancel_enrolment(&self, user_id: &str, now: i64) -> StoreResult<bool> {
+        let r = sqlx::query(sql::CANCEL_ENROLMENT)
+            .bind(now)
+            .bind(user_id)
+            .execute(&self.db.pool)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// Confirms the enrolment whose pending seed is still `pending`: two-factor on with that
+    /// seed, `step` (the confirming code's) recorded as used, and `recovery_hashes` as the only
+    /// recovery codes, in one transaction. False when the pending seed changed meanwhile (a
+    /// newer enrolment, a confirmation that won) or two-factor is already on.
+    pub async fn confirm_enrolment(
+        &self,
+        user_id: &str,
+        pending: &str,
+        step: i64,
+        recovery_hashes: &[String],
+        now: i64,
+    ) -> StoreResult<bool> {
+        let mut tx = self.db.pool.begin().await?;
+        let r = sqlx::query(sql::CONFIRM_ENROLMENT)
+            .bind(step)
+            .bind(now)
+            .bind(user_id)
+            .bind(pending)
+            .execute(&mut *tx)
+            .await?;
+        if r.rows_affected() != 1 {
+            return Ok(false);
+        }
+        sqlx::query(sql::DELETE_RECOVERY_CODES)
+            .bind(user_id)
+            .execute(&mut *tx)
+            .await?;
+        for hash in recovery_hashes {
+            sqlx::query(sql::INSERT_RECOVERY_CODE)
+                .bind(user_id)
+                .bind(hash)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::from_sqlx)?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Turns two-factor off: seed, pending enrolment, single-use record and recovery codes all
+    /// go. False when it was already off (a concurrent request won).
+    pub async fn disable_two_factor(&self, user_id: &str, now: i64) -> StoreResult<bool> {
+        let mut tx = self.db.pool.begin().await?;
+        let r = sqlx::query(sql::DISABLE_TWO_FACTOR)
+            .bind(now)
+            .bind(user_id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(sql::DELETE_RECOVERY_CODES)
+            .bind(user_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// The digests of the user's unused recovery codes.
+    pub async fn unused_recovery_codes(&self, user_id: &str) -> StoreResult<Vec<String>> {
+        Ok(sqlx::query_scalar(sql::UNUSED_RECOVERY_CODES)
+            .bind(user_id)
+            .fetch_all(&self.db.pool)
+            .await?)
+    }
+
+    /// Marks the recovery code with digest `code_hash` used: true for exactly one caller, and
+    /// only while it was unused.
+    pub async fn use_recovery_code(
+        &self,
+        user_id: &str,
+        code_hash: &str,
+        now: i64,
+    ) -> StoreResult<bool> {
+        let r = sqlx::query(sql::USE_RECOVERY_CODE)
+            .bind(now)
+            .bind(user_id)
+            .bind(code_hash)
             .execute(&self.db.pool)
             .await?;
         Ok(r.rows_affected() == 1)

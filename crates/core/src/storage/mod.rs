@@ -31,7 +31,7 @@ use std::time::Duration;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, ConnectOptions, Executor};
 
-pub use auth::{AuthStore, ChallengeRecord, ChallengeSecrets, SessionRecord};
+pub use auth::{AuthStore, ChallengeRecord, ChallengeSecrets, SessionRecord, TwoFactorState};
 pub use keys::{KeyRecord, KeyStore, NewKey};
 pub use usage::{UsageEvent, UsageStore};
 pub use users::{UserRecord, UserStore};

@@ -1,6 +1,9 @@
-// The gateway web panel: one ES module, no build step, no third-party hosts. It renders the
-// page for location.pathname from the account, auth, payment and content APIs. Every mutation
-// is same-origin (the browser sends Origin) and carries the session's CSRF token.
+// The gateway web panel: ES modules (this one and security.js), no build step, no third-party
+// hosts. It renders the page for location.pathname from the account, auth, payment and content
+// APIs. Every mutation is same-origin (the browser sends Origin) and carries the session's CSRF
+// token.
+
+import { securityPage as renderSecurity } from './security.js';
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
 const main = document.getElementById('main');
@@ -25,7 +28,7 @@ const MESSAGES = {
   code_expired: 'That code has expired; ask for a new one.',
   too_many_attempts: 'Too many attempts; ask for a new code.',
   rate_limited: 'Too many requests; wait a moment.',
-  two_factor_code_required: 'Enter the code from your authenticator app.',
+  two_factor_code_required: 'Enter the code from your authenticator app, or a recovery code.',
   invalid_two_factor_code: 'That authenticator code is not valid.',
   private_beta_only: 'The panel is in private beta for now.',
   blocked_domain: 'This email domain cannot sign in.',
@@ -244,8 +247,10 @@ async function signinPage() {
     el('div', { class: 'row' }, el('button', { type: 'submit' }, 'Send me a sign-in code')));
 
   const codeInput = el('input', { type: 'text', id: 'code', name: 'code', inputmode: 'numeric', autocomplete: 'one-time-code', pattern: '[0-9]{6}', maxlength: 6, required: true });
-  const tfaInput = el('input', { type: 'text', id: 'two-factor', name: 'twoFactorCode', inputmode: 'numeric', autocomplete: 'one-time-code', maxlength: 6 });
-  const tfaBox = el('div', { id: 'two-factor-box', hidden: true }, el('label', { for: 'two-factor' }, 'Authenticator code'), tfaInput);
+  const tfaInput = el('input', { type: 'text', id: 'two-factor', name: 'twoFactorCode', autocomplete: 'one-time-code', maxlength: 24 });
+  const tfaBox = el('div', { id: 'two-factor-box', hidden: true },
+    el('label', { for: 'two-factor' }, 'Authenticator code'), tfaInput,
+    el('p', { class: 'muted small' }, 'Lost your authenticator? Type one of your recovery codes instead.'));
   const sentTo = el('strong');
   const codeForm = el('form', { id: 'code-form', hidden: true, novalidate: true },
     el('p', { class: 'notice', id: 'check-mail' }, 'Check your mail: we sent a 6-digit code to ', sentTo,
@@ -539,51 +544,9 @@ async function usagePage() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Security
+// Security (its own module; it gets the helpers it needs from here)
 
-async function securityPage() {
-  const data = await api('/api/account/security');
-  const on = data.security && data.security.twoFactorEnabled;
-  const error = el('p', { class: 'error', role: 'alert' });
-  const setup = el('div', { id: 'two-factor-setup' });
-  let body;
-  if (!on) {
-    const enable = el('button', { type: 'button', id: 'enable-2fa' }, 'Turn on two-factor');
-    enable.addEventListener('click', async () => {
-      error.textContent = '';
-      try {
-        const r = await api('/api/account/security', { method: 'POST', body: { twoFactorEnabled: true } });
-        await securityPage();
-        const sec = r.security || {};
-        const box = el('div', { class: 'code', id: 'totp-qr' });
-        document.getElementById('two-factor-setup').replaceChildren(el('div', { class: 'notice' },
-          el('p', {}, el('strong', {}, 'Scan this code with your authenticator app. '), 'It is shown only once.'),
-          el('div', { class: 'qr' }, box,
-            el('dl', { class: 'kv' }, el('dt', {}, 'Secret'), el('dd', {}, el('code', { id: 'totp-secret' }, sec.totpSecret || '')),
-              el('dt', {}, 'Type'), el('dd', {}, 'TOTP, 6 digits, 30 s')))));
-        if (sec.otpauthUrl) await drawQr(box, sec.otpauthUrl, 'Two-factor QR code');
-        say('Two-factor is on.');
-      } catch (e) { error.textContent = explain(e); }
-    });
-    body = [el('p', {}, 'Two-factor is ', el('strong', { id: 'tfa-state' }, 'off'), '. Turn it on to ask for an authenticator code at every sign-in.'), el('div', { class: 'row' }, enable)];
-  } else {
-    const input = el('input', { type: 'text', id: 'disable-code', inputmode: 'numeric', autocomplete: 'one-time-code', maxlength: 6, required: true });
-    const form = el('form', { id: 'disable-form', novalidate: true },
-      el('label', { for: 'disable-code' }, 'Authenticator code'), input,
-      el('div', { class: 'row' }, el('button', { type: 'submit', class: 'danger' }, 'Turn off two-factor')));
-    form.addEventListener('submit', async (ev) => {
-      ev.preventDefault();
-      error.textContent = '';
-      try {
-        await api('/api/account/security', { method: 'POST', body: { twoFactorEnabled: false, twoFactorCode: input.value.trim() } });
-        say('Two-factor is off.');
-        await securityPage();
-      } catch (e) { error.textContent = explain(e); }
-    });
-    body = [el('p', {}, 'Two-factor is ', el('strong', { id: 'tfa-state' }, 'on'), '.'), form];
-  }
-  page('Security', el('section', { class: 'card', 'aria-labelledby': 'tfa-h' }, el('h2', { id: 'tfa-h' }, 'Two-factor authentication'), ...body, setup, error));
-}
+const securityPage = () => renderSecurity({ api, el, page, say, explain, busy, drawQr, copyButton });
 
 // ---------------------------------------------------------------------------------------------
 // Billing

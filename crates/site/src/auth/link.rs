@@ -47,9 +47,8 @@ pub(super) async fn confirmation_page(RawQuery(query): RawQuery) -> Response {
          <p>Press the button to finish signing in on this device.</p>\
          <form method=\"post\" action=\"/api/auth/verify-link\">\
          <input type=\"hidden\" name=\"token\" value=\"{token}\">\
-         <label for=\"tfa\">Two-factor code (only if you turned it on)</label>\
-         <input id=\"tfa\" name=\"twoFactorCode\" inputmode=\"numeric\" autocomplete=\"one-time-code\" \
-         pattern=\"[0-9]{{6}}\" maxlength=\"6\">\
+         <label for=\"tfa\">Two-factor code or recovery code (only if you turned it on)</label>\
+         <input id=\"tfa\" name=\"twoFactorCode\" autocomplete=\"one-time-code\" maxlength=\"24\">\
          <p><button type=\"submit\">Sign in</button></p></form></body></html>\n",
         token = html_escape(&token)
     );

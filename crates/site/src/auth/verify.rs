@@ -118,7 +118,7 @@ async fn pending_code_challenge(
 
 /// Two-factor, checked only after the emailed secret is proven (so it reveals nothing to anyone
 /// without the mailbox): `two_factor_code_required` (401) without a code, `invalid_code` for a
-/// wrong one.
+/// wrong, used or replayed one. A TOTP code or an unused recovery code will do.
 pub(super) async fn second_factor(
     state: &AppState,
     email: &str,
@@ -138,8 +138,9 @@ pub(super) async fn second_factor(
         log::error!("user {} has two-factor on but no secret", user.id);
         return Err(SiteError::InvalidCode);
     };
-    let key = twofactor::SeedKey::from_state(state)?;
-    if twofactor::accept(&state.db, &key, &user.id, secret, code)
+    let seed_key = twofactor::SeedKey::from_state(state)?;
+    let auth_key = AuthKey::from_state(state)?;
+    if twofactor::accept_second_factor(&state.db, &seed_key, &auth_key, &user.id, secret, code)
         .await
         .or_fail(SiteError::AccountPersistenceFailed)?
     {

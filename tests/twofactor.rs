@@ -1,0 +1,522 @@
+//! Two-factor enrolment and recovery codes (CONTRACT §3), through the real server: enrolment
+//! stays pending until a code of its secret confirms it; confirmation shows ten single-use
+//! recovery codes once and stores only their digests; sign-in then needs a TOTP code (each
+//! accepted once) or an unused recovery code; turning it off needs a valid one; operators clear
+//! it all with `gateway user reset-2fa`.
+
+mod common;
+
+use common::site::{signed_in, Browser};
+use common::*;
+use gateway_site::twofactor;
+use serde_json::{json, Value};
+
+const ROOMY: &str = "\n[limits]\nrequest_code_per_hour = 1000\n";
+
+fn gateway() -> (Mock, Gateway) {
+    let mock = Mock::start(&[]);
+    let gw = Gateway::start(
+        &mock,
+        Options {
+            extra_toml: ROOMY.to_string(),
+            ..Options::default()
+        },
+    );
+    (mock, gw)
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+}
+
+/// A 6-digit code that is none of the codes of `secret` valid around now.
+fn wrong_totp(secret: &str) -> String {
+    let now = now_s();
+    let valid: Vec<String> = [now - 30, now, now + 30]
+        .iter()
+        .map(|t| twofactor::code_at(secret, *t).expect("code"))
+        .collect();
+    (0..1_000_000u32)
+        .map(|n| format!("{n:06}"))
+        .find(|c| !valid.contains(c))
+        .expect("a wrong code")
+}
+
+async fn security(b: &mut Browser) -> Value {
+    b.get("/api/account/security").await.ok_json()["security"].clone()
+}
+
+/// Starts an enrolment; returns the pending secret after checking the answer's shape.
+async fn start(b: &mut Browser) -> String {
+    let v = b
+        .post("/api/account/security", &json!({"twoFactorEnabled": true}))
+        .await
+        .ok_json();
+    let sec = v["security"].as_object().expect("security");
+    assert_eq!(sec["twoFactorEnabled"], json!(false), "{v}");
+    assert_eq!(sec["twoFactorPending"], json!(true), "{v}");
+    assert_eq!(sec.len(), 4, "{v}");
+    let secret = sec["totpSecret"].as_str().expect("totpSecret").to_string();
+    let url = sec["otpauthUrl"].as_str().expect("otpauthUrl");
+    assert!(
+        url.starts_with("otpauth://totp/") && url.contains(&format!("secret={secret}")),
+        "{url}"
+    );
+    assert!(v.get("recoveryCodes").is_none(), "{v}");
+    secret
+}
+
+/// Enrols fully, confirming with the previous time step's code so that the codes of now and
+/// the next step stay unused; returns the secret and the recovery codes.
+async fn enrol(b: &mut Browser) -> (String, Vec<String>) {
+    let secret = start(b).await;
+    let code = twofactor::code_at(&secret, now_s() - 30).expect("code");
+    let v = b
+        .post(
+            "/api/account/security",
+            &json!({"twoFactorEnabled": true, "twoFactorCode": code}),
+        )
+        .await
+        .ok_json();
+    assert_eq!(v["security"], json!({"twoFactorEnabled": true}), "{v}");
+    assert_eq!(
+        v.as_object().map(|o| o.len()),
+        Some(3),
+        "ok, security, recoveryCodes: {v}"
+    );
+    let codes: Vec<String> = v["recoveryCodes"]
+        .as_array()
+        .expect("recoveryCodes")
+        .iter()
+        .map(|c| c.as_str().expect("code").to_string())
+        .collect();
+    (secret, codes)
+}
+
+/// Signs in a fresh browser with `two_factor`; returns `(status, code)` of an error or
+/// `(200, "")`.
+async fn sign_in(gw: &Gateway, email: &str, two_factor: Option<&str>) -> (u16, String) {
+    let r = Browser::new(gw).sign_in_with(gw, email, two_factor).await;
+    if r.status == 200 {
+        (200, String::new())
+    } else {
+        r.error()
+    }
+}
+
+async fn user_id(gw: &Gateway, email: &str) -> String {
+    gw.db()
+        .await
+        .users()
+        .find_by_email(email)
+        .await
+        .expect("query")
+        .expect("user")
+        .id
+}
+
+/// `(totp_secret, totp_pending_secret)` as stored.
+async fn stored_seeds(gw: &Gateway, id: &str) -> (Option<String>, Option<String>) {
+    let db = gw.db().await;
+    let secret: Option<String> = sqlx::query_scalar("SELECT totp_secret FROM users WHERE id = $1")
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .expect("secret");
+    let pending: Option<String> =
+        sqlx::query_scalar("SELECT totp_pending_secret FROM users WHERE id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .expect("pending");
+    (secret, pending)
+}
+
+async fn stored_recovery_hashes(gw: &Gateway, id: &str) -> Vec<String> {
+    let db = gw.db().await;
+    sqlx::query_scalar("SELECT code_hash FROM two_factor_recovery_codes WHERE user_id = $1")
+        .bind(id)
+        .fetch_all(&db.pool)
+        .await
+        .expect("recovery codes")
+}
+
+#[tokio::test]
+async fn enrolment_is_pending_until_a_code_confirms_it() {
+    let (_mock, gw) = gateway();
+    let email = "enrol@example.com";
+    let mut b = signed_in(&gw, email).await;
+    let id = user_id(&gw, email).await;
+    assert_eq!(
+        security(&mut b).await,
+        json!({"twoFactorEnabled": false, "twoFactorPending": false})
+    );
+
+    // Nothing pending: a code confirms nothing.
+    let (s, c) = b
+        .post(
+            "/api/account/security",
+            &json!({"twoFactorEnabled": true, "twoFactorCode": "123456"}),
+        )
+        .await
+        .error();
+    assert_eq!((s, c.as_str()), (400, "invalid_body"));
+    for body in [
+        json!({"twoFactorEnabled": true, "twoFactorCode": 123456}),
+        json!({"twoFactorCode": "123456"}),
+    ] {
+        let (s, c) = b.post("/api/account/security", &body).await.error();
+        assert_eq!((s, c.as_str()), (400, "invalid_body"), "{body}");
+    }
+
+    // Pending: shown once, off until confirmed, so sign-in needs no second factor yet.
+    let first = start(&mut b).await;
+    assert_eq!(
+        security(&mut b).await,
+        json!({"twoFactorEnabled": false, "twoFactorPending": true})
+    );
+    let (secret, pending) = stored_seeds(&gw, &id).await;
+    assert_eq!(secret, None);
+    let pending = pending.expect("pending seed stored");
+    assert!(
+        pending.starts_with("v1.") && !pending.contains(&first),
+        "sealed: {pending}"
+    );
+    assert_eq!(sign_in(&gw, email, None).await, (200, String::new()));
+
+    // Asking again replaces the pending secret: the first one's codes no longer confirm.
+    let second = start(&mut b).await;
+    assert_ne!(first, second);
+    let old = twofactor::code_at(&first, now_s()).expect("code");
+    let new_valid: Vec<String> = [now_s() - 30, now_s(), now_s() + 30]
+        .iter()
+        .map(|t| twofactor::code_at(&second, *t).expect("code"))
+        .collect();
+    if !new_valid.contains(&old) {
+        let (s, c) = b
+            .post(
+                "/api/account/security",
+                &json!({"twoFactorEnabled": true, "twoFactorCode": old}),
+            )
+            .await
+            .error();
+        assert_eq!((s, c.as_str()), (400, "invalid_code"));
+    }
+    let (s, c) = b
+        .post(
+            "/api/account/security",
+            &json!({"twoFactorEnabled": true, "twoFactorCode": wrong_totp(&second)}),
+        )
+        .await
+        .error();
+    assert_eq!((s, c.as_str()), (400, "invalid_code"));
+    assert_eq!(security(&mut b).await["twoFactorPending"], json!(true));
+
+    // Confirmed by a code of the pending secret: on, with ten recovery codes shown once.
+    let code = twofactor::code_at(&second, now_s()).expect("code");
+    let v = b
+        .post(
+            "/api/account/security",
+            &json!({"twoFactorEnabled": true, "twoFactorCode": code}),
+        )
+        .await
+        .ok_json();
+    assert_eq!(v["security"], json!({"twoFactorEnabled": true}));
+    let codes: Vec<&str> = v["recoveryCodes"]
+        .as_array()
+        .expect("recoveryCodes")
+        .iter()
+        .map(|c| c.as_str().expect("string"))
+        .collect();
+    assert_eq!(codes.len(), 10);
+    let mut distinct = codes.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 10, "{codes:?}");
+    assert_eq!(
+        security(&mut b).await,
+        json!({"twoFactorEnabled": true, "twoFactorPending": false, "recoveryCodesLeft": 10})
+    );
+    assert_eq!(
+        b.get("/api/account/profile").await.ok_json()["user"]["twoFactorEnabled"],
+        json!(true)
+    );
+
+    // Stored: the sealed seed moved from pending to confirmed; the codes only as digests.
+    let (secret, pending) = stored_seeds(&gw, &id).await;
+    assert_eq!(pending, None);
+    assert!(secret.expect("seed").starts_with("v1."));
+    let hashes = stored_recovery_hashes(&gw, &id).await;
+    assert_eq!(hashes.len(), 10);
+    for h in &hashes {
+        assert!(
+            h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{h}"
+        );
+        for c in &codes {
+            assert!(
+                !h.contains(&c.replace('-', "")),
+                "a code is stored in the clear"
+            );
+        }
+    }
+
+    // The confirming code was accepted once: it cannot sign in.
+    assert_eq!(
+        sign_in(&gw, email, Some(&code)).await,
+        (400, "invalid_code".to_string())
+    );
+    // Asking to turn it on while on changes nothing and shows no secret or codes.
+    let v = b
+        .post("/api/account/security", &json!({"twoFactorEnabled": true}))
+        .await
+        .ok_json();
+    assert_eq!(
+        v,
+        json!({"ok": true, "security": {"twoFactorEnabled": true}})
+    );
+    assert_eq!(stored_recovery_hashes(&gw, &id).await.len(), 10);
+
+    // Nothing secret reached the log.
+    let log = gw.log();
+    assert!(!log.contains(&second), "the log prints the TOTP seed");
+    for c in &codes {
+        assert!(!log.contains(c), "the log prints a recovery code");
+    }
+}
+
+#[tokio::test]
+async fn sign_in_takes_a_totp_code_once_or_an_unused_recovery_code() {
+    let (_mock, gw) = gateway();
+    let email = "second@example.com";
+    let mut b = signed_in(&gw, email).await;
+    let (secret, codes) = enrol(&mut b).await;
+
+    assert_eq!(
+        sign_in(&gw, email, None).await,
+        (401, "two_factor_code_required".to_string())
+    );
+    assert_eq!(
+        sign_in(&gw, email, Some(&wrong_totp(&secret))).await,
+        (400, "invalid_code".to_string())
+    );
+    assert_eq!(
+        sign_in(&gw, email, Some("aaaaa-aaaaa")).await,
+        (400, "invalid_code".to_string())
+    );
+
+    // A TOTP code signs in once; its replay within its window is refused.
+    let now = twofactor::code_at(&secret, now_s()).expect("code");
+    assert_eq!(sign_in(&gw, email, Some(&now)).await, (200, String::new()));
+    assert_eq!(
+        sign_in(&gw, email, Some(&now)).await,
+        (400, "invalid_code".to_string())
+    );
+
+    // A recovery code signs in once, typed any way; used, it is refused.
+    assert_eq!(
+        sign_in(&gw, email, Some(&codes[0])).await,
+        (200, String::new())
+    );
+    assert_eq!(
+        sign_in(&gw, email, Some(&codes[0])).await,
+        (400, "invalid_code".to_string())
+    );
+    let shouted = codes[1].to_uppercase().replace('-', " ");
+    assert_eq!(
+        sign_in(&gw, email, Some(&shouted)).await,
+        (200, String::new())
+    );
+    assert_eq!(
+        sign_in(&gw, email, Some(&codes[1])).await,
+        (400, "invalid_code".to_string())
+    );
+    // Another account's code is no code here.
+    let mut other = signed_in(&gw, "other@example.com").await;
+    let (_, foreign) = enrol(&mut other).await;
+    assert_eq!(
+        sign_in(&gw, email, Some(&foreign[0])).await,
+        (400, "invalid_code".to_string())
+    );
+
+    // The magic link takes a recovery code too.
+    let mut link_browser = Browser::new(&gw);
+    link_browser
+        .post(
+            "/api/auth/request-code",
+            &json!({"email": email, "acceptedTerms": true}),
+        )
+        .await
+        .ok_json();
+    let mut names: Vec<_> = std::fs::read_dir(gw.outbox())
+        .expect("outbox")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "eml"))
+        .collect();
+    names.sort();
+    let mail = names
+        .iter()
+        .rev()
+        .map(|p| std::fs::read_to_string(p).expect("mail"))
+        .find(|raw| raw.contains(&format!("\r\nTo: {email}\r\n")))
+        .expect("the sign-in mail");
+    let token = mail
+        .split("verify-link?token=")
+        .nth(1)
+        .expect("link")
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .collect::<String>();
+    let r = Browser::new(&gw)
+        .post_form(
+            "/api/auth/verify-link",
+            &[("token", &token), ("twoFactorCode", &codes[2])],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.text);
+    assert_eq!(
+        security(&mut b).await["recoveryCodesLeft"],
+        json!(7),
+        "three codes used"
+    );
+}
+
+#[tokio::test]
+async fn turning_off_needs_a_valid_code() {
+    let (_mock, gw) = gateway();
+    let email = "off@example.com";
+    let mut b = signed_in(&gw, email).await;
+    let id = user_id(&gw, email).await;
+
+    // A pending enrolment is dropped without a code.
+    start(&mut b).await;
+    let v = b
+        .post("/api/account/security", &json!({"twoFactorEnabled": false}))
+        .await
+        .ok_json();
+    assert_eq!(
+        v,
+        json!({"ok": true, "security": {"twoFactorEnabled": false}})
+    );
+    assert_eq!(stored_seeds(&gw, &id).await, (None, None));
+    let (s, c) = b
+        .post(
+            "/api/account/security",
+            &json!({"twoFactorEnabled": true, "twoFactorCode": "123456"}),
+        )
+        .await
+        .error();
+    assert_eq!(
+        (s, c.as_str()),
+        (400, "invalid_body"),
+        "nothing pending any more"
+    );
+
+    let (secret, codes) = enrol(&mut b).await;
+    // Used at sign-in, a recovery code cannot turn it off.
+    assert_eq!(
+        sign_in(&gw, email, Some(&codes[0])).await,
+        (200, String::new())
+    );
+    for (body, want) in [
+        (
+            json!({"twoFactorEnabled": false}),
+            (401, "two_factor_code_required"),
+        ),
+        (
+            json!({"twoFactorEnabled": false, "twoFactorCode": wrong_totp(&secret)}),
+            (400, "invalid_code"),
+        ),
+        (
+            json!({"twoFactorEnabled": false, "twoFactorCode": codes[0]}),
+            (400, "invalid_code"),
+        ),
+    ] {
+        let (s, c) = b.post("/api/account/security", &body).await.error();
+        assert_eq!((s, c.as_str()), want, "{body}");
+    }
+    assert_eq!(security(&mut b).await["twoFactorEnabled"], json!(true));
+
+    // An unused recovery code turns it off; seed and codes are gone.
+    let v = b
+        .post(
+            "/api/account/security",
+            &json!({"twoFactorEnabled": false, "twoFactorCode": codes[5]}),
+        )
+        .await
+        .ok_json();
+    assert_eq!(
+        v,
+        json!({"ok": true, "security": {"twoFactorEnabled": false}})
+    );
+    assert_eq!(stored_seeds(&gw, &id).await, (None, None));
+    assert!(stored_recovery_hashes(&gw, &id).await.is_empty());
+    assert_eq!(sign_in(&gw, email, None).await, (200, String::new()));
+
+    // A TOTP code turns it off too, but not one already used.
+    let (secret, _) = enrol(&mut b).await;
+    let code = twofactor::code_at(&secret, now_s()).expect("code");
+    assert_eq!(sign_in(&gw, email, Some(&code)).await, (200, String::new()));
+    let (s, c) = b
+        .post(
+            "/api/account/security",
+            &json!({"twoFactorEnabled": false, "twoFactorCode": code}),
+        )
+        .await
+        .error();
+    assert_eq!(
+        (s, c.as_str()),
+        (400, "invalid_code"),
+        "a replayed TOTP code"
+    );
+    let next = twofactor::code_at(&secret, now_s() + 30).expect("code");
+    let v = b
+        .post(
+            "/api/account/security",
+            &json!({"twoFactorEnabled": false, "twoFactorCode": next}),
+        )
+        .await
+        .ok_json();
+    assert_eq!(v["security"], json!({"twoFactorEnabled": false}));
+}
+
+#[tokio::test]
+async fn operators_reset_two_factor_with_the_cli() {
+    let (_mock, gw) = gateway();
+    let on = "locked-out@example.com";
+    let mut b = signed_in(&gw, on).await;
+    enrol(&mut b).await;
+    let on_id = user_id(&gw, on).await;
+    assert_eq!(stored_recovery_hashes(&gw, &on_id).await.len(), 10);
+    assert_eq!(
+        sign_in(&gw, on, None).await,
+        (401, "two_factor_code_required".to_string())
+    );
+
+    let reset = gw.admin_json(&["user", "reset-2fa", "--email", on]);
+    assert_eq!(reset["id"], json!(on_id));
+    assert_eq!(reset["twoFactorEnabled"], json!(false));
+    assert_eq!(stored_seeds(&gw, &on_id).await, (None, None));
+    assert!(stored_recovery_hashes(&gw, &on_id).await.is_empty());
+    assert_eq!(sign_in(&gw, on, None).await, (200, String::new()));
+    assert_eq!(
+        security(&mut b).await,
+        json!({"twoFactorEnabled": false, "twoFactorPending": false})
+    );
+
+    // A pending enrolment is cleared too.
+    let pending = "half-way@example.com";
+    let mut p = signed_in(&gw, pending).await;
+    start(&mut p).await;
+    gw.admin_json(&["user", "reset-2fa", "--email", pending]);
+    let p_id = user_id(&gw, pending).await;
+    assert_eq!(stored_seeds(&gw, &p_id).await, (None, None));
+    assert_eq!(security(&mut p).await["twoFactorPending"], json!(false));
+
+    let (ok, err) = gw.admin(&["user", "reset-2fa", "--email", "nobody@example.com"]);
+    assert!(!ok && err.contains("nobody@example.com"), "{err}");
+}
