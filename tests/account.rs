@@ -787,7 +787,8 @@ async fn usage_rollup_equals_raw_events() {
                 reasoning_effort: n.is_multiple_of(5).then(|| "high".to_string()),
                 input_tokens: n % 97 + 1,
                 output_tokens: n % 13,
-                cached_tokens: 0,
+                cached_tokens: (n % 97 + 1) / 3,
+                quota_charged: 2 * (n % 97 + 1) + 3 * (n % 13),
                 status: 200,
                 latency_ms: 5,
                 ttfb_ms: None,
@@ -841,6 +842,8 @@ async fn usage_rollup_equals_raw_events() {
                 input_tokens: e.input_tokens,
                 output_tokens: e.output_tokens,
                 total_tokens: e.input_tokens + e.output_tokens,
+                cached_tokens: e.cached_tokens,
+                quota_charged: e.quota_charged,
             };
             want_daily
                 .entry(e.created_at.div_euclid(24 * hour))
@@ -861,6 +864,17 @@ async fn usage_rollup_equals_raw_events() {
         let want_recent: Vec<&str> = inside.iter().take(50).map(|e| e.id.as_str()).collect();
         let got_recent: Vec<&str> = report.recent.iter().map(|e| e.id.as_str()).collect();
         assert_eq!(got_recent, want_recent, "from {}", iso(from));
+        let charged: Vec<(u64, u64)> = inside
+            .iter()
+            .take(50)
+            .map(|e| (e.cached_tokens, e.quota_charged))
+            .collect();
+        let got_charged: Vec<(u64, u64)> = report
+            .recent
+            .iter()
+            .map(|e| (e.cached_tokens, e.quota_charged))
+            .collect();
+        assert_eq!(got_charged, charged, "from {}", iso(from));
         let newest = events
             .iter()
             .filter(|e| e.user_id == user)
@@ -1429,6 +1443,7 @@ async fn bench_usage_one_million_events() {
                 input_tokens: 100 + k % 900,
                 output_tokens: 10 + k % 300,
                 cached_tokens: 0,
+                quota_charged: 110 + k % 900 + k % 300,
                 status: 200,
                 latency_ms: 300,
                 ttfb_ms: Some(80),

@@ -56,6 +56,12 @@ pub struct Admitted {
 }
 
 impl Admitted {
+    /// The model's quota weights as this request found them (every token counts 1 for
+    /// requests without a model: tools, listings).
+    pub fn weights(&self) -> gateway_core::pricing::Weights {
+        self.model.as_ref().map(|m| m.weights).unwrap_or_default()
+    }
+
     /// The body as a JSON object: the tree admission built, else read now (only rewrites and
     /// translations need one). `None` for requests without a body.
     pub fn tree(&self) -> Option<std::borrow::Cow<'_, Value>> {

@@ -226,6 +226,8 @@ fn totals_json(t: &UsageTotals) -> serde_json::Map<String, Value> {
     m.insert("inputTokens".into(), t.input_tokens.into());
     m.insert("outputTokens".into(), t.output_tokens.into());
     m.insert("totalTokens".into(), t.total_tokens.into());
+    m.insert("cachedTokens".into(), t.cached_tokens.into());
+    m.insert("quotaCharged".into(), t.quota_charged.into());
     m
 }
 
@@ -240,7 +242,8 @@ fn day_string(day: i64) -> String {
 /// `summary`, `daily` (every UTC day from the one `from` falls in to today, ascending, zeros
 /// included so charts need no gap filling), `hourly` when the report has hours (every UTC hour
 /// from the one `from` falls in to the current one, the same way; windows of a day or less),
-/// `recentRequests`, `byModel` (most tokens first).
+/// `recentRequests`, `byModel` (most quota charged first). Every total carries the raw token
+/// counts and `quotaCharged`, the quota tokens they cost at their models' weights.
 pub fn report_json(report: &UsageReport, from: i64, now: i64) -> serde_json::Map<String, Value> {
     let summary = report.summary();
     let mut days: std::collections::BTreeMap<i64, UsageTotals> = (from.div_euclid(MS_PER_DAY)
@@ -277,8 +280,9 @@ pub fn report_json(report: &UsageReport, from: i64, now: i64) -> serde_json::Map
         .map(|(m, t)| (m.as_str(), t))
         .collect();
     by_model.sort_by(|a, b| {
-        b.1.total_tokens
-            .cmp(&a.1.total_tokens)
+        b.1.quota_charged
+            .cmp(&a.1.quota_charged)
+            .then(b.1.total_tokens.cmp(&a.1.total_tokens))
             .then(b.1.requests.cmp(&a.1.requests))
             .then(a.0.cmp(b.0))
     });
@@ -302,6 +306,8 @@ pub fn report_json(report: &UsageReport, from: i64, now: i64) -> serde_json::Map
                 "inputTokens": e.input_tokens,
                 "outputTokens": e.output_tokens,
                 "totalTokens": e.total_tokens,
+                "cachedTokens": e.cached_tokens,
+                "quotaCharged": e.quota_charged,
                 "createdAt": iso(e.created_at),
             })
         })
@@ -354,7 +360,25 @@ async fn usage(
         Value::Array(lots.iter().map(lot_json).collect()),
     );
     body.extend(report_json(&report, from, now));
+    body.insert("models".into(), models_json(&cfg));
     Ok(ok(Value::Object(body)))
+}
+
+/// The configured models with their quota weights (what one input, output and cached input
+/// token of each costs in quota tokens), in file order: the usage page's price list.
+fn models_json(cfg: &gateway_core::config::Config) -> Value {
+    cfg.models
+        .iter()
+        .map(|m| {
+            let (input, output, cached_input) = m.weights.as_f64();
+            json!({
+                "id": m.id,
+                "inputWeight": input,
+                "outputWeight": output,
+                "cachedInputWeight": cached_input,
+            })
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -650,6 +674,8 @@ mod tests {
             input_tokens: i,
             output_tokens: o,
             total_tokens: i + o,
+            cached_tokens: 0,
+            quota_charged: 2 * (i + o),
         };
         let mut report = UsageReport::default();
         report.daily.insert(day, t(2, 11, 6));
@@ -663,6 +689,8 @@ mod tests {
             input_tokens: 15,
             output_tokens: 5,
             total_tokens: 20,
+            cached_tokens: 3,
+            quota_charged: 41,
             created_at: now - 1,
         });
         report.last_call = Some(now - 1);
@@ -670,7 +698,7 @@ mod tests {
         assert_eq!(
             v["summary"],
             json!({"requests": 4, "inputTokens": 41, "outputTokens": 17, "totalTokens": 58,
-                   "lastApiCall": iso(now - 1)})
+                   "cachedTokens": 0, "quotaCharged": 116, "lastApiCall": iso(now - 1)})
         );
         let days: Vec<&str> = v["daily"]
             .as_array()
@@ -684,6 +712,9 @@ mod tests {
         assert_eq!(v["byModel"][0]["model"], json!("b"));
         assert_eq!(v["byModel"][1]["requests"], json!(2));
         assert_eq!(v["recentRequests"][0]["reasoningEffort"], json!("low"));
+        assert_eq!(v["recentRequests"][0]["quotaCharged"], json!(41));
+        assert_eq!(v["recentRequests"][0]["cachedTokens"], json!(3));
+        assert_eq!(v["byModel"][0]["quotaCharged"], json!(82));
         assert!(
             v.get("hourly").is_none(),
             "no hours in a report without them"

@@ -28,6 +28,7 @@ use super::{Denied, RatePlan, RateView, Reservation, Ticket, Used};
 use crate::config::{QuotaConfig, RedisOutage};
 use crate::domain::Tier;
 use crate::domain::{Breakdown, Lot, LotKind};
+use crate::pricing::Weights;
 use crate::identity::Identity;
 use crate::quota::tiers::{effective_tier, usage_tier};
 use crate::storage::Db;
@@ -216,7 +217,7 @@ fn on_allowance(t: &Ticket, used: Used, now: i64) -> Breakdown {
     Breakdown {
         user_id: t.user_id.clone(),
         at_ms: now,
-        allowance_tokens: used.input_tokens + used.output_tokens,
+        allowance_tokens: t.charge(used),
         allowance_requests: t.requests,
         lots: vec![],
     }
@@ -421,13 +422,14 @@ impl Shared {
         id: String,
         input: u64,
         output: u64,
+        weights: Weights,
         now: i64,
     ) -> Result<Reservation, (Denied, RateView)> {
         let id = if self.breaker.is_open() {
             id
         } else {
             match self
-                .reserve_in_redis(db, cfg, who, id, input, output, now)
+                .reserve_in_redis(db, cfg, who, id, input, output, weights, now)
                 .await
             {
                 Ok(answer) => return answer,
@@ -441,7 +443,7 @@ impl Shared {
             RedisOutage::Refuse => Err((Denied::Unavailable, RateView::default())),
             RedisOutage::Local => {
                 self.fallback
-                    .reserve(db, cfg, who, id, input, output, now)
+                    .reserve(db, cfg, who, id, input, output, weights, now)
                     .await
             }
         }
@@ -457,9 +459,11 @@ impl Shared {
         id: String,
         input: u64,
         output: u64,
+        weights: Weights,
         now: i64,
     ) -> Result<Result<Reservation, (Denied, RateView)>, (String, Unreachable)> {
         let user_id = &who.user.id;
+        let tokens = weights.estimate(input, output);
         let unavailable = Ok(Err((Denied::Unavailable, RateView::default())));
         if !self.hints.contains_key(user_id) {
             // First sight on this instance: the tier hint comes with the load.
@@ -487,7 +491,7 @@ impl Shared {
                 .key(&self.due_key);
             inv.arg(now)
                 .arg(&id)
-                .arg(input + output)
+                .arg(tokens)
                 .arg(1)
                 .arg(limits.weekly_tokens)
                 .arg(limits.weekly_requests)
@@ -548,10 +552,11 @@ impl Shared {
                         ticket: Ticket {
                             id,
                             user_id: user_id.clone(),
-                            tokens: input + output,
+                            tokens,
                             requests: 1,
                             input_cost: input,
                             output_cost: output,
+                            weights,
                             minute,
                             plan,
                             limits,
@@ -653,7 +658,7 @@ impl Shared {
         inv.key(rate_key(&self.prefix, &t.plan.scope, t.minute));
         inv.arg(now)
             .arg(&t.id)
-            .arg(used.input_tokens + used.output_tokens)
+            .arg(t.charge(used))
             .arg(t.requests)
             .arg(t.limits.weekly_tokens)
             .arg(t.limits.weekly_requests)
