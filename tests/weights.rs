@@ -347,6 +347,10 @@ async fn a_lot_covers_exactly_the_weighted_reservation() {
     let (status, text) = call(&gw, &key, "/v1/chat/completions", chat("mock-gpt", false)).await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(
+        charges(&gw, 2).await,
+        [GPT_CHARGE as i64, UNWEIGHTED_CHARGE as i64]
+    );
+    assert_eq!(
         lot_remaining(&gw, email).await,
         reserve - GPT_CHARGE - UNWEIGHTED_CHARGE
     );
