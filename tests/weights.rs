@@ -166,18 +166,46 @@ async fn a_weighted_model_drains_lots_at_its_rate_in_every_style() {
 
     // (path, body, what the answer costs)
     let cases = [
-        ("/v1/chat/completions", chat("gpt-weighted", false), GPT_CHARGE),
-        ("/v1/chat/completions", chat("gpt-weighted", true), GPT_CHARGE),
+        (
+            "/v1/chat/completions",
+            chat("gpt-weighted", false),
+            GPT_CHARGE,
+        ),
+        (
+            "/v1/chat/completions",
+            chat("gpt-weighted", true),
+            GPT_CHARGE,
+        ),
         // An OpenAI-style model called in Anthropic style: translated, same usage.
         ("/v1/messages", messages("gpt-weighted", false), GPT_CHARGE),
         ("/v1/messages", messages("gpt-weighted", true), GPT_CHARGE),
-        ("/v1/messages", messages("claude-weighted", false), CLAUDE_CHARGE),
-        ("/v1/messages", messages("claude-weighted", true), CLAUDE_CHARGE),
+        (
+            "/v1/messages",
+            messages("claude-weighted", false),
+            CLAUDE_CHARGE,
+        ),
+        (
+            "/v1/messages",
+            messages("claude-weighted", true),
+            CLAUDE_CHARGE,
+        ),
         // An Anthropic-style model called in OpenAI style.
-        ("/v1/chat/completions", chat("claude-weighted", false), CLAUDE_CHARGE),
-        ("/v1/chat/completions", chat("claude-weighted", true), CLAUDE_CHARGE),
+        (
+            "/v1/chat/completions",
+            chat("claude-weighted", false),
+            CLAUDE_CHARGE,
+        ),
+        (
+            "/v1/chat/completions",
+            chat("claude-weighted", true),
+            CLAUDE_CHARGE,
+        ),
         // The same answer from a model without weights: raw tokens.
-        ("/v1/chat/completions", chat("mock-gpt", false), UNWEIGHTED_CHARGE),
+        (
+            "/v1/chat/completions",
+            chat("mock-gpt", false),
+            UNWEIGHTED_CHARGE,
+        ),
     ];
     let mut spent = 0;
     for (n, (path, body, charge)) in cases.into_iter().enumerate() {
@@ -209,7 +237,12 @@ async fn a_weighted_model_drains_lots_at_its_rate_in_every_style() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|m| (m["model"].as_str().unwrap(), m["quotaCharged"].as_u64().unwrap()))
+        .map(|m| {
+            (
+                m["model"].as_str().unwrap(),
+                m["quotaCharged"].as_u64().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(
         by_model,
@@ -227,8 +260,10 @@ async fn a_weighted_model_drains_lots_at_its_rate_in_every_style() {
         .cloned();
     assert_eq!(
         weighted,
-        Some(json!({"id": "gpt-weighted", "inputWeight": 2.0, "outputWeight": 3.0,
-                    "cachedInputWeight": 0.5}))
+        Some(
+            json!({"id": "gpt-weighted", "inputWeight": 2.0, "outputWeight": 3.0,
+                    "cachedInputWeight": 0.5})
+        )
     );
 
     // The operator's report: charged quota and the provider cost at the configured prices.
@@ -326,21 +361,39 @@ async fn a_lot_covers_exactly_the_weighted_reservation() {
 
     // One token short: refused before anything reaches the provider.
     grant(&gw, email, reserve - 1).await;
-    let (status, text) = call(&gw, &key, "/v1/chat/completions", chat("gpt-weighted", false)).await;
+    let (status, text) = call(
+        &gw,
+        &key,
+        "/v1/chat/completions",
+        chat("gpt-weighted", false),
+    )
+    .await;
     assert_eq!(status, 429, "{text}");
     assert!(text.contains("insufficient_quota"), "{text}");
     assert_eq!(mock.served().await, 0);
 
     // Exactly the weighted reservation: admitted, and settled at the weighted usage.
     grant(&gw, email, 1).await;
-    let (status, text) = call(&gw, &key, "/v1/chat/completions", chat("gpt-weighted", false)).await;
+    let (status, text) = call(
+        &gw,
+        &key,
+        "/v1/chat/completions",
+        chat("gpt-weighted", false),
+    )
+    .await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(last_charge(&gw, 1).await, GPT_CHARGE as i64);
     assert_eq!(lot_remaining(&gw, email).await, reserve - GPT_CHARGE);
 
     // What is left no longer covers a weighted reservation, though it would cover the same
     // request at the default weights.
-    let (status, _) = call(&gw, &key, "/v1/chat/completions", chat("gpt-weighted", false)).await;
+    let (status, _) = call(
+        &gw,
+        &key,
+        "/v1/chat/completions",
+        chat("gpt-weighted", false),
+    )
+    .await;
     assert_eq!(status, 429);
     let unweighted = estimate(&gw, &key, "mock-gpt").await + 100;
     assert!(reserve - GPT_CHARGE >= unweighted);
@@ -387,7 +440,11 @@ async fn a_reload_reprices_the_next_request_never_one_in_flight() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(mock.requests().await.len(), 1, "the request reached the provider");
+    assert_eq!(
+        mock.requests().await.len(),
+        1,
+        "the request reached the provider"
+    );
 
     // The input weight goes from 2 to 4 while it waits.
     let text = std::fs::read_to_string(&gw.config_path).unwrap();
@@ -439,10 +496,7 @@ async fn a_reload_reprices_the_next_request_never_one_in_flight() {
     .await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(charges(&gw, 2).await, [GPT_CHARGE as i64, 155]);
-    assert_eq!(
-        lot_remaining(&gw, email).await,
-        100_000 - GPT_CHARGE - 155
-    );
+    assert_eq!(lot_remaining(&gw, email).await, 100_000 - GPT_CHARGE - 155);
 }
 
 #[tokio::test]

@@ -21,7 +21,10 @@ fn percentile(sorted: &[u128], p: f64) -> f64 {
 async fn run(name: &str, engine: Arc<Engine>, cfg: &Config, who: &Identity, n: usize) {
     // Warm-up loads the account into the engine.
     for _ in 0..200 {
-        if let Ok(r) = engine.reserve(&cfg.quota, who, 30, 100, Default::default()).await {
+        if let Ok(r) = engine
+            .reserve(&cfg.quota, who, 30, 100, Default::default())
+            .await
+        {
             let _ = engine
                 .settle(
                     &r.ticket,

@@ -252,13 +252,9 @@ impl Local {
             .and_then(|c| c.get().map(|_| c.clone()))
         {
             Some(cell) => match cell.get() {
-                Some(m) => m.lock().settle(
-                    &t.id,
-                    t.charge(used),
-                    t.requests,
-                    &t.limits,
-                    now,
-                ),
+                Some(m) => m
+                    .lock()
+                    .settle(&t.id, t.charge(used), t.requests, &t.limits, now),
                 None => Breakdown::default(),
             },
             None => Breakdown::default(),

@@ -242,8 +242,11 @@ impl Ticket {
     /// The quota tokens `used` costs at this request's weights: what settlement pays and the
     /// usage event records.
     pub fn charge(&self, used: Used) -> u64 {
-        self.weights
-            .charge(used.input_tokens, used.cached_input_tokens, used.output_tokens)
+        self.weights.charge(
+            used.input_tokens,
+            used.cached_input_tokens,
+            used.output_tokens,
+        )
     }
 }
 
