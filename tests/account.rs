@@ -529,13 +529,16 @@ async fn profile_shows_user_and_quota() {
 
 /// Sums of recorded events, the way the report should show them.
 fn sums<'a>(events: impl Iterator<Item = &'a Value>) -> Value {
-    let (mut n, mut i, mut o) = (0i64, 0i64, 0i64);
+    let (mut n, mut i, mut o, mut c, mut q) = (0i64, 0i64, 0i64, 0i64, 0i64);
     for e in events {
         n += 1;
         i += e["input_tokens"].as_i64().expect("in");
         o += e["output_tokens"].as_i64().expect("out");
+        c += e["cached_tokens"].as_i64().expect("cached");
+        q += e["quota_charged"].as_i64().expect("charged");
     }
-    json!({"requests": n, "inputTokens": i, "outputTokens": o, "totalTokens": i + o})
+    json!({"requests": n, "inputTokens": i, "outputTokens": o, "totalTokens": i + o,
+           "cachedTokens": c, "quotaCharged": q})
 }
 
 #[tokio::test]
@@ -548,7 +551,7 @@ async fn usage_report_matches_what_the_developer_api_recorded() {
     assert_eq!(
         v["summary"],
         json!({"requests": 0, "inputTokens": 0, "outputTokens": 0, "totalTokens": 0,
-               "lastApiCall": null})
+               "cachedTokens": 0, "quotaCharged": 0, "lastApiCall": null})
     );
     assert_eq!(v["recentRequests"], json!([]));
     assert_eq!(v["byModel"], json!([]));
@@ -653,6 +656,10 @@ async fn usage_report_matches_what_the_developer_api_recorded() {
         assert_eq!(e["model"], rec["model"]);
         assert_eq!(e["inputTokens"], rec["input_tokens"]);
         assert_eq!(e["outputTokens"], rec["output_tokens"]);
+        assert_eq!(e["cachedTokens"], rec["cached_tokens"]);
+        // No weights on these models: every token costs one quota token.
+        assert_eq!(e["quotaCharged"], e["totalTokens"]);
+        assert_eq!(e["quotaCharged"], rec["quota_charged"]);
         assert_eq!(
             e["totalTokens"].as_i64(),
             Some(
