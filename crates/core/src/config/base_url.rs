@@ -1,0 +1,69 @@
+//! Taking a base URL (`server.site_origin`, `providers[].base_url`) apart.
+
+/// Splits `http(s)://host[:port][/path]` into its parts.
+pub(super) fn parse_base_url(url: &str) -> Result<(bool, String, u16, String), String> {
+    let (tls, rest) = if let Some(r) = url.strip_prefix("https://") {
+        (true, r)
+    } else if let Some(r) = url.strip_prefix("http://") {
+        (false, r)
+    } else {
+        return Err(format!("must start with http:// or https://, got {url:?}"));
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    if authority.is_empty() || authority.contains('@') {
+        return Err(format!("needs a host (and no credentials), got {url:?}"));
+    }
+    let (host, port) = if let Some(stripped) = authority.strip_prefix('[') {
+        let end = stripped
+            .find(']')
+            .ok_or_else(|| format!("bad IPv6 host in {url:?}"))?;
+        let host = &stripped[..end];
+        let after = &stripped[end + 1..];
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse().map_err(|_| format!("bad port in {url:?}"))?,
+            None if after.is_empty() => {
+                if tls {
+                    443
+                } else {
+                    80
+                }
+            }
+            None => return Err(format!("bad host in {url:?}")),
+        };
+        (host.to_string(), port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (
+                h.to_string(),
+                p.parse().map_err(|_| format!("bad port in {url:?}"))?,
+            ),
+            None => (authority.to_string(), if tls { 443 } else { 80 }),
+        }
+    };
+    if host.is_empty() || url.contains('?') || url.contains('#') {
+        return Err(format!("must be a plain base URL, got {url:?}"));
+    }
+    Ok((tls, host, port, path.trim_end_matches('/').to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_url_parts() {
+        assert_eq!(
+            parse_base_url("https://api.openai.com").unwrap(),
+            (true, "api.openai.com".into(), 443, "".into())
+        );
+        assert_eq!(
+            parse_base_url("http://127.0.0.1:9000/proxy/").unwrap(),
+            (false, "127.0.0.1".into(), 9000, "/proxy".into())
+        );
+        assert!(parse_base_url("ftp://x").is_err());
+        assert!(parse_base_url("http://u:p@x").is_err());
+    }
+}

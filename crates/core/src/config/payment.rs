@@ -1,0 +1,63 @@
+//! `[payment]`: bank transfers, order codes and prices.
+
+use std::time::Duration;
+
+use super::check::{Checker, ConfigError};
+use super::file::PaymentFile;
+
+#[derive(Debug, Clone)]
+pub struct PaymentConfig {
+    pub webhook_provider: String,
+    pub code_prefix: String,
+    pub max_pending_orders: u32,
+    pub order_ttl: Duration,
+    pub lot_days: u64,
+    pub token_price_vnd_per_million: Option<u64>,
+    pub request_price_vnd_per_thousand: Option<u64>,
+    pub bank_bin: String,
+    pub account_number: String,
+    pub account_name: String,
+    pub orders_per_hour: u32,
+}
+
+pub(super) fn validate(c: &Checker, f: PaymentFile) -> Result<PaymentConfig, ConfigError> {
+    let code_prefix = f.code_prefix.unwrap_or_else(|| "GW".into());
+    if code_prefix.is_empty()
+        || code_prefix.len() > 8
+        || !code_prefix
+            .chars()
+            .all(|ch| ch.is_ascii_uppercase() || ch.is_ascii_digit())
+    {
+        return Err(c.err(
+            "payment.code_prefix",
+            "must be 1 to 8 uppercase letters or digits",
+        ));
+    }
+    let webhook_provider = f.webhook_provider.unwrap_or_else(|| "sepay".into());
+    if webhook_provider.is_empty()
+        || !webhook_provider
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || ch == '-' || ch == '_')
+    {
+        return Err(c.err(
+            "payment.webhook_provider",
+            "must be letters, digits, - or _",
+        ));
+    }
+    Ok(PaymentConfig {
+        webhook_provider,
+        code_prefix,
+        max_pending_orders: f.max_pending_orders.unwrap_or(3).max(1),
+        order_ttl: match f.order_ttl_seconds {
+            Some(secs) => Duration::from_secs(secs.max(1)),
+            None => Duration::from_secs(60 * f.order_ttl_minutes.unwrap_or(60).max(1)),
+        },
+        lot_days: f.lot_days.unwrap_or(30).max(1),
+        token_price_vnd_per_million: f.token_price_vnd_per_million,
+        request_price_vnd_per_thousand: f.request_price_vnd_per_thousand,
+        bank_bin: f.bank_bin.unwrap_or_default(),
+        account_number: f.account_number.unwrap_or_default(),
+        account_name: f.account_name.unwrap_or_default(),
+        orders_per_hour: f.orders_per_hour.unwrap_or(20).max(1),
+    })
+}

@@ -1,0 +1,177 @@
+//! `[[providers]]`: upstream providers, their credentials, timeouts, health and TLS trust.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::base_url::parse_base_url;
+use super::check::{Checker, ConfigError};
+use super::file::ProviderFile;
+use crate::domain::ProviderStyle;
+
+/// One upstream provider, with its base URL already taken apart.
+#[derive(Debug, Clone)]
+pub struct Provider {
+    pub name: String,
+    pub style: ProviderStyle,
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+    /// Path prefix of `base_url` without a trailing slash (often empty).
+    pub base_path: String,
+    /// `host` or `host:port` as sent in the `Host` header.
+    pub host_header: String,
+    /// The credential, read from the environment at load time; `None` sends no credential.
+    pub api_key: Option<String>,
+    pub api_key_env: Option<String>,
+    pub connect_timeout: Duration,
+    pub first_byte_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// Consecutive failures that eject one of its deployments.
+    pub eject_after_failures: u32,
+    /// A deployment's first ejection; repeated ejections double it up to `max_cooldown`.
+    pub cooldown: Duration,
+    /// The longest ejection, also the cap on the provider's `retry-after`.
+    pub max_cooldown: Duration,
+    /// Trust anchors from `ca_file`, loaded and checked at load time; `None`: the system's
+    /// roots (which honour `SSL_CERT_FILE`).
+    pub ca: Option<ProviderCa>,
+}
+
+impl Provider {
+    /// True when the provider names a credential variable that was not set: its deployments
+    /// are skipped (every request would be refused), and said so when nothing else is left.
+    pub fn lacks_credential(&self) -> bool {
+        self.api_key_env.is_some() && self.api_key.is_none()
+    }
+}
+
+/// The certificate authorities a provider's TLS certificate must chain to, and the file they
+/// came from (it also keys the connection pool: a connection verified against one set of
+/// anchors is never handed to a provider that trusts another).
+#[derive(Debug, Clone)]
+pub struct ProviderCa {
+    pub file: String,
+    pub certs: Arc<pingora_core::protocols::tls::CaType>,
+}
+
+/// Reads a PEM bundle of CA certificates; the error says what is wrong with the file.
+fn load_ca_file(path: &str) -> Result<ProviderCa, String> {
+    use pingora_core::utils::tls::WrappedX509;
+    let text = std::fs::read(path).map_err(|e| format!("cannot read {path:?}: {e}"))?;
+    let mut certs = Vec::new();
+    for item in rustls_pemfile::certs(&mut text.as_slice()) {
+        let der = item.map_err(|e| format!("{path:?} is not a PEM certificate file: {e}"))?;
+        // Parsed here so that a certificate the TLS layer cannot read fails the load, not a
+        // request.
+        x509_parser::parse_x509_certificate(&der)
+            .map_err(|e| format!("{path:?} holds a certificate that cannot be parsed: {e}"))?;
+        certs.push(WrappedX509::new(
+            der.to_vec(),
+            pingora_core::utils::tls::parse_x509,
+        ));
+    }
+    if certs.is_empty() {
+        return Err(format!("{path:?} holds no PEM certificate"));
+    }
+    Ok(ProviderCa {
+        file: path.to_string(),
+        certs: Arc::from(certs.into_boxed_slice()),
+    })
+}
+
+pub(super) fn validate(
+    c: &Checker,
+    f: &[ProviderFile],
+) -> Result<BTreeMap<String, Arc<Provider>>, ConfigError> {
+    let mut providers = BTreeMap::new();
+    for (i, p) in f.iter().enumerate() {
+        let key = |k: &str| format!("providers[{i}].{k}");
+        if p.name.is_empty() {
+            return Err(c.err(key("name"), "must not be empty"));
+        }
+        if providers.contains_key(&p.name) {
+            return Err(c.err(key("name"), format!("duplicate provider {:?}", p.name)));
+        }
+        let style = match p.style.as_str() {
+            "openai" => ProviderStyle::OpenAi,
+            "anthropic" => ProviderStyle::Anthropic,
+            other => {
+                return Err(c.err(
+                    key("style"),
+                    format!("must be \"openai\" or \"anthropic\", got {other:?}"),
+                ))
+            }
+        };
+        let (tls, host, port, base_path) =
+            parse_base_url(&p.base_url).map_err(|e| c.err(key("base_url"), e))?;
+        let default_port = if tls { 443 } else { 80 };
+        let host_header = if port == default_port {
+            host.clone()
+        } else if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        let ca = match p.ca_file.as_deref().filter(|f| !f.is_empty()) {
+            None => None,
+            Some(_) if !tls => {
+                return Err(c.err(key("ca_file"), "is only used with an https base_url"))
+            }
+            Some(file) => Some(load_ca_file(file).map_err(|e| c.err(key("ca_file"), e))?),
+        };
+        // Timeouts: at least a millisecond, at most a day (a typo of a few zeros is an
+        // error, not a request that hangs for weeks).
+        let millis = |k: &str, v: Option<u64>, default: u64| match v.unwrap_or(default) {
+            ms @ 1..=86_400_000 => Ok(Duration::from_millis(ms)),
+            _ => Err(c.err(key(k), "must be between 1 and 86400000 (one day)")),
+        };
+        let eject_after_failures = p.eject_after_failures.unwrap_or(3);
+        if !(1..=100).contains(&eject_after_failures) {
+            return Err(c.err(key("eject_after_failures"), "must be between 1 and 100"));
+        }
+        let cooldown = p.cooldown_seconds.unwrap_or(30);
+        if !(1..=86_400).contains(&cooldown) {
+            return Err(c.err(key("cooldown_seconds"), "must be between 1 and 86400"));
+        }
+        let max_cooldown = p.max_cooldown_seconds.unwrap_or(300.max(cooldown));
+        if max_cooldown < cooldown || max_cooldown > 86_400 {
+            return Err(c.err(
+                key("max_cooldown_seconds"),
+                format!("must be between cooldown_seconds ({cooldown}) and 86400"),
+            ));
+        }
+        let api_key_env = p.api_key_env.clone().filter(|s| !s.is_empty());
+        let api_key = api_key_env
+            .as_deref()
+            .and_then(|v| std::env::var(v).ok())
+            .filter(|v| !v.is_empty())
+            .inspect(|key| crate::logging::never_print(key));
+        providers.insert(
+            p.name.clone(),
+            Arc::new(Provider {
+                name: p.name.clone(),
+                style,
+                tls,
+                host,
+                port,
+                base_path,
+                host_header,
+                api_key,
+                api_key_env,
+                connect_timeout: millis("connect_timeout_ms", p.connect_timeout_ms, 5_000)?,
+                first_byte_timeout: millis(
+                    "first_byte_timeout_ms",
+                    p.first_byte_timeout_ms,
+                    120_000,
+                )?,
+                idle_timeout: millis("idle_timeout_ms", p.idle_timeout_ms, 120_000)?,
+                eject_after_failures,
+                cooldown: Duration::from_secs(cooldown),
+                max_cooldown: Duration::from_secs(max_cooldown),
+                ca,
+            }),
+        );
+    }
+    Ok(providers)
+}
