@@ -30,6 +30,7 @@ MAX_ADDED_P99_MS = 2.0
 TARGET_CONNS = 16
 MAX_TTFB_ADDED_MS = 1.0
 MAX_REDIS_ROUND_TRIPS = 2.0
+MAX_REDIS_CPU_US = 5.0
 
 
 def load_jsonl(path):
@@ -186,8 +187,20 @@ def commandstats(path):
     return out
 
 
+def redis_cpu(path):
+    """Seconds of CPU the Redis server used (used_cpu_sys + used_cpu_user, `info cpu`)."""
+    total = 0.0
+    with open(path) as f:
+        for line in f:
+            name, _, value = line.strip().partition(":")
+            if name in ("used_cpu_sys", "used_cpu_user"):
+                total += float(value)
+    return total
+
+
 def redis_section(before, after, requests):
     b, a = commandstats(before), commandstats(after)
+    cpu_s = redis_cpu(after) - redis_cpu(before)
     lines = ["| Redis command | calls (delta) | per gateway request | server µs per call |",
              "|---|---:|---:|---:|"]
     script_calls = 0
@@ -208,6 +221,11 @@ def redis_section(before, after, requests):
                        f"{mark(round(rt, 2) <= MAX_REDIS_ROUND_TRIPS)} (target ≤ {MAX_REDIS_ROUND_TRIPS:.0f}); "
                        "the delta counts every client of this Redis, so concurrent test runs "
                        "inflate it")
+        if cpu_s > 0:
+            us = cpu_s * 1e6 / requests
+            summary.append(f"- Redis CPU per request (used_cpu_sys + used_cpu_user delta ÷ "
+                           f"requests): {us:.1f} µs — {mark(us <= MAX_REDIS_CPU_US)} "
+                           f"(target ≤ {MAX_REDIS_CPU_US:.0f} µs)")
     return lines, summary
 
 

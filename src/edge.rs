@@ -169,8 +169,8 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
     );
     let identity = Arc::new(IdentityCache::new(cfg.storage.database_timeout));
     rt.spawn(identity.clone().run_feed(db.clone()));
-    let backend = match &cfg.storage.redis_url {
-        Some(url) => {
+    let backend = match cfg.storage.redis_target() {
+        Some(target) => {
             let prefix = std::env::var("GATEWAY_REDIS_PREFIX").unwrap_or_else(|_| "gw:".into());
             let settings = gateway_core::quota::shared::Settings {
                 timeout: cfg.storage.redis_timeout,
@@ -179,9 +179,16 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
                 usage: Some(usage.clone()),
             };
             let shared = rt.block_on(gateway_core::quota::shared::Shared::connect(
-                url, &prefix, settings,
+                &target, &prefix, settings,
             ))?;
-            log::info!("quota and limits shared through Redis");
+            log::info!(
+                "quota and limits shared through {}",
+                if target.is_cluster() {
+                    "a Redis Cluster"
+                } else {
+                    "Redis"
+                }
+            );
             gateway_core::quota::Backend::Shared(Box::new(shared))
         }
         None => gateway_core::quota::Backend::Local(gateway_core::quota::local::Local::new(

@@ -1,8 +1,9 @@
 //! The Redis quota scripts driven directly, with the clock as an argument: the rolling week's
 //! running sums as hours leave it, stale reservations released whatever the request's outcome
-//! (and by the sweep), retried settlements paid once,
-//! and accounts written by the previous key layout. Runs when `GATEWAY_TEST_REDIS` is set (CI's
-//! Postgres + Redis run); the gateway-level quota tests (tests/quota.rs) run these scripts too.
+//! (and by the sweep), retried settlements paid once, accounts written by the previous key
+//! layout, and leases (a quarter of what is left at most, taken back by a drain). Runs when
+//! `GATEWAY_TEST_REDIS` is set (CI's Postgres + Redis run); the gateway-level quota tests
+//! (tests/quota.rs, tests/multi_instance.rs) run these scripts too.
 
 use gateway_core::quota::shared::{account_keys, LOAD_LUA, RESERVE_LUA, SETTLE_LUA};
 use redis::aio::MultiplexedConnection;
@@ -57,7 +58,10 @@ impl Account {
         Some(Account {
             conn,
             keys: account_keys(&prefix, user),
-            rate: [format!("{prefix}rl:a"), format!("{prefix}rl:b")],
+            rate: [
+                gateway_core::quota::shared::rate_key(&prefix, user, "acct:a", 1),
+                gateway_core::quota::shared::rate_key(&prefix, user, "acct:a", 2),
+            ],
         })
     }
 
@@ -428,6 +432,11 @@ async fn the_sweep_releases_only_stale_reservations_and_keeps_the_set_exact() {
         Some((now + 5_000) as f64),
         "rescored to the one left"
     );
+    // Without the set (a cluster's call), the script only reports the oldest start time.
+    assert_eq!(
+        sweep_call(&mut a, None, user, now + 14_000).await,
+        (0, now + 5_000)
+    );
     assert_eq!(sweep(&mut a, &due, user, now + 16_000).await, 1);
     assert_eq!(a.meta("rr").await, Some(0));
     let score: Option<f64> = a.conn.zscore(&due, user).await.unwrap();
@@ -438,14 +447,87 @@ async fn the_sweep_releases_only_stale_reservations_and_keeps_the_set_exact() {
 
 /// One sweep.lua call over the test account (10 s reservation timeout); how many it released.
 async fn sweep(a: &mut Account, due: &str, user: &str, at: i64) -> i64 {
+    let (released, _oldest) = sweep_call(a, Some(due), user, at).await;
+    released
+}
+
+/// One sweep.lua call, with the sweep's set among its keys or (as on a Redis Cluster) without:
+/// (released, start of the oldest reservation left or -1).
+async fn sweep_call(a: &mut Account, due: Option<&str>, user: &str, at: i64) -> (i64, i64) {
     let script = Script::new(gateway_core::quota::shared::SWEEP_LUA);
     let mut inv = script.prepare_invoke();
-    inv.key(&a.keys[0])
-        .key(&a.keys[1])
-        .key(&a.keys[4])
-        .key(due)
-        .arg(at)
-        .arg(10_000)
-        .arg(user);
+    inv.key(&a.keys[0]).key(&a.keys[1]).key(&a.keys[4]);
+    if let Some(due) = due {
+        inv.key(due);
+    }
+    inv.arg(at).arg(10_000).arg(user);
     inv.invoke_async(&mut a.conn).await.unwrap()
+}
+
+/// One lease.lua call with no per-minute windows: (in-flight, unused, asked) tokens, one
+/// request asked for, and the settlements' token amounts. Returns the reply.
+async fn lease(
+    a: &mut Account,
+    now: i64,
+    kept: (i64, i64),
+    ask: i64,
+    settled: &[i64],
+) -> Vec<Value> {
+    let script = Script::new(gateway_core::quota::shared::LEASE_LUA);
+    let mut inv = script.prepare_invoke();
+    for k in &a.keys {
+        inv.key(k);
+    }
+    inv.arg(now).arg("L:test").arg(1000).arg(0).arg("0");
+    inv.arg(NO_TIMEOUT).arg(3600).arg(4);
+    inv.arg(kept.0).arg(0).arg(kept.1).arg(0);
+    inv.arg(ask).arg(i64::from(ask > 0)).arg(10);
+    inv.arg(settled.len()).arg(0);
+    for tokens in settled {
+        inv.arg(*tokens).arg(1).arg(0).arg(0).arg(0);
+    }
+    inv.invoke_async(&mut a.conn).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_lease_takes_a_quarter_at_most_and_a_drain_takes_it_back() {
+    let Some(mut a) = Account::new().await else {
+        return;
+    };
+    let now = H * HOUR + 1_000;
+    a.load(&[]).await;
+    // 1000 tokens a week, nothing spent: a lease asking 400 gets a quarter of what is left.
+    let r = lease(&mut a, now, (0, 0), 400, &[]).await;
+    assert_eq!((text(&r[0]), text(&r[1])), ("lease".into(), "250".into()));
+    assert_eq!(a.meta("rt").await, Some(250));
+    assert_eq!(a.meta("ft").await, Some(250), "held unused");
+    // A request needing more than is left beside the lease is not refused outright: the
+    // lease holds what it needs, so the account is drained and the caller asked to wait.
+    assert_eq!(
+        a.reserve(now + 1, "big", 800, 1000, NO_TIMEOUT).await,
+        Reply::Other("drain-quota".into())
+    );
+    assert!(a.meta("dr").await.unwrap_or(0) > now);
+    // The lease's next renewal pays its settlement (40 tokens, on the allowance) and, the
+    // account being drained, keeps nothing.
+    let r = lease(&mut a, now + 100, (0, 210), 0, &[40]).await;
+    assert_eq!(text(&r[0]), "exact");
+    let Value::Array(items) = &r[6] else {
+        panic!("settlements: {r:?}")
+    };
+    let Value::Array(first) = &items[0] else {
+        panic!("breakdown: {items:?}")
+    };
+    assert_eq!(
+        (text(&first[0]), text(&first[1])),
+        ("40".into(), "1".into())
+    );
+    assert_eq!((a.meta("rt").await, a.meta("ft").await), (Some(0), Some(0)));
+    assert_eq!(a.open().await, (0, 0), "the lease is gone");
+    // Now the request fits: 1000 - 40 spent.
+    assert!(matches!(
+        a.reserve(now + 200, "big", 800, 1000, NO_TIMEOUT).await,
+        Reply::Ok { .. }
+    ));
+    a.cleanup().await;
 }

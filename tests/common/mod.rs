@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod private_redis;
+pub mod redis_cluster;
 pub mod site;
 pub mod smtp;
 

@@ -139,7 +139,9 @@ async fn main() {
         db_timeout: std::time::Duration::from_secs(2),
         usage: None,
     };
-    match Shared::connect("redis://127.0.0.1:6379", &prefix, settings).await {
+    let target =
+        gateway_core::quota::redis_conn::RedisTarget::Single("redis://127.0.0.1:6379".into());
+    match Shared::connect(&target, &prefix, settings).await {
         Ok(s) => {
             run(
                 "redis (2 scripts = 2 round trips)",

@@ -85,6 +85,8 @@ pub struct EdgeLimitsFile {
 pub struct StorageFile {
     pub database_url: Option<String>,
     pub redis_url: Option<String>,
+    /// The seed nodes of a Redis Cluster, instead of `redis_url`.
+    pub redis_cluster_nodes: Option<Vec<String>>,
     /// Usage events are written in batches of at most this many rows (default 5,000).
     pub usage_batch_size: Option<usize>,
     /// ... or at least this often, in milliseconds (default 200).

@@ -203,6 +203,30 @@ mod tests {
     }
 
     #[test]
+    fn redis_cluster_nodes_exclude_redis_url() {
+        let c = load(
+            "[storage]\nredis_cluster_nodes = [\"redis://10.0.0.1:7000\", \"redis://10.0.0.2:7000\"]\n",
+        )
+        .expect("cluster");
+        assert_eq!(
+            c.storage.redis_target(),
+            Some(crate::quota::redis_conn::RedisTarget::Cluster(vec![
+                "redis://10.0.0.1:7000".into(),
+                "redis://10.0.0.2:7000".into()
+            ]))
+        );
+        let both = load(
+            "[storage]\nredis_url = \"redis://127.0.0.1:6379\"\nredis_cluster_nodes = [\"redis://10.0.0.1:7000\"]\n",
+        )
+        .unwrap_err();
+        assert_eq!(both.key, "storage.redis_cluster_nodes");
+        assert!(both.message.contains("not both"), "{both}");
+        let bad = load("[storage]\nredis_cluster_nodes = [\"10.0.0.1:7000\"]\n").unwrap_err();
+        assert_eq!(bad.key, "storage.redis_cluster_nodes");
+        assert_eq!(load("").expect("defaults").storage.redis_target(), None);
+    }
+
+    #[test]
     fn empty_file_gets_defaults() {
         let c = load("").expect("defaults");
         assert_eq!(c.server.api_listen, "127.0.0.1:8080");

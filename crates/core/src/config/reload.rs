@@ -39,6 +39,9 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.storage.redis_url != new.storage.redis_url {
         out.push("storage.redis_url");
     }
+    if old.storage.redis_cluster_nodes != new.storage.redis_cluster_nodes {
+        out.push("storage.redis_cluster_nodes");
+    }
     if old.storage.redis_timeout != new.storage.redis_timeout
         || old.storage.redis_outage != new.storage.redis_outage
         || old.storage.database_timeout != new.storage.database_timeout
@@ -122,6 +125,7 @@ fn swap_in(state: &SharedState, path: &Path, text: &str) -> bool {
     new.server.threads = old.server.threads;
     new.storage.database_url = old.storage.database_url.clone();
     new.storage.redis_url = old.storage.redis_url.clone();
+    new.storage.redis_cluster_nodes = old.storage.redis_cluster_nodes.clone();
     new.storage.redis_timeout = old.storage.redis_timeout;
     new.storage.redis_outage = old.storage.redis_outage;
     new.storage.database_timeout = old.storage.database_timeout;

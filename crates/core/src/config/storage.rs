@@ -10,6 +10,8 @@ use super::file::StorageFile;
 pub struct StorageConfig {
     pub database_url: String,
     pub redis_url: Option<String>,
+    /// Seed nodes of a Redis Cluster (exclusive with `redis_url`); empty: none.
+    pub redis_cluster_nodes: Vec<String>,
     pub usage_batch_size: usize,
     pub usage_flush: Duration,
     /// Deadline of one Redis call, including the wait for a connection.
@@ -20,6 +22,20 @@ pub struct StorageConfig {
     pub database_timeout: Duration,
     /// Segment path prefix of the usage journal; `None`: off.
     pub usage_journal: Option<PathBuf>,
+}
+
+impl StorageConfig {
+    /// The Redis the quota engine shares state through; `None`: in-process limits.
+    pub fn redis_target(&self) -> Option<crate::quota::redis_conn::RedisTarget> {
+        use crate::quota::redis_conn::RedisTarget;
+        match &self.redis_url {
+            Some(url) => Some(RedisTarget::Single(url.clone())),
+            None if !self.redis_cluster_nodes.is_empty() => {
+                Some(RedisTarget::Cluster(self.redis_cluster_nodes.clone()))
+            }
+            None => None,
+        }
+    }
 }
 
 /// What the developer API does while Redis is unreachable (the circuit breaker is open).
@@ -56,9 +72,26 @@ pub(super) fn validate(
             return Err(c.err("storage.redis_url", "must start with redis:// or rediss://"));
         }
     }
+    let redis_cluster_nodes = f.redis_cluster_nodes.unwrap_or_default();
+    if let Some(bad) = redis_cluster_nodes
+        .iter()
+        .find(|n| !(n.starts_with("redis://") || n.starts_with("rediss://")))
+    {
+        return Err(c.err(
+            "storage.redis_cluster_nodes",
+            format!("each node must start with redis:// or rediss://, got {bad:?}"),
+        ));
+    }
+    if redis_url.is_some() && !redis_cluster_nodes.is_empty() {
+        return Err(c.err(
+            "storage.redis_cluster_nodes",
+            "set either redis_url (one Redis) or redis_cluster_nodes (a Redis Cluster), not both",
+        ));
+    }
     Ok(StorageConfig {
         database_url,
         redis_url,
+        redis_cluster_nodes,
         // Large batches: every transaction costs fixed work (commit, WAL frames of the pages it
         // touched, rollup and balance rows) whatever its size, so fewer, larger batches cost
         // less CPU under load. The flush interval stays 200 ms, so

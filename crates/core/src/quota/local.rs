@@ -156,6 +156,7 @@ impl Local {
                 limits,
                 unlimited: who.user.unlimited,
                 in_process: true,
+                leased: false,
             },
             rate,
         })

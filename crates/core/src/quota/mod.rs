@@ -14,10 +14,15 @@
 
 pub mod account;
 pub mod breaker;
+pub mod lease;
 pub mod limits;
+mod loading;
 pub mod local;
+pub mod redis_conn;
+mod scripts;
 pub mod shared;
 pub mod tiers;
+mod upkeep;
 
 use http::{HeaderName, HeaderValue};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -236,6 +241,8 @@ pub struct Ticket {
     pub unlimited: bool,
     /// Held by an in-process engine (the Redis engine's fallback during an outage), not Redis.
     pub in_process: bool,
+    /// Admitted against this instance's lease on the account (`lease`), not reserved alone.
+    pub leased: bool,
 }
 
 impl Ticket {
@@ -449,6 +456,7 @@ impl Engine {
         let Backend::Shared(s) = &self.backend else {
             return;
         };
+        tokio::spawn(self.clone().run_lease_renewals(timeout));
         let mut tick = tokio::time::interval(shared::PROBE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_sweep = 0;
@@ -460,6 +468,22 @@ impl Engine {
                 last_sweep = now_ms();
                 s.sweep(last_sweep, timeout.as_millis() as i64).await;
             }
+        }
+    }
+}
+
+impl Engine {
+    /// Pays what was settled against this instance's leases and renews them, every
+    /// `lease::FLUSH_EVERY`, apart from the keeper so a slow probe cannot delay settlements.
+    async fn run_lease_renewals(self: Arc<Self>, timeout: std::time::Duration) {
+        let Backend::Shared(s) = &self.backend else {
+            return;
+        };
+        let mut tick = tokio::time::interval(lease::FLUSH_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            s.renew_leases(&self.db, timeout.as_millis() as i64).await;
         }
     }
 }

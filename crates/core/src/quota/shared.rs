@@ -18,24 +18,30 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, Script, Value as RedisValue};
+use redis::{Script, Value as RedisValue};
 
 use super::breaker::Breaker;
-use super::limits::{WindowView, WINDOW_MS};
+use super::lease::{Leases, DRAIN_TRIES, DRAIN_WAIT};
+use super::limits::WINDOW_MS;
 use super::local::Local;
+use super::redis_conn::{Conn, Connector, RedisTarget};
+use super::scripts::{as_i64, as_string, breakdown, connection_lost, on_allowance, views};
 use super::{Denied, RatePlan, RateView, Reservation, Ticket, Used};
 use crate::config::{QuotaConfig, RedisOutage};
+use crate::domain::Breakdown;
 use crate::domain::Tier;
-use crate::domain::{Breakdown, Lot, LotKind};
 use crate::identity::Identity;
 use crate::pricing::Weights;
 use crate::quota::tiers::{effective_tier, usage_tier};
 use crate::storage::Db;
-use crate::util::{now_ms, FastHash};
+use crate::util::FastHash;
+
+pub use super::scripts::{
+    account_keys, rate_key, LEASE_LUA, LOAD_LUA, RELOAD_LUA, RESERVE_LUA, SETTLE_LUA, SWEEP_LUA,
+};
 
 /// Hot account state expires after this long unused; it reloads from the database.
-const ACCOUNT_TTL_SECS: u64 = 8 * 24 * 3600;
+pub(super) const ACCOUNT_TTL_SECS: u64 = 8 * 24 * 3600;
 
 /// How often the keeper probes a Redis the breaker has given up on: the connection is back
 /// within this (plus a connect and the reconciliation) of Redis answering again.
@@ -43,10 +49,10 @@ pub const PROBE_EVERY: Duration = Duration::from_millis(200);
 
 /// The least time a probe gives a fresh connection to open (a loopback connect takes well
 /// under a millisecond; a remote Redis may need more than one call's deadline).
-const MIN_CONNECT: Duration = Duration::from_millis(250);
+pub(super) const MIN_CONNECT: Duration = Duration::from_millis(250);
 
 /// Accounts the sweep visits per pass (each is one script call).
-const SWEEP_BATCH: usize = 100;
+pub(super) const SWEEP_BATCH: usize = 100;
 
 /// How the Redis engine behaves when Redis or the database is slow or gone.
 #[derive(Clone)]
@@ -62,7 +68,7 @@ pub struct Settings {
 
 /// Why a call to Redis gave no answer.
 #[derive(Debug)]
-struct Unreachable(String);
+pub(super) struct Unreachable(pub(super) String);
 
 /// What a settle script call did.
 enum Settled {
@@ -74,172 +80,55 @@ enum Settled {
 }
 
 /// Why an account could not be loaded.
-enum LoadError {
+pub(super) enum LoadError {
     Db(String),
     Redis(Unreachable),
 }
 
 pub struct Shared {
-    client: redis::Client,
-    manager_config: ConnectionManagerConfig,
+    pub(super) connector: Connector,
     /// Replaced by a fresh connection when a probe succeeds.
-    conn: ArcSwap<ConnectionManager>,
-    settings: Settings,
-    breaker: Breaker,
+    pub(super) conn: ArcSwap<Conn>,
+    pub(super) settings: Settings,
+    pub(super) breaker: Breaker,
     /// The outage policy's in-process engine; emptied once Redis has its accounts back.
-    fallback: Local,
+    pub(super) fallback: Local,
     /// Redis reservations settled while Redis was unreachable, by account: released when it is
     /// back (their usage was paid in process).
-    orphans: Mutex<HashMap<String, Vec<String>>>,
-    reserve: Script,
-    settle: Script,
-    load: Script,
-    reload: Script,
-    add_lot: Script,
-    sweep: Script,
+    pub(super) orphans: Mutex<HashMap<String, Vec<String>>>,
+    pub(super) reserve: Script,
+    pub(super) settle: Script,
+    pub(super) load: Script,
+    pub(super) reload: Script,
+    pub(super) add_lot: Script,
+    pub(super) sweep: Script,
+    pub(super) lease: Script,
+    /// This instance's leases on the accounts it serves (`lease`).
+    pub(super) leases: Leases,
     /// Key prefix, so tests (and several gateways) can share one Redis.
-    prefix: String,
+    pub(super) prefix: String,
     /// The sorted set of accounts holding reservations (`sweep.lua`).
-    due_key: String,
+    pub(super) due_key: String,
     /// Last seen (weekly token usage, highest lot tier) per account: the tier hint.
-    hints: dashmap::DashMap<String, (u64, Option<Tier>), FastHash>,
-}
-
-/// The account's keys, in the order the scripts take them: meta, reservations, spend buckets,
-/// lots, reservation start times. One hash tag, so a Redis Cluster keeps them on one node.
-pub fn account_keys(prefix: &str, user_id: &str) -> [String; 5] {
-    [
-        format!("{prefix}q:{{{user_id}}}"),
-        format!("{prefix}q:{{{user_id}}}:res"),
-        format!("{prefix}q:{{{user_id}}}:sp"),
-        format!("{prefix}q:{{{user_id}}}:lots"),
-        format!("{prefix}q:{{{user_id}}}:rat"),
-    ]
-}
-
-/// The scripts' sources; reserve and settle share account.lua (the meta hash, the week's sums,
-/// releasing a reservation).
-pub const RESERVE_LUA: &str = concat!(
-    include_str!("lua/account.lua"),
-    include_str!("lua/reserve.lua")
-);
-pub const SETTLE_LUA: &str = concat!(
-    include_str!("lua/account.lua"),
-    include_str!("lua/settle.lua")
-);
-pub const LOAD_LUA: &str = include_str!("lua/load.lua");
-pub const RELOAD_LUA: &str = include_str!("lua/reload.lua");
-pub const SWEEP_LUA: &str = concat!(
-    include_str!("lua/account.lua"),
-    include_str!("lua/sweep.lua")
-);
-
-fn rate_key(prefix: &str, scope: &str, minute: i64) -> String {
-    format!("{prefix}rl:{scope}:{minute}")
-}
-
-/// The balance arguments `load.lua` and `reload.lua` share: each hourly spend bucket, then each
-/// lot with something left.
-fn push_balance(
-    inv: &mut redis::ScriptInvocation<'_>,
-    spend: &[crate::domain::SpendBucket],
-    lots: &[Lot],
-) {
-    for b in spend {
-        inv.arg(b.hour).arg(format!(
-            "{},{},{},{}",
-            b.allowance_tokens, b.allowance_requests, b.lot_tokens, b.lot_requests
-        ));
-    }
-    for l in lots.iter().filter(|l| l.remaining > 0) {
-        inv.arg(&l.id).arg(lot_value(l));
-    }
-}
-
-fn lot_value(l: &Lot) -> String {
-    let kind = match l.kind {
-        LotKind::Token => "t",
-        LotKind::Request => "r",
-    };
-    let tier = l.tier.map(|t| t.index() as i64).unwrap_or(-1);
-    format!("{kind},{},{},{tier}", l.remaining, l.expires_at)
-}
-
-fn as_i64(v: &RedisValue) -> Option<i64> {
-    match v {
-        RedisValue::Int(n) => Some(*n),
-        RedisValue::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        RedisValue::SimpleString(s) => s.parse().ok(),
-        _ => None,
-    }
-}
-
-fn as_string(v: &RedisValue) -> Option<String> {
-    match v {
-        RedisValue::BulkString(b) => String::from_utf8(b.clone()).ok(),
-        RedisValue::SimpleString(s) => Some(s.clone()),
-        RedisValue::Int(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
-/// Reads the three (limit, remaining, reset) triples starting at `at`.
-fn views(items: &[RedisValue], at: usize) -> RateView {
-    let get = |d: usize| -> Option<WindowView> {
-        let limit = as_i64(items.get(at + d * 3)?)?;
-        if limit <= 0 {
-            return None;
-        }
-        Some(WindowView {
-            limit: limit as u64,
-            remaining: as_i64(items.get(at + d * 3 + 1)?)?.max(0) as u64,
-            reset_secs: as_i64(items.get(at + d * 3 + 2)?)?.max(0) as u64,
-        })
-    };
-    RateView {
-        requests: get(0),
-        input_tokens: get(1),
-        output_tokens: get(2),
-    }
-}
-
-/// Whether a Redis error means the connection itself is gone (opens the breaker at once).
-fn connection_lost(e: &RedisError) -> bool {
-    e.is_io_error()
-        || e.is_connection_refusal()
-        || e.is_connection_dropped()
-        || e.is_unrecoverable_error()
-}
-
-/// The whole usage booked on the allowance: what a settlement records when no balance can be
-/// read, so the database record still adds up.
-fn on_allowance(t: &Ticket, used: Used, now: i64) -> Breakdown {
-    Breakdown {
-        user_id: t.user_id.clone(),
-        at_ms: now,
-        allowance_tokens: t.charge(used),
-        allowance_requests: t.requests,
-        lots: vec![],
-    }
+    pub(super) hints: dashmap::DashMap<String, (u64, Option<Tier>), FastHash>,
 }
 
 impl Shared {
     /// Connects once (a gateway configured for Redis does not start without it) with a
     /// connection whose every call and reconnect attempt is bounded by `settings.timeout`.
-    pub async fn connect(url: &str, prefix: &str, settings: Settings) -> Result<Shared, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("redis url: {e}"))?;
-        // One attempt per reconnect: the manager's own backoff (seconds, growing) would keep
-        // every caller waiting on it; the breaker and the keeper's probes pace retries instead.
-        let manager_config = ConnectionManagerConfig::new()
-            .set_number_of_retries(0)
-            .set_response_timeout(settings.timeout)
-            .set_connection_timeout(settings.timeout.max(MIN_CONNECT));
-        let conn = ConnectionManager::new_with_config(client.clone(), manager_config.clone())
+    pub async fn connect(
+        target: &RedisTarget,
+        prefix: &str,
+        settings: Settings,
+    ) -> Result<Shared, String> {
+        let connector =
+            Connector::new(target, settings.timeout, settings.timeout.max(MIN_CONNECT))?;
+        let conn = connector
+            .connect()
             .await
             .map_err(|e| format!("redis connect: {e}"))?;
         Ok(Shared {
-            client,
-            manager_config,
+            connector,
             conn: ArcSwap::from_pointee(conn),
             fallback: Local::new(settings.db_timeout),
             settings,
@@ -251,6 +140,8 @@ impl Shared {
             reload: Script::new(RELOAD_LUA),
             add_lot: Script::new(include_str!("lua/add_lot.lua")),
             sweep: Script::new(SWEEP_LUA),
+            lease: Script::new(LEASE_LUA),
+            leases: Leases::new(&crate::util::random_base62(8)),
             prefix: prefix.to_string(),
             due_key: format!("{prefix}q:due"),
             hints: dashmap::DashMap::default(),
@@ -272,12 +163,12 @@ impl Shared {
         self.breaker.is_open()
     }
 
-    fn conn(&self) -> ConnectionManager {
+    pub(super) fn conn(&self) -> Conn {
         (**self.conn.load()).clone()
     }
 
     /// Awaits one Redis call under the deadline and tells the breaker how it went.
-    async fn guarded<T>(
+    pub(super) async fn guarded<T>(
         &self,
         what: &str,
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
@@ -312,93 +203,7 @@ impl Shared {
         Err(Unreachable(failure.0))
     }
 
-    /// Reads an account's balance from the database (under the request path's deadline).
-    async fn read_balance(
-        &self,
-        db: &Db,
-        user_id: &str,
-        now: i64,
-    ) -> Result<(Vec<crate::domain::SpendBucket>, Vec<Lot>), String> {
-        crate::storage::within(self.settings.db_timeout, async {
-            let spend = db.quota().spend(user_id, now).await?;
-            let lots = db.quota().lots(user_id, now).await?;
-            Ok((spend, lots))
-        })
-        .await
-        .map_err(|e| e.to_string())
-    }
-
-    /// Remembers the tier hint a balance gives.
-    fn hint_from(
-        &self,
-        user_id: &str,
-        spend: &[crate::domain::SpendBucket],
-        lots: &[Lot],
-        now: i64,
-    ) {
-        let weekly: u64 = spend
-            .iter()
-            .map(|b| b.allowance_tokens + b.lot_tokens)
-            .sum();
-        let top = crate::quota::tiers::entitlement_tier(lots, now);
-        self.hints.insert(user_id.to_string(), (weekly, top));
-    }
-
-    /// Copies an account's balance from the database into Redis (first loader wins).
-    async fn load_account(&self, db: &Db, user_id: &str, now: i64) -> Result<(), LoadError> {
-        let (spend, lots) = self
-            .read_balance(db, user_id, now)
-            .await
-            .map_err(LoadError::Db)?;
-        self.hint_from(user_id, &spend, &lots, now);
-        let k = account_keys(&self.prefix, user_id);
-        let mut inv = self.load.prepare_invoke();
-        for key in &k {
-            inv.key(key);
-        }
-        inv.arg(ACCOUNT_TTL_SECS).arg(spend.len());
-        push_balance(&mut inv, &spend, &lots);
-        let mut conn = self.conn();
-        self.guarded("load", inv.invoke_async::<i64>(&mut conn))
-            .await
-            .map_err(LoadError::Redis)?;
-        Ok(())
-    }
-
-    /// Overwrites an account in Redis with the database's balance, keeping the reservations
-    /// other instances hold except `released`.
-    async fn reload_account(
-        &self,
-        db: &Db,
-        user_id: &str,
-        released: &[String],
-        now: i64,
-    ) -> Result<(), LoadError> {
-        let (spend, lots) = self
-            .read_balance(db, user_id, now)
-            .await
-            .map_err(LoadError::Db)?;
-        self.hint_from(user_id, &spend, &lots, now);
-        let k = account_keys(&self.prefix, user_id);
-        let mut inv = self.reload.prepare_invoke();
-        for key in &k {
-            inv.key(key);
-        }
-        inv.arg(ACCOUNT_TTL_SECS)
-            .arg(spend.len())
-            .arg(released.len());
-        for id in released {
-            inv.arg(id);
-        }
-        push_balance(&mut inv, &spend, &lots);
-        let mut conn = self.conn();
-        self.guarded("reload", inv.invoke_async::<i64>(&mut conn))
-            .await
-            .map_err(LoadError::Redis)?;
-        Ok(())
-    }
-
-    fn tier_for(&self, cfg: &QuotaConfig, who: &Identity) -> Tier {
+    pub(super) fn tier_for(&self, cfg: &QuotaConfig, who: &Identity) -> Tier {
         let (weekly, top) = self
             .hints
             .get(&who.user.id)
@@ -425,10 +230,20 @@ impl Shared {
         weights: Weights,
         now: i64,
     ) -> Result<Reservation, (Denied, RateView)> {
-        let id = if self.breaker.is_open() {
-            id
+        let leased = if self.breaker.is_open() {
+            None
         } else {
-            match self
+            self.reserve_leased(db, cfg, who, &id, input, output, weights)
+                .await
+        };
+        let id = match leased {
+            Some(Ok(reservation)) => return Ok(reservation),
+            Some(Err(Unreachable(e))) => {
+                log::warn!("{e}");
+                id
+            }
+            None if self.breaker.is_open() => id,
+            None => match self
                 .reserve_in_redis(db, cfg, who, id, input, output, weights, now)
                 .await
             {
@@ -437,7 +252,7 @@ impl Shared {
                     log::warn!("{e}");
                     id
                 }
-            }
+            },
         };
         match self.settings.outage {
             RedisOutage::Refuse => Err((Denied::Unavailable, RateView::default())),
@@ -476,7 +291,9 @@ impl Shared {
                 }
             }
         }
-        for _attempt in 0..2 {
+        let mut now = now;
+        let (mut loads, mut drains) = (0, 0);
+        while loads < 2 {
             let tier = self.tier_for(cfg, who);
             let limits = *cfg.limits(tier);
             let plan = RatePlan::for_key(who, &limits);
@@ -486,9 +303,12 @@ impl Shared {
             for key in &k {
                 inv.key(key);
             }
-            inv.key(rate_key(&self.prefix, &plan.scope, minute - 1))
-                .key(rate_key(&self.prefix, &plan.scope, minute))
-                .key(&self.due_key);
+            inv.key(rate_key(&self.prefix, user_id, &plan.scope, minute - 1))
+                .key(rate_key(&self.prefix, user_id, &plan.scope, minute));
+            if !self.connector.is_cluster() {
+                // On a cluster the set lives in another slot: joined below, in its own call.
+                inv.key(&self.due_key);
+            }
             inv.arg(now)
                 .arg(&id)
                 .arg(tokens)
@@ -510,9 +330,21 @@ impl Shared {
                     Ok(r) => r,
                     Err(e) => return Err((id, e)),
                 };
-            let status = reply.first().and_then(as_string).unwrap_or_default();
+            let mut status = reply.first().and_then(as_string).unwrap_or_default();
+            if let Some(refusal) = status.strip_prefix("drain-") {
+                // Leases on other instances hold what is missing: they give it back within
+                // a renewal (the account is drained now), so wait and ask again.
+                if drains < DRAIN_TRIES {
+                    drains += 1;
+                    tokio::time::sleep(DRAIN_WAIT).await;
+                    now = crate::util::now_ms();
+                    continue;
+                }
+                status = refusal.to_string();
+            }
             match status.as_str() {
                 "load" => {
+                    loads += 1;
                     match self.load_account(db, user_id, now).await {
                         Ok(()) => {}
                         Err(LoadError::Redis(e)) => return Err((id, e)),
@@ -548,6 +380,9 @@ impl Shared {
                         .and_then(|t| usize::try_from(t).ok())
                         .and_then(|t| Tier::ALL.get(t).copied());
                     self.hints.insert(user_id.clone(), (weekly, top));
+                    if self.connector.is_cluster() && reply.get(12).and_then(as_i64) == Some(1) {
+                        self.join_sweep(user_id, now).await;
+                    }
                     return Ok(Ok(Reservation {
                         ticket: Ticket {
                             id,
@@ -562,6 +397,7 @@ impl Shared {
                             limits,
                             unlimited: who.user.unlimited,
                             in_process: false,
+                            leased: false,
                         },
                         rate: views(&reply, 3),
                     }));
@@ -583,6 +419,9 @@ impl Shared {
     /// the reservation is still held, so it is never paid twice (`Gone`: it was; the usage
     /// event then takes its breakdown from the in-process engine).
     pub async fn settle(&self, db: &Db, t: &Ticket, used: Used, now: i64) -> Breakdown {
+        if t.leased {
+            return self.settle_leased(db, t, used).await;
+        }
         let mut delay = Duration::from_millis(20);
         let mut only_if_held = false;
         let mut failures_left = 3;
@@ -655,7 +494,7 @@ impl Shared {
         for key in &k {
             inv.key(key);
         }
-        inv.key(rate_key(&self.prefix, &t.plan.scope, t.minute));
+        inv.key(rate_key(&self.prefix, &t.user_id, &t.plan.scope, t.minute));
         inv.arg(now)
             .arg(&t.id)
             .arg(t.charge(used))
@@ -673,172 +512,11 @@ impl Shared {
         match reply.first().and_then(as_string).as_deref() {
             Some("load") => Ok(Settled::Load),
             Some("gone") => Ok(Settled::Gone),
-            Some("ok") => {
-                let mut b = Breakdown {
-                    user_id: t.user_id.clone(),
-                    at_ms: now,
-                    allowance_tokens: reply.get(1).and_then(as_i64).unwrap_or(0).max(0) as u64,
-                    allowance_requests: reply.get(2).and_then(as_i64).unwrap_or(0).max(0) as u64,
-                    lots: vec![],
-                };
-                let mut i = 3;
-                while i + 2 < reply.len() {
-                    let id = as_string(&reply[i]).unwrap_or_default();
-                    let kind = if as_string(&reply[i + 1]).as_deref() == Some("r") {
-                        LotKind::Request
-                    } else {
-                        LotKind::Token
-                    };
-                    let n = as_i64(&reply[i + 2]).unwrap_or(0).max(0) as u64;
-                    b.lots.push((id, kind, n));
-                    i += 3;
-                }
-                Ok(Settled::Paid(b))
-            }
+            Some("ok") => Ok(Settled::Paid(breakdown(&reply, 1, t, now))),
             other => {
                 log::error!("redis settle: unexpected reply {other:?}");
                 Ok(Settled::Paid(on_allowance(t, used, now)))
             }
         }
-    }
-
-    /// Adds a lot granted elsewhere to the account, if Redis (or the outage engine) holds it.
-    /// False when Redis did not answer: the feed offers the lot again.
-    pub async fn add_lot(&self, lot: Lot) -> bool {
-        self.fallback.add_lot(lot.clone());
-        if self.breaker.is_open() {
-            return false;
-        }
-        let k = account_keys(&self.prefix, &lot.user_id);
-        let mut conn = self.conn();
-        let mut inv = self.add_lot.prepare_invoke();
-        inv.key(&k[0])
-            .key(&k[3])
-            .arg(&lot.id)
-            .arg(lot_value(&lot))
-            .arg(ACCOUNT_TTL_SECS);
-        match self
-            .guarded("add lot", inv.invoke_async::<i64>(&mut conn))
-            .await
-        {
-            Ok(_) => true,
-            Err(Unreachable(e)) => {
-                log::warn!("{e}");
-                false
-            }
-        }
-    }
-
-    /// Releases reservations older than `timeout_ms` on every account that holds one, so a
-    /// reservation whose instance died is freed whether or not its account sends anything.
-    pub async fn sweep(&self, now: i64, timeout_ms: i64) {
-        let mut conn = self.conn();
-        let due: Vec<String> = match self
-            .guarded(
-                "sweep",
-                redis::cmd("ZRANGEBYSCORE")
-                    .arg(&self.due_key)
-                    .arg("-inf")
-                    .arg(format!("({}", now - timeout_ms))
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(SWEEP_BATCH)
-                    .query_async(&mut conn),
-            )
-            .await
-        {
-            Ok(d) => d,
-            Err(Unreachable(e)) => {
-                log::warn!("{e}");
-                return;
-            }
-        };
-        for user_id in due {
-            let k = account_keys(&self.prefix, &user_id);
-            let mut inv = self.sweep.prepare_invoke();
-            inv.key(&k[0])
-                .key(&k[1])
-                .key(&k[4])
-                .key(&self.due_key)
-                .arg(now)
-                .arg(timeout_ms)
-                .arg(&user_id);
-            match self
-                .guarded("sweep", inv.invoke_async::<i64>(&mut conn))
-                .await
-            {
-                Ok(0) => {}
-                Ok(n) => log::warn!("released {n} stale reservation(s) of {user_id}"),
-                Err(Unreachable(e)) => {
-                    log::warn!("{e}");
-                    return;
-                }
-            }
-        }
-    }
-
-    /// One probe of a Redis the breaker gave up on. When a fresh connection answers, it
-    /// replaces the old one and every account served in process is reloaded from the database
-    /// into Redis; then the breaker closes. Anything failing leaves it open for the next probe.
-    pub async fn recover(&self, db: &Db) {
-        let connect =
-            ConnectionManager::new_with_config(self.client.clone(), self.manager_config.clone());
-        let Ok(Ok(mut fresh)) =
-            tokio::time::timeout(self.settings.timeout.max(MIN_CONNECT), connect).await
-        else {
-            return;
-        };
-        let ping_cmd = redis::cmd("PING");
-        let ping = ping_cmd.query_async::<String>(&mut fresh);
-        if !matches!(
-            tokio::time::timeout(self.settings.timeout.max(MIN_CONNECT), ping).await,
-            Ok(Ok(_))
-        ) {
-            return;
-        }
-        self.conn.store(std::sync::Arc::new(fresh));
-        // What was settled in process must be in the database before it is read back: wait
-        // (briefly) for the usage writer to write what was queued until now.
-        if let Some(usage) = &self.settings.usage {
-            let queued = usage.queued();
-            let until = tokio::time::Instant::now() + Duration::from_secs(1);
-            while usage.written() < queued && tokio::time::Instant::now() < until {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-        let orphans = std::mem::take(&mut *self.orphans.lock());
-        let mut accounts: Vec<String> = self.fallback.account_ids();
-        for user_id in orphans.keys() {
-            if !accounts.contains(user_id) {
-                accounts.push(user_id.clone());
-            }
-        }
-        let now = now_ms();
-        let mut failed = false;
-        for user_id in &accounts {
-            let released = orphans.get(user_id).map(Vec::as_slice).unwrap_or(&[]);
-            if let Err(LoadError::Redis(Unreachable(e)) | LoadError::Db(e)) =
-                self.reload_account(db, user_id, released, now).await
-            {
-                log::warn!("reconciling {user_id} into Redis: {e}");
-                failed = true;
-                break;
-            }
-        }
-        if failed {
-            // Try again with the next probe; the releases are kept for it.
-            let mut kept = self.orphans.lock();
-            for (user_id, ids) in orphans {
-                kept.entry(user_id).or_default().extend(ids);
-            }
-            self.breaker.failure(true);
-            return;
-        }
-        self.fallback.clear();
-        self.breaker.close();
-        log::warn!(
-            "Redis answers again: {} account(s) reconciled from the database",
-            accounts.len()
-        );
     }
 }

@@ -5,14 +5,17 @@
 -- Meta hash fields: loaded; rt, rr = tokens and requests held by open reservations;
 -- sa, sr, sl = allowance tokens, allowance requests and lot tokens spent in the rolling week;
 -- so = the oldest spend bucket's hour (absent: no bucket); v = 2 once those sums are built;
--- x = when the keys' expiry was last pushed back (ms).
+-- x = when the keys' expiry was last pushed back (ms); ft, fr = tokens and requests that the
+-- instances' leases hold unused (lease.lua), so a refused reservation knows whether waiting for
+-- the leases to come back can help (the account is then drained: dr = until when, ms).
 --
 -- The week's spend is kept as running sums so a call does not scan up to 168 hourly buckets
 -- (two scans per request, growing with the account's age over the week). The buckets are
 -- scanned only when the oldest one leaves the window, at most once an hour, or when the sums
 -- were never built (an account written by an earlier version of these scripts).
 -- Reservations are a hash id -> "tokens,requests,at_ms" plus a sorted set id -> at_ms, so the
--- stale ones are found by score instead of by reading every open reservation.
+-- stale ones are found by score instead of by reading every open reservation. An instance's
+-- lease is one of them, id "L:<instance>", value "tokens,requests,at_ms,free_tokens,free_requests".
 -- Gateways sharing one Redis must run the same version of these scripts: an earlier version
 -- would book spend without updating the sums. Keys left by one are carried over (v absent).
 
@@ -20,7 +23,8 @@ local HOUR_MS = 3600000
 
 -- The account's meta hash, or nil when the account is not in Redis.
 local function read_account(meta)
-  local f = redis.call('HMGET', meta, 'loaded', 'v', 'sa', 'sr', 'sl', 'so', 'rt', 'rr', 'x')
+  local f = redis.call('HMGET', meta, 'loaded', 'v', 'sa', 'sr', 'sl', 'so', 'rt', 'rr', 'x',
+    'ft', 'fr')
   if not f[1] then return nil end
   return {
     v = f[2],
@@ -28,16 +32,17 @@ local function read_account(meta)
     so = f[6] and tonumber(f[6]), had_so = f[6] ~= false and f[6] ~= nil,
     rt = tonumber(f[7] or '0'), rr = tonumber(f[8] or '0'),
     x = tonumber(f[9] or '0'),
+    ft = tonumber(f[10] or '0'), fr = tonumber(f[11] or '0'),
   }
 end
 
 local function write_account(meta, m)
   if m.so then
     redis.call('HSET', meta, 'v', 2, 'sa', m.sa, 'sr', m.sr, 'sl', m.sl, 'rt', m.rt, 'rr', m.rr,
-      'x', m.x, 'so', m.so)
+      'x', m.x, 'ft', m.ft, 'fr', m.fr, 'so', m.so)
   else
     redis.call('HSET', meta, 'v', 2, 'sa', m.sa, 'sr', m.sr, 'sl', m.sl, 'rt', m.rt, 'rr', m.rr,
-      'x', m.x)
+      'x', m.x, 'ft', m.ft, 'fr', m.fr)
     if m.had_so then redis.call('HDEL', meta, 'so') end
   end
 end
@@ -89,13 +94,17 @@ local function spend_add(m, buckets, now, ttl, allow_t, allow_r, lot_t, lot_r)
   if not m.so then m.so = hour end
 end
 
--- Releases the reservation `id`, if it is still held.
+-- Releases the reservation (or lease) `id`, if it is still held.
 local function release(m, held, held_at, id)
   local h = redis.call('HGET', held, id)
   redis.call('ZREM', held_at, id)
   if not h then return end
-  local t, r = string.match(h, '(%d+),(%d+),')
+  local t, r, _, ft, fr = string.match(h, '(%d+),(%d+),(%d+),?(%d*),?(%d*)')
   m.rt = math.max(0, m.rt - tonumber(t))
   m.rr = math.max(0, m.rr - tonumber(r))
+  if ft and ft ~= '' then
+    m.ft = math.max(0, m.ft - tonumber(ft))
+    m.fr = math.max(0, m.fr - tonumber(fr))
+  end
   redis.call('HDEL', held, id)
 end

@@ -5,13 +5,21 @@
 --       7 unlimited (0/1), 8 reservation timeout ms, 9 rpm, 10 itpm, 11 otpm,
 --       12 input cost, 13 output cost, 14 account ttl seconds, 15 account id (for KEYS[8])
 -- KEYS[8] (optional): the sorted set of accounts holding reservations, scored by the start of
---       the oldest one they may hold; the periodic sweep (sweep.lua) reads it.
+--       the oldest one they may hold; the periodic sweep (sweep.lua) reads it. On a Redis
+--       Cluster it lives in another slot than the account: the caller adds the account to it
+--       when the reply says this is its first reservation.
 -- Returns {'load'} when the account is not in Redis yet; {'rate', dim, wait_s, views...};
--- {'quota', views...}; {'ok', weekly_total_tokens, max_lot_tier, views...}.
+-- {'quota', views...}; {'ok', weekly_total_tokens, max_lot_tier, views..., first} where first
+-- is 1 when the account held no reservation before this one. A refusal that instances' leases
+-- may cause (they hold unused tokens or requests, or unused parts of the window) is
+-- {'drain-rate', ...} or {'drain-quota', ...} instead: the account is drained (no instance
+-- keeps or takes a lease for DRAIN_MS, lease.lua), so the caller waits for the leases to come
+-- back and asks again.
 -- views = for each of requests, input, output: limit, remaining, reset_s.
 local now = tonumber(ARGV[1])
 local m = read_account(KEYS[1])
 if not m then return {'load'} end
+local DRAIN_MS = 2000
 
 local rebuilt = spend_window(m, KEYS[3], KEYS[2], KEYS[5], now)
 
@@ -40,8 +48,8 @@ local reset = math.ceil((60000 - elapsed) / 1000)
 local caps = {tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])}
 local costs = {1, tonumber(ARGV[12]), tonumber(ARGV[13])}
 local fields = {'r', 'i', 'o'}
-local prev = redis.call('HMGET', KEYS[6], 'r', 'i', 'o')
-local curr = redis.call('HMGET', KEYS[7], 'r', 'i', 'o')
+local prev = redis.call('HMGET', KEYS[6], 'r', 'i', 'o', 'Lr', 'Li', 'Lo')
+local curr = redis.call('HMGET', KEYS[7], 'r', 'i', 'o', 'Lr', 'Li', 'Lo')
 local counts = {}
 for d = 1, 3 do
   local p = tonumber(prev[d] or '0') or 0
@@ -76,7 +84,12 @@ for d = 1, 3 do
       end
       local wait = math.ceil(wait_ms / 1000)
       if wait < 1 then wait = 1 end
-      local r = {'rate', d, wait}
+      local status = 'rate'
+      if (tonumber(prev[3 + d] or '0') or 0) > 0 or (tonumber(curr[3 + d] or '0') or 0) > 0 then
+        status = 'drain-rate'
+        redis.call('HSET', KEYS[1], 'dr', now + DRAIN_MS)
+      end
+      local r = {status, d, wait}
       for _, v in ipairs(views(false)) do table.insert(r, v) end
       return r
     end
@@ -95,7 +108,12 @@ if ARGV[7] == '0' then
     if requests > avail_r then short = true end
   end
   if short then
-    local r = {'quota'}
+    local status = 'quota'
+    if m.ft > 0 or (wr > 0 and m.fr > 0) then
+      status = 'drain-quota'
+      redis.call('HSET', KEYS[1], 'dr', now + DRAIN_MS)
+    end
+    local r = {status}
     for _, v in ipairs(views(false)) do table.insert(r, v) end
     return r
   end
@@ -116,7 +134,11 @@ elseif m.rr == 0 then
 end
 -- An account holding reservations is always in the sweep's set: it enters with its first one
 -- (only the sweep takes it out, when it holds none), so this costs a call only then.
-if KEYS[8] and m.rr == 0 then redis.call('ZADD', KEYS[8], 'NX', now, ARGV[15]) end
+local first = 0
+if m.rr == 0 then
+  first = 1
+  if KEYS[8] then redis.call('ZADD', KEYS[8], 'NX', now, ARGV[15]) end
+end
 m.rt = m.rt + tokens
 m.rr = m.rr + requests
 write_account(KEYS[1], m)
@@ -129,4 +151,5 @@ for d = 1, 3 do
 end
 local r = {'ok', m.sa + m.sl, max_tier}
 for _, v in ipairs(views(true)) do table.insert(r, v) end
+table.insert(r, first)
 return r

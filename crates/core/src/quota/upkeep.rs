@@ -1,0 +1,183 @@
+//! The Redis engine's upkeep, off the request path: lots granted elsewhere, the sweep of
+//! reservations (and leases) whose instance died, and recovery after an outage.
+
+use std::time::Duration;
+
+use super::scripts::{account_keys, lot_value};
+use super::shared::{LoadError, Shared, Unreachable, ACCOUNT_TTL_SECS, MIN_CONNECT, SWEEP_BATCH};
+use crate::domain::Lot;
+use crate::storage::Db;
+use crate::util::now_ms;
+
+impl Shared {
+    /// Adds a lot granted elsewhere to the account, if Redis (or the outage engine) holds it.
+    /// False when Redis did not answer: the feed offers the lot again.
+    pub async fn add_lot(&self, lot: Lot) -> bool {
+        self.fallback.add_lot(lot.clone());
+        if self.breaker.is_open() {
+            return false;
+        }
+        let k = account_keys(&self.prefix, &lot.user_id);
+        let mut conn = self.conn();
+        let mut inv = self.add_lot.prepare_invoke();
+        inv.key(&k[0])
+            .key(&k[3])
+            .arg(&lot.id)
+            .arg(lot_value(&lot))
+            .arg(ACCOUNT_TTL_SECS);
+        match self
+            .guarded("add lot", inv.invoke_async::<i64>(&mut conn))
+            .await
+        {
+            Ok(_) => true,
+            Err(Unreachable(e)) => {
+                log::warn!("{e}");
+                false
+            }
+        }
+    }
+
+    /// Puts an account that took its first reservation into the sweep's set (on a cluster, where
+    /// the set is in another slot than the account's keys). A failure is logged only: the
+    /// account's own next reservation also releases its stale ones.
+    pub(super) async fn join_sweep(&self, user_id: &str, now: i64) {
+        let mut conn = self.conn();
+        let mut cmd = redis::cmd("ZADD");
+        cmd.arg(&self.due_key).arg("NX").arg(now).arg(user_id);
+        let add = cmd.query_async::<i64>(&mut conn);
+        if let Err(Unreachable(e)) = self.guarded("sweep set", add).await {
+            log::warn!("{e}");
+        }
+    }
+
+    /// Releases reservations older than `timeout_ms` on every account that holds one, so a
+    /// reservation whose instance died is freed whether or not its account sends anything.
+    pub async fn sweep(&self, now: i64, timeout_ms: i64) {
+        let mut conn = self.conn();
+        let due: Vec<String> = match self
+            .guarded(
+                "sweep",
+                redis::cmd("ZRANGEBYSCORE")
+                    .arg(&self.due_key)
+                    .arg("-inf")
+                    .arg(format!("({}", now - timeout_ms))
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(SWEEP_BATCH)
+                    .query_async(&mut conn),
+            )
+            .await
+        {
+            Ok(d) => d,
+            Err(Unreachable(e)) => {
+                log::warn!("{e}");
+                return;
+            }
+        };
+        let cluster = self.connector.is_cluster();
+        for user_id in due {
+            let k = account_keys(&self.prefix, &user_id);
+            let mut inv = self.sweep.prepare_invoke();
+            inv.key(&k[0]).key(&k[1]).key(&k[4]);
+            if !cluster {
+                inv.key(&self.due_key);
+            }
+            inv.arg(now).arg(timeout_ms).arg(&user_id);
+            let (released, oldest) = match self
+                .guarded("sweep", inv.invoke_async::<(i64, i64)>(&mut conn))
+                .await
+            {
+                Ok(r) => r,
+                Err(Unreachable(e)) => {
+                    log::warn!("{e}");
+                    return;
+                }
+            };
+            if released > 0 {
+                log::warn!("released {released} stale reservation(s) of {user_id}");
+            }
+            if cluster {
+                let cmd = if oldest >= 0 {
+                    let mut c = redis::cmd("ZADD");
+                    c.arg(&self.due_key).arg("XX").arg(oldest).arg(&user_id);
+                    c
+                } else {
+                    let mut c = redis::cmd("ZREM");
+                    c.arg(&self.due_key).arg(&user_id);
+                    c
+                };
+                if let Err(Unreachable(e)) = self
+                    .guarded("sweep", cmd.query_async::<i64>(&mut conn))
+                    .await
+                {
+                    log::warn!("{e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One probe of a Redis the breaker gave up on. When a fresh connection answers, it
+    /// replaces the old one and every account served in process is reloaded from the database
+    /// into Redis; then the breaker closes. Anything failing leaves it open for the next probe.
+    pub async fn recover(&self, db: &Db) {
+        let connect = self.connector.connect();
+        let Ok(Ok(mut fresh)) =
+            tokio::time::timeout(self.settings.timeout.max(MIN_CONNECT), connect).await
+        else {
+            return;
+        };
+        let ping_cmd = redis::cmd("PING");
+        let ping = ping_cmd.query_async::<String>(&mut fresh);
+        if !matches!(
+            tokio::time::timeout(self.settings.timeout.max(MIN_CONNECT), ping).await,
+            Ok(Ok(_))
+        ) {
+            return;
+        }
+        self.conn.store(std::sync::Arc::new(fresh));
+        // What was settled in process must be in the database before it is read back: wait
+        // (briefly) for the usage writer to write what was queued until now.
+        if let Some(usage) = &self.settings.usage {
+            let queued = usage.queued();
+            let until = tokio::time::Instant::now() + Duration::from_secs(1);
+            while usage.written() < queued && tokio::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        let orphans = std::mem::take(&mut *self.orphans.lock());
+        let mut accounts: Vec<String> = self.fallback.account_ids();
+        for user_id in orphans.keys() {
+            if !accounts.contains(user_id) {
+                accounts.push(user_id.clone());
+            }
+        }
+        let now = now_ms();
+        let mut failed = false;
+        for user_id in &accounts {
+            let released = orphans.get(user_id).map(Vec::as_slice).unwrap_or(&[]);
+            if let Err(LoadError::Redis(Unreachable(e)) | LoadError::Db(e)) =
+                self.reload_account(db, user_id, released, now).await
+            {
+                log::warn!("reconciling {user_id} into Redis: {e}");
+                failed = true;
+                break;
+            }
+        }
+        if failed {
+            // Try again with the next probe; the releases are kept for it.
+            let mut kept = self.orphans.lock();
+            for (user_id, ids) in orphans {
+                kept.entry(user_id).or_default().extend(ids);
+            }
+            self.breaker.failure(true);
+            return;
+        }
+        self.fallback.clear();
+        self.breaker.close();
+        log::warn!(
+            "Redis answers again: {} account(s) reconciled from the database",
+            accounts.len()
+        );
+    }
+}

@@ -1,0 +1,408 @@
+//! Two gateway instances on one database and one Redis: every guarantee of the shared mode
+//! holds across them. Each test runs twice: on one Redis (`GATEWAY_TEST_REDIS`) and on a private
+//! three-master Redis Cluster started for it (`redis-server`, `redis-cli`). Without
+//! `GATEWAY_TEST_REDIS` both are skipped, as the other Redis tests are.
+//!
+//! - 50 parallel requests spread over both instances against an allowance for exactly 10:
+//!   exactly 10 are served;
+//! - a key's per-minute request limit holds across instances;
+//! - a revocation or suspension made through one reaches the other;
+//! - a lot granted while an account is refused on the other instance is usable there at once;
+//! - after Redis loses everything, the balance it reloads equals the database's.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis_cluster::RedisCluster;
+use common::*;
+use gateway_core::quota::redis_conn::{Conn, Connector, RedisTarget};
+use redis::AsyncCommands;
+use serde_json::{json, Value};
+
+/// Weekly allowance of exactly ten requests (tokens plentiful), no per-minute caps.
+const TEN_REQUESTS: &str = r#"
+[quota.tiers.beginner]
+weekly_tokens = 100000000
+weekly_requests = 10
+requests_per_minute = 0
+input_tokens_per_minute = 0
+output_tokens_per_minute = 0
+"#;
+
+/// Only lots pay and nothing is capped per minute, so a lot grant sets the balance exactly.
+const LOTS_ONLY: &str = r#"
+[quota.tiers.beginner]
+weekly_tokens = 0
+weekly_requests = 0
+requests_per_minute = 0
+input_tokens_per_minute = 0
+output_tokens_per_minute = 0
+"#;
+
+/// Plenty of everything; keys get their own per-minute limits.
+const ROOMY: &str = r#"
+[quota.tiers.beginner]
+weekly_tokens = 100000000
+weekly_requests = 0
+requests_per_minute = 0
+input_tokens_per_minute = 0
+output_tokens_per_minute = 0
+"#;
+
+/// The shared store two instances use: the test Redis (under a fresh prefix) or a private
+/// cluster.
+enum Store {
+    Single(String),
+    Cluster(RedisCluster),
+}
+
+impl Store {
+    /// `None` (the test is skipped, with the reason printed) without `GATEWAY_TEST_REDIS`.
+    fn open(cluster: bool) -> Option<Store> {
+        let Ok(url) = std::env::var("GATEWAY_TEST_REDIS") else {
+            eprintln!("GATEWAY_TEST_REDIS not set: skipped");
+            return None;
+        };
+        Some(if cluster {
+            Store::Cluster(RedisCluster::start())
+        } else {
+            Store::Single(url)
+        })
+    }
+
+    fn target(&self) -> RedisTarget {
+        match self {
+            Store::Single(url) => RedisTarget::Single(url.clone()),
+            Store::Cluster(c) => RedisTarget::Cluster(c.urls()),
+        }
+    }
+
+    async fn conn(&self) -> Conn {
+        let timeout = Duration::from_secs(2);
+        Connector::new(&self.target(), timeout, timeout)
+            .expect("redis target")
+            .connect()
+            .await
+            .expect("connect to the test redis")
+    }
+}
+
+/// Two instances on one database sharing `store`, under one key prefix.
+struct Pair {
+    a: Gateway,
+    b: Gateway,
+    mock: Mock,
+    prefix: String,
+}
+
+fn pair(store: &Store, extra: &str) -> Pair {
+    let mock = Mock::start(&[]);
+    let prefix = format!("mi:{}:", gateway_core::util::random_base62(10));
+    let options = |database_url: Option<String>| {
+        let mut o = Options {
+            extra_toml: extra.to_string(),
+            // Above the default: the suite shares two cores with builds, and one slow answer
+            // must not send a healthy request to the outage policy.
+            storage_toml: "redis_timeout_ms = 500".into(),
+            database_url,
+            env: vec![("GATEWAY_REDIS_PREFIX".into(), prefix.clone())],
+            ..Options::default()
+        };
+        match store {
+            Store::Single(url) => o.redis_url = Some(url.clone()),
+            Store::Cluster(c) => o.storage_toml.push_str(&format!("\n{}", c.storage_toml())),
+        }
+        o
+    };
+    let a = Gateway::start(&mock, options(None));
+    let mut b_options = options(Some(a.database_url.clone()));
+    b_options.env = a.env.clone();
+    let b = Gateway::start(&mock, b_options);
+    Pair { a, b, mock, prefix }
+}
+
+fn chat() -> Value {
+    json!({"model": "mock-gpt", "max_tokens": 20,
+           "messages": [{"role": "user", "content": "two instances"}]})
+}
+
+/// One chat request: (status, error code or "").
+async fn send(gw: &Gateway, key: &str) -> (u16, String) {
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&chat())
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("an answer");
+    let status = r.status().as_u16();
+    let v: Value = r.json().await.unwrap_or(Value::Null);
+    (
+        status,
+        v["error"]["code"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+/// Sends until `gw` answers `want`; panics after `limit`. Returns how long it took.
+async fn until_status(gw: &Gateway, key: &str, want: u16, limit: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let (status, code) = send(gw, key).await;
+        if status == want {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "still {status} {code} after {limit:?}, want {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sleeps past the end of the minute if fewer than `margin` are left in it, so a test of a
+/// per-minute window does not straddle two windows.
+async fn inside_one_minute(margin: Duration) {
+    let into = gateway_core::util::now_ms().rem_euclid(60_000) as u64;
+    let left = Duration::from_millis(60_000 - into);
+    if left < margin {
+        tokio::time::sleep(left + Duration::from_millis(100)).await;
+    }
+}
+
+async fn exactly_ten_of_fifty(store: Store) {
+    let p = pair(&store, TEN_REQUESTS);
+    let key = p.a.user_with_key("ten@example.com", &[]);
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let url = if i % 2 == 0 { p.a.url("") } else { p.b.url("") };
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = client()
+                .post(format!("{url}/v1/chat/completions"))
+                .bearer_auth(key)
+                .json(&chat())
+                .timeout(Duration::from_secs(30))
+                .send()
+                .await
+                .expect("an answer");
+            let status = r.status().as_u16();
+            let v: Value = r.json().await.unwrap_or(Value::Null);
+            (
+                status,
+                v["error"]["code"].as_str().unwrap_or("").to_string(),
+            )
+        }));
+    }
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.expect("request task"));
+    }
+    let ok = results.iter().filter(|(s, _)| *s == 200).count();
+    let refused = results
+        .iter()
+        .filter(|(s, c)| *s == 429 && c == "insufficient_quota")
+        .count();
+    assert_eq!((ok, refused), (10, 40), "{results:?}");
+    assert_eq!(p.mock.served().await, 10);
+    let events = p.a.wait_usage(10).await;
+    assert_eq!(events.len(), 10, "{events:?}");
+    // Both instances served some (the requests alternate): the limit held across them.
+    let after = send(&p.b, &key).await;
+    assert_eq!(after, (429, "insufficient_quota".to_string()));
+}
+
+async fn per_key_limit_across_instances(store: Store) {
+    let p = pair(&store, ROOMY);
+    let key = p.a.user_with_key("rpm@example.com", &["--rpm", "8"]);
+    inside_one_minute(Duration::from_secs(20)).await;
+    let mut statuses = Vec::new();
+    for i in 0..20 {
+        let gw = if i % 2 == 0 { &p.a } else { &p.b };
+        statuses.push(send(gw, &key).await);
+    }
+    let ok = statuses.iter().filter(|(s, _)| *s == 200).count();
+    assert_eq!(ok, 8, "{statuses:?}");
+    assert!(
+        statuses[8..]
+            .iter()
+            .all(|(s, c)| *s == 429 && c == "rate_limit_exceeded"),
+        "{statuses:?}"
+    );
+    assert_eq!(p.mock.served().await, 8);
+}
+
+async fn revocation_and_suspension_across_instances(store: Store) {
+    let p = pair(&store, ROOMY);
+    let key = p.a.user_with_key("revoke@example.com", &[]);
+    assert_eq!(send(&p.b, &key).await.0, 200);
+    let keys =
+        p.a.admin_json(&["key", "list", "--email", "revoke@example.com"]);
+    let id = keys[0]["id"]
+        .as_str()
+        .or(keys["keys"][0]["id"].as_str())
+        .unwrap_or_else(|| panic!("key id in {keys}"))
+        .to_string();
+    p.a.admin_json(&["key", "revoke", "--id", &id]);
+    until_status(&p.b, &key, 401, Duration::from_secs(3)).await;
+    assert_eq!(send(&p.a, &key).await.0, 401);
+
+    let key = p.b.user_with_key("suspend@example.com", &[]);
+    assert_eq!(send(&p.a, &key).await.0, 200);
+    assert_eq!(send(&p.b, &key).await.0, 200);
+    p.b.admin_json(&["user", "suspend", "--email", "suspend@example.com"]);
+    until_status(&p.a, &key, 403, Duration::from_secs(3)).await;
+    until_status(&p.b, &key, 403, Duration::from_secs(3)).await;
+}
+
+async fn lot_usable_on_the_other_instance(store: Store) {
+    let p = pair(&store, LOTS_ONLY);
+    let key = p.a.user_with_key("lot@example.com", &[]);
+    assert_eq!(
+        send(&p.b, &key).await,
+        (429, "insufficient_quota".to_string())
+    );
+    assert_eq!(
+        send(&p.a, &key).await,
+        (429, "insufficient_quota".to_string())
+    );
+    p.a.admin_json(&[
+        "lot",
+        "grant",
+        "--email",
+        "lot@example.com",
+        "--type",
+        "token",
+        "--amount",
+        "100000",
+    ]);
+    // The lot feed polls every 250 ms; a key refused for want of quota is refused without
+    // asking Redis for two seconds after its last refusal.
+    let waited = until_status(&p.b, &key, 200, Duration::from_secs(4)).await;
+    assert!(waited < Duration::from_secs(4), "{waited:?}");
+    assert_eq!(send(&p.a, &key).await.0, 200);
+}
+
+/// The lot's remaining tokens as Redis holds them (`None`: the account is not in Redis).
+async fn redis_lot(store: &Store, prefix: &str, user_id: &str, lot_id: &str) -> Option<u64> {
+    let mut c = store.conn().await;
+    let v: Option<String> = c
+        .hget(format!("{prefix}q:{{{user_id}}}:lots"), lot_id)
+        .await
+        .expect("hget");
+    v.and_then(|s| s.split(',').nth(1).and_then(|n| n.parse().ok()))
+}
+
+async fn db_lot(gw: &Gateway, user_id: &str) -> u64 {
+    let db = gw.db().await;
+    let lots = db
+        .quota()
+        .lots(user_id, gateway_core::util::now_ms())
+        .await
+        .expect("lots");
+    lots.iter().map(|l| l.remaining).sum()
+}
+
+/// Redis forgets everything this pair keeps there: `FLUSHALL` on the private cluster, the
+/// pair's keys on the shared test Redis (other tests use it at the same time).
+async fn lose_redis_state(store: &Store, prefix: &str) {
+    match store {
+        Store::Cluster(c) => c.flush_all(),
+        Store::Single(_) => {
+            let mut c = store.conn().await;
+            let keys: Vec<String> = c.keys(format!("{prefix}*")).await.expect("keys");
+            if !keys.is_empty() {
+                let _: i64 = c.del(keys).await.expect("del");
+            }
+        }
+    }
+}
+
+async fn reconciled_after_redis_loses_its_state(store: Store) {
+    let p = pair(&store, LOTS_ONLY);
+    let email = "reload@example.com";
+    let user = p.a.admin_json(&["user", "create", "--email", email]);
+    let user_id = user["id"].as_str().expect("user id").to_string();
+    let key = p.a.admin_json(&["key", "create", "--email", email])["secret"]
+        .as_str()
+        .expect("secret")
+        .to_string();
+    let granted = p.a.admin_json(&[
+        "lot", "grant", "--email", email, "--type", "token", "--amount", "100000",
+    ]);
+    let lot_id = granted["id"]
+        .as_str()
+        .or(granted["lot"]["id"].as_str())
+        .unwrap_or_else(|| panic!("lot id in {granted}"))
+        .to_string();
+    tokio::time::sleep(Duration::from_millis(600)).await; // lot feed
+    for i in 0..6 {
+        let gw = if i % 2 == 0 { &p.a } else { &p.b };
+        assert_eq!(send(gw, &key).await.0, 200);
+    }
+    p.a.wait_usage(6).await;
+    // The instances admitted against leases: reservations named after them.
+    let mut c = store.conn().await;
+    let held: Vec<String> = c
+        .hkeys(format!("{}q:{{{user_id}}}:res", p.prefix))
+        .await
+        .expect("hkeys");
+    assert!(held.iter().any(|id| id.starts_with("L:")), "{held:?}");
+    let before = db_lot(&p.a, &user_id).await;
+    assert!(before < 100_000, "usage was paid from the lot: {before}");
+
+    // (A lease renewal may load the account again at once: nothing to assert in between.)
+    lose_redis_state(&store, &p.prefix).await;
+    // Both instances go on serving: the account is reloaded from the database.
+    assert_eq!(send(&p.b, &key).await.0, 200);
+    assert_eq!(send(&p.a, &key).await.0, 200);
+    p.a.wait_usage(8).await;
+    // Redis and the database agree once the settlements are written.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let in_db = db_lot(&p.a, &user_id).await;
+        let in_redis = redis_lot(&store, &p.prefix, &user_id, &lot_id).await;
+        if in_redis == Some(in_db) && in_db < before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "redis {in_redis:?} vs database {in_db} (before the loss {before})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One test per store: `<name>` on one Redis, `<name>_on_a_cluster` on a Redis Cluster.
+macro_rules! on_both_stores {
+    ($($name:ident => $body:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                if let Some(store) = Store::open(false) {
+                    $body(store).await;
+                }
+            }
+        )*
+        mod on_a_cluster {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    if let Some(store) = Store::open(true) {
+                        $body(store).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+on_both_stores! {
+    fifty_parallel_requests_over_two_instances_against_an_allowance_for_ten => exactly_ten_of_fifty,
+    a_keys_requests_per_minute_hold_across_instances => per_key_limit_across_instances,
+    revocation_and_suspension_reach_the_other_instance => revocation_and_suspension_across_instances,
+    a_lot_granted_is_usable_on_the_other_instance_at_once => lot_usable_on_the_other_instance,
+    redis_is_reconciled_with_the_database_after_losing_its_state => reconciled_after_redis_loses_its_state,
+}
