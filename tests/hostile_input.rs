@@ -5,7 +5,7 @@ use gateway_devapi::query::has_sensitive_param;
 use gateway_devapi::route::{classify, Route};
 use gateway_devapi::sse::{usage_from_body, SseParser, StreamKind, StreamUsageTracker};
 use gateway_devapi::tokens::{requested_output, TokenCounter};
-use gateway_translate::{chat_to_messages, messages_to_chat};
+use gateway_translate::{chat_to_messages, messages_to_chat, responses};
 use proptest::prelude::*;
 use serde_json::Value;
 use std::sync::LazyLock;
@@ -149,18 +149,28 @@ proptest! {
         let _ = chat_to_messages::response(&v, "m");
         let _ = messages_to_chat::request(&v, "m");
         let _ = messages_to_chat::response(&v, "m");
+        let _ = responses::to_chat(&v, "m", true);
+        let _ = responses::to_messages(&v, "m", 256);
+        let _ = responses::from_chat(&v, "m");
+        let _ = responses::from_messages(&v, "m");
         let raw = serde_json::to_vec(&v).unwrap_or_default();
         let _ = chat_to_messages::error(&raw);
         let _ = messages_to_chat::error(&raw);
         let mut a = chat_to_messages::StreamTranslator::new("m", true);
         let mut b = messages_to_chat::StreamTranslator::new("m");
+        let mut c = responses::MessagesStream::new("m");
+        let mut d = responses::ChatStream::new("m");
         for (name, data) in &events {
             let data = data.to_string();
             let _ = a.on_event(name.as_deref(), &data);
             let _ = b.on_event(name.as_deref(), &data);
+            let _ = c.on_event(name.as_deref(), &data);
+            let _ = d.on_event(name.as_deref(), &data);
         }
         let _ = a.finish();
         let _ = b.finish();
+        let _ = c.finish(true);
+        let _ = d.finish(false);
     }
 }
 

@@ -651,7 +651,7 @@ async fn provider_errors_in_the_client_style() {
         &gw,
         "/v1/messages",
         &key,
-        &json!({"model": "mock-gpt", "max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}),
+        &json!({"model": "mock-gpt", "max_tokens": 8, "messages": [{"role": "tool", "content": "x"}]}),
     )
     .await;
     assert_eq!(r.status(), 400);

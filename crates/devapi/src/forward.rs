@@ -26,7 +26,7 @@ use crate::route::Endpoint;
 use crate::routing::{retry_after, Failure, Outstanding, Target, Verdict};
 use crate::sanitize;
 use crate::settle::{InFlight, Reason};
-use crate::shape::{ClientSide, Crossing, Shaper};
+use crate::shape::{ClientSide, Crossing, Shaper, Translated};
 use crate::sse::{usage_from_body, StreamKind, StreamUsageTracker};
 use crate::state::SharedApiState;
 use crate::upstream::{Exchange, ProviderRequest, UpstreamError};
@@ -40,7 +40,7 @@ const ERROR_BODY_LIMIT: usize = 1024 * 1024;
 /// [`crate::shape::translate_request`]).
 pub struct Attempts {
     pub targets: Vec<Target>,
-    pub translated: Option<Value>,
+    pub translated: Translated,
     /// `routing.failover_deadline_ms`: no attempt starts later than this after the first.
     pub deadline: Duration,
 }
@@ -72,10 +72,10 @@ fn upstream_body(
     adm: &Admitted,
     target: &Target,
     crossing: Crossing,
-    translated: Option<&Value>,
+    translated: &Translated,
 ) -> Result<Bytes, ApiError> {
     if crossing != Crossing::Native {
-        let Some(mut j) = translated.cloned() else {
+        let Some(mut j) = translated.get(crossing).cloned() else {
             log::error!("no translated body for {}", target.label());
             return Err(ApiError::ServerError);
         };
@@ -197,7 +197,7 @@ async fn connect(
             );
             break;
         }
-        let Some(crossing) = Crossing::of(adm.endpoint, target.provider.style) else {
+        let Some(crossing) = Crossing::of(adm.endpoint, &target.provider) else {
             continue;
         };
         let endpoint = crossing.provider_endpoint(adm.endpoint);
@@ -207,7 +207,7 @@ async fn connect(
             method: if endpoint.is_get() { "GET" } else { "POST" },
             path: &path,
             headers: upstream_headers(session, target, adm),
-            body: upstream_body(adm, target, crossing, attempts.translated.as_ref())?,
+            body: upstream_body(adm, target, crossing, &attempts.translated)?,
         };
         let outstanding = target.health.begin();
         match Box::pin(state.upstreams.start(&req)).await {

@@ -312,9 +312,10 @@ impl DevApi {
         }
     }
 
-    /// Decides whether the gateway answers itself or which deployments to try. A chat request
-    /// for an Anthropic-style model and a messages request for an OpenAI-style model are served
-    /// by translation; the translation runs here, before anything is reserved.
+    /// Decides whether the gateway answers itself or which deployments to try. A chat or
+    /// Responses request for an Anthropic-style model, a messages request for an OpenAI-style
+    /// model and a Responses request for a provider without `/v1/responses` are served by
+    /// translation; the translation runs here, before anything is reserved.
     fn targets(
         &self,
         cfg: &gateway_core::config::Config,
@@ -333,7 +334,7 @@ impl DevApi {
                 let targets = self.state.routing.plan_tool(provider)?;
                 Ok(Plan::Forward(forward::Attempts {
                     targets,
-                    translated: None,
+                    translated: shape::Translated::none(),
                     deadline: cfg.routing.failover_deadline,
                 }))
             }
@@ -353,7 +354,7 @@ impl DevApi {
                 // endpoint, natively or by translation.
                 let targets = self.state.routing.plan(
                     model,
-                    |d| shape::Crossing::of(endpoint, d.provider.style).is_some(),
+                    |d| shape::Crossing::of(endpoint, &d.provider).is_some(),
                     cfg.routing.max_attempts,
                 )?;
                 let translated = shape::translate_request(adm, &targets)?;

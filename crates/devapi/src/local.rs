@@ -7,8 +7,8 @@ use gateway_core::config::{Config, Model};
 use gateway_core::domain::ProviderStyle;
 use gateway_core::identity::Identity;
 
-/// The endpoints a model can serve, given its provider style. Chat completions and messages are
-/// offered in both styles: the gateway translates between them.
+/// The endpoints a model can serve, given its provider style. Chat completions, Responses and
+/// messages are offered in both styles: the gateway translates between them.
 pub fn endpoints_for(style: ProviderStyle) -> Vec<Endpoint> {
     match style {
         ProviderStyle::OpenAi => vec![
@@ -24,6 +24,7 @@ pub fn endpoints_for(style: ProviderStyle) -> Vec<Endpoint> {
             Endpoint::Messages,
             Endpoint::CountTokens,
             Endpoint::ChatCompletions,
+            Endpoint::Responses,
         ],
     }
 }

@@ -169,6 +169,16 @@ pub fn classify(method: &str, raw_path: &str) -> Route {
     if path == "/ready" && (method == "GET" || method == "HEAD") {
         return Route::Ready;
     }
+    // Agents (Claude Code) check that their base URL answers with a keyless HEAD before the
+    // first request; the bare API bases are liveness probes for them.
+    if method == "HEAD"
+        && matches!(
+            path,
+            "/v1" | "/v1/" | "/alt" | "/alt/" | "/alt/v1" | "/alt/v1/"
+        )
+    {
+        return Route::Health;
+    }
     let Some(norm) = normalize(path) else {
         return Route::NotFound;
     };
@@ -220,6 +230,11 @@ mod tests {
         assert_eq!(classify("GET", "/health?x=1"), Route::Health);
         assert_eq!(classify("GET", "/ready"), Route::Ready);
         assert_eq!(classify("POST", "/ready"), Route::NotFound);
+        for base in ["/v1", "/alt", "/alt/", "/alt/v1/"] {
+            assert_eq!(classify("HEAD", base), Route::Health, "{base}");
+        }
+        assert_eq!(ep("POST", "/alt"), Some(Endpoint::Messages));
+        assert_eq!(ep("HEAD", "/v1/models"), Some(Endpoint::Models));
         assert_eq!(classify("GET", "/v2/models"), Route::NotFound);
         assert_eq!(
             classify("POST", "/v1/files"),

@@ -576,6 +576,7 @@ mod tests {
             cooldown: Duration::from_secs(1),
             max_cooldown: Duration::from_secs(4),
             ca: None,
+            serves_responses: true,
         })
     }
 

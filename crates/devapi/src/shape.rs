@@ -1,10 +1,11 @@
 //! Shaping: how a client endpoint meets a provider style, and the bytes the client gets back.
 //!
-//! A request reaches a provider in one of three ways ([`Crossing`]), decided per deployment:
+//! A request reaches a provider in one of several ways ([`Crossing`]), decided per deployment:
 //! in its own style (the provider's bytes pass through), as an OpenAI chat request to an
-//! Anthropic-style provider, or as an Anthropic messages request to an OpenAI-style provider.
-//! The request body is translated once, before anything is reserved ([`translate_request`]), so
-//! a request the translation refuses costs nothing. The answer is shaped by a [`Shaper`], which
+//! Anthropic-style provider, as an Anthropic messages request to an OpenAI-style provider, or
+//! as a Responses request to an Anthropic-style provider or to an OpenAI-style one without
+//! `/v1/responses`. The request body is translated once per crossing, before anything is
+//! reserved ([`translate_request`]), so a request the translation refuses costs nothing. The answer is shaped by a [`Shaper`], which
 //! `forward` feeds with the provider's chunks and which hands back the client's bytes.
 //!
 //! Usage is always read from the provider's own events and body, before any translation, so
@@ -20,8 +21,9 @@ use crate::route::Endpoint;
 use crate::routing::Target;
 use crate::settle::Reason;
 use crate::sse::{EventVerdict, SseEvent, SseParser, StreamKind, StreamUsageTracker};
+use gateway_core::config::Provider;
 use gateway_core::domain::ProviderStyle;
-use gateway_translate::{chat_to_messages, messages_to_chat};
+use gateway_translate::{chat_to_messages, messages_to_chat, responses};
 
 /// A translated answer is collected whole before it is translated; past this the provider's
 /// answer is refused (no chat answer comes near it).
@@ -44,20 +46,27 @@ pub enum Crossing {
     ChatToMessages,
     /// An Anthropic messages client on an OpenAI-style provider (`/v1/chat/completions`).
     MessagesToChat,
+    /// A Responses client on an Anthropic-style provider (`/v1/messages`).
+    ResponsesToMessages,
+    /// A Responses client on an OpenAI-style provider without `/v1/responses`
+    /// (`/v1/chat/completions`).
+    ResponsesToChat,
 }
 
 impl Crossing {
-    /// How a provider of `style` serves `endpoint`, or `None` when it cannot: Anthropic-style
-    /// providers have no responses, embeddings, images or speech, and OpenAI-style providers no
-    /// token counting (the gateway counts locally for those models instead).
-    pub fn of(endpoint: Endpoint, style: ProviderStyle) -> Option<Crossing> {
+    /// How `provider` serves `endpoint`, or `None` when it cannot: Anthropic-style providers
+    /// have no embeddings, images or speech, and OpenAI-style providers no token counting (the
+    /// gateway counts locally for those models instead).
+    pub fn of(endpoint: Endpoint, provider: &Provider) -> Option<Crossing> {
         use Endpoint as E;
-        match (style, endpoint) {
+        match (provider.style, endpoint) {
             (ProviderStyle::Anthropic, E::ChatCompletions) => Some(Crossing::ChatToMessages),
-            (ProviderStyle::Anthropic, E::Responses | E::Embeddings | E::Images | E::Speech) => {
-                None
-            }
+            (ProviderStyle::Anthropic, E::Responses) => Some(Crossing::ResponsesToMessages),
+            (ProviderStyle::Anthropic, E::Embeddings | E::Images | E::Speech) => None,
             (ProviderStyle::OpenAi, E::Messages) => Some(Crossing::MessagesToChat),
+            (ProviderStyle::OpenAi, E::Responses) if !provider.serves_responses => {
+                Some(Crossing::ResponsesToChat)
+            }
             (ProviderStyle::OpenAi, E::CountTokens) => None,
             _ => Some(Crossing::Native),
         }
@@ -67,9 +76,25 @@ impl Crossing {
     pub fn provider_endpoint(self, endpoint: Endpoint) -> Endpoint {
         match self {
             Crossing::Native => endpoint,
-            Crossing::ChatToMessages => Endpoint::Messages,
-            Crossing::MessagesToChat => Endpoint::ChatCompletions,
+            Crossing::ChatToMessages | Crossing::ResponsesToMessages => Endpoint::Messages,
+            Crossing::MessagesToChat | Crossing::ResponsesToChat => Endpoint::ChatCompletions,
         }
+    }
+}
+
+/// The client's request translated for each crossing its deployments need (at most two: a
+/// Responses request may go to Anthropic-style and chat-only deployments of one model).
+#[derive(Debug, Default)]
+pub struct Translated(Vec<(Crossing, Value)>);
+
+impl Translated {
+    pub fn none() -> Translated {
+        Translated(Vec::new())
+    }
+
+    /// The body for `crossing`, translated with the client's model name.
+    pub fn get(&self, crossing: Crossing) -> Option<&Value> {
+        self.0.iter().find(|(c, _)| *c == crossing).map(|(_, v)| v)
     }
 }
 
@@ -83,40 +108,45 @@ fn usage_kind(endpoint: Endpoint) -> Option<StreamKind> {
     }
 }
 
-/// Translates the client's body for the targets of the other style, once per request. Runs
+/// Translates the client's body for the targets of another style, once per crossing. Runs
 /// before the reservation: a body the translation refuses is a 400 `invalid_request` that costs
-/// nothing. `None` when every target speaks the client's style. The `model` of the result is the
+/// nothing. Empty when every target speaks the client's style. The `model` of a result is the
 /// client's; `forward` replaces it with each deployment's upstream name.
-pub fn translate_request(adm: &Admitted, targets: &[Target]) -> Result<Option<Value>, ApiError> {
-    let crossing = targets
+pub fn translate_request(adm: &Admitted, targets: &[Target]) -> Result<Translated, ApiError> {
+    let mut out = Translated::none();
+    for crossing in targets
         .iter()
-        .filter_map(|t| Crossing::of(adm.endpoint, t.provider.style))
-        .find(|c| *c != Crossing::Native);
-    let Some(crossing) = crossing else {
-        return Ok(None);
-    };
-    let tree = adm.tree_for_rewrite()?;
-    let json = tree.as_ref();
-    let translated = match crossing {
-        Crossing::Native => return Ok(None),
-        Crossing::ChatToMessages => {
-            // Anthropic requires max_tokens: the reserve already holds the requested or default
-            // output, capped by the key's and the context's limits.
-            let default_max = match adm.output_reserve {
-                0 => adm
-                    .model
-                    .as_ref()
-                    .map(|m| m.default_output_tokens)
-                    .unwrap_or(1),
-                n => n,
-            };
-            chat_to_messages::request(json, &adm.model_name, default_max.max(1))
+        .filter_map(|t| Crossing::of(adm.endpoint, &t.provider))
+    {
+        if crossing == Crossing::Native || out.get(crossing).is_some() {
+            continue;
         }
-        Crossing::MessagesToChat => messages_to_chat::request(json, &adm.model_name),
-    };
-    translated
-        .map(Some)
-        .map_err(|e| ApiError::invalid("invalid_request", e.to_string()))
+        let tree = adm.tree_for_rewrite()?;
+        let json = tree.as_ref();
+        // Anthropic requires max_tokens: the reserve already holds the requested or default
+        // output, capped by the key's and the context's limits.
+        let default_max = match adm.output_reserve {
+            0 => adm
+                .model
+                .as_ref()
+                .map(|m| m.default_output_tokens)
+                .unwrap_or(1),
+            n => n,
+        }
+        .max(1);
+        let model = &adm.model_name;
+        let translated = match crossing {
+            Crossing::Native => continue,
+            Crossing::ChatToMessages => chat_to_messages::request(json, model, default_max),
+            Crossing::MessagesToChat => messages_to_chat::request(json, model),
+            Crossing::ResponsesToMessages => responses::to_messages(json, model, default_max),
+            Crossing::ResponsesToChat => responses::to_chat(json, model, false),
+        };
+        let translated =
+            translated.map_err(|e| ApiError::invalid("invalid_request", e.to_string()))?;
+        out.0.push((crossing, translated));
+    }
+    Ok(out)
 }
 
 /// The client's side of an exchange: what it called and how it wants the answer.
@@ -151,6 +181,10 @@ enum Shape {
     ChatFromMessages(Box<chat_to_messages::StreamTranslator>),
     /// OpenAI chat chunks to Anthropic events.
     MessagesFromChat(Box<messages_to_chat::StreamTranslator>),
+    /// Anthropic events to Responses events.
+    ResponsesFromMessages(Box<responses::MessagesStream>),
+    /// OpenAI chat chunks to Responses events.
+    ResponsesFromChat(Box<responses::ChatStream>),
 }
 
 impl Shape {
@@ -167,6 +201,8 @@ impl Shape {
             _ if ev.data.is_empty() => return,
             Shape::ChatFromMessages(t) => t.on_event(ev.event.as_deref(), &ev.data),
             Shape::MessagesFromChat(t) => t.on_event(ev.event.as_deref(), &ev.data),
+            Shape::ResponsesFromMessages(t) => t.on_event(ev.event.as_deref(), &ev.data),
+            Shape::ResponsesFromChat(t) => t.on_event(ev.event.as_deref(), &ev.data),
         };
         frames.iter().for_each(|f| out.extend_from_slice(f));
     }
@@ -198,6 +234,9 @@ impl Shape {
                 frames.extend(t.finish());
                 frames
             }
+            // A Responses client learns of a cut from `response.failed`.
+            Shape::ResponsesFromMessages(t) => t.finish(cut),
+            Shape::ResponsesFromChat(t) => t.finish(cut),
         };
         frames.iter().for_each(|f| out.extend_from_slice(f));
     }
@@ -251,7 +290,14 @@ impl Shaper {
             // style) relayed as it is once the caller has masked any echo of the provider's
             // credential in it.
             _ if status >= 400 => Body::Whole(Vec::new()),
-            Crossing::ChatToMessages | Crossing::MessagesToChat if !sse => Body::Whole(Vec::new()),
+            Crossing::ChatToMessages
+            | Crossing::MessagesToChat
+            | Crossing::ResponsesToMessages
+            | Crossing::ResponsesToChat
+                if !sse =>
+            {
+                Body::Whole(Vec::new())
+            }
             Crossing::ChatToMessages => Body::Events(
                 SseParser::without_raw(),
                 Shape::ChatFromMessages(Box::new(chat_to_messages::StreamTranslator::new(
@@ -264,6 +310,16 @@ impl Shaper {
                 Shape::MessagesFromChat(Box::new(messages_to_chat::StreamTranslator::new(
                     client.model,
                 ))),
+            ),
+            Crossing::ResponsesToMessages => Body::Events(
+                SseParser::without_raw(),
+                Shape::ResponsesFromMessages(Box::new(responses::MessagesStream::new(
+                    client.model,
+                ))),
+            ),
+            Crossing::ResponsesToChat => Body::Events(
+                SseParser::without_raw(),
+                Shape::ResponsesFromChat(Box::new(responses::ChatStream::new(client.model))),
             ),
             Crossing::Native if sse => {
                 let drop_usage_only =
@@ -401,8 +457,12 @@ impl Shaper {
             return (self.status, Bytes::new());
         };
         let (status, answer) = match (reason, self.overflow) {
-            // Same style: the provider's error as it came.
-            (Reason::Complete, false) if self.crossing == Crossing::Native => {
+            // Same style: the provider's error as it came. A chat provider's error is already
+            // in the shape Responses clients read.
+            (Reason::Complete, false)
+                if self.crossing == Crossing::Native
+                    || (self.crossing == Crossing::ResponsesToChat && self.status >= 400) =>
+            {
                 return (self.status, Bytes::copy_from_slice(buf));
             }
             (Reason::Complete, false) if self.status >= 400 => (self.status, self.error(buf)),
@@ -419,6 +479,8 @@ impl Shaper {
     fn response(&self, v: &Value) -> Value {
         match self.crossing {
             Crossing::MessagesToChat => messages_to_chat::response(v, &self.client_model),
+            Crossing::ResponsesToMessages => responses::from_messages(v, &self.client_model),
+            Crossing::ResponsesToChat => responses::from_chat(v, &self.client_model),
             _ => chat_to_messages::response(v, &self.client_model),
         }
     }
@@ -556,28 +618,60 @@ mod tests {
 
     use serde_json::json;
 
+    fn provider(style: ProviderStyle, serves_responses: bool) -> Provider {
+        let kind = style.as_str();
+        let toml = format!(
+            "[[providers]]\nname = \"p\"\nstyle = \"{kind}\"\nbase_url = \"http://127.0.0.1:9\"\n"
+        );
+        let cfg =
+            gateway_core::config::Config::from_str(std::path::Path::new("t.toml"), &toml).unwrap();
+        let mut p = (*cfg.providers["p"]).clone();
+        p.serves_responses = serves_responses;
+        p
+    }
+
     #[test]
     fn crossings() {
         use Crossing::*;
         use ProviderStyle::*;
         let cases = [
-            (Endpoint::ChatCompletions, Anthropic, Some(ChatToMessages)),
-            (Endpoint::ChatCompletions, OpenAi, Some(Native)),
-            (Endpoint::Messages, OpenAi, Some(MessagesToChat)),
-            (Endpoint::Messages, Anthropic, Some(Native)),
-            (Endpoint::CountTokens, Anthropic, Some(Native)),
-            (Endpoint::CountTokens, OpenAi, None),
-            (Endpoint::Responses, Anthropic, None),
-            (Endpoint::Embeddings, Anthropic, None),
-            (Endpoint::Search, Anthropic, Some(Native)),
+            (
+                Endpoint::ChatCompletions,
+                Anthropic,
+                true,
+                Some(ChatToMessages),
+            ),
+            (Endpoint::ChatCompletions, OpenAi, true, Some(Native)),
+            (Endpoint::Messages, OpenAi, true, Some(MessagesToChat)),
+            (Endpoint::Messages, Anthropic, false, Some(Native)),
+            (Endpoint::CountTokens, Anthropic, false, Some(Native)),
+            (Endpoint::CountTokens, OpenAi, true, None),
+            (
+                Endpoint::Responses,
+                Anthropic,
+                false,
+                Some(ResponsesToMessages),
+            ),
+            (Endpoint::Responses, OpenAi, true, Some(Native)),
+            (Endpoint::Responses, OpenAi, false, Some(ResponsesToChat)),
+            (Endpoint::Embeddings, Anthropic, false, None),
+            (Endpoint::Search, Anthropic, false, Some(Native)),
         ];
-        for (endpoint, style, want) in cases {
+        for (endpoint, style, responses, want) in cases {
             assert_eq!(
-                Crossing::of(endpoint, style),
+                Crossing::of(endpoint, &provider(style, responses)),
                 want,
-                "{endpoint:?} {style:?}"
+                "{endpoint:?} {style:?} {responses}"
             );
         }
+        assert_eq!(
+            ResponsesToMessages.provider_endpoint(Endpoint::Responses),
+            Endpoint::Messages
+        );
+        assert_eq!(
+            ResponsesToChat.provider_endpoint(Endpoint::Responses),
+            Endpoint::ChatCompletions
+        );
         assert_eq!(
             ChatToMessages.provider_endpoint(Endpoint::ChatCompletions),
             Endpoint::Messages

@@ -410,6 +410,7 @@ mod tests {
             eject_after_failures: 3,
             cooldown: Duration::from_secs(1),
             ca: None,
+            serves_responses: true,
             max_cooldown: Duration::from_secs(1),
         }
     }

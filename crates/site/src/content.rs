@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use parking_lot::Mutex;
-use serde_json::json;
+use serde::Serialize;
 
 use gateway_core::state::SharedState;
 use gateway_core::util::iso;
@@ -106,16 +106,13 @@ async fn document(slug: &str, path: Option<&Path>, cache: &Mutex<Option<Rendered
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .and_then(|d| i64::try_from(d.as_millis()).ok())
         .map(iso);
-    let body = Arc::new(
-        json!({
-            "ok": true,
-            "slug": slug,
-            "html": render(&markdown),
-            "markdown": markdown,
-            "updatedAt": updated_at,
-        })
-        .to_string(),
-    );
+    let body = Arc::new(serialize(&Document {
+        ok: true,
+        slug,
+        html: render(&markdown),
+        markdown: &markdown,
+        updated_at,
+    }));
     *cache.lock() = Some(Rendered {
         stamp,
         body: body.clone(),
@@ -123,8 +120,29 @@ async fn document(slug: &str, path: Option<&Path>, cache: &Mutex<Option<Rendered
     body
 }
 
+/// The answer of `GET /api/content/<slug>`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Document<'a> {
+    ok: bool,
+    slug: &'a str,
+    markdown: &'a str,
+    html: String,
+    updated_at: Option<String>,
+}
+
+fn serialize(doc: &Document<'_>) -> String {
+    serde_json::to_string(doc).unwrap_or_default()
+}
+
 fn empty(slug: &str) -> String {
-    json!({ "ok": true, "slug": slug, "markdown": "", "html": "", "updatedAt": null }).to_string()
+    serialize(&Document {
+        ok: true,
+        slug,
+        markdown: "",
+        html: String::new(),
+        updated_at: None,
+    })
 }
 
 /// Markdown to safe HTML: CommonMark plus tables, strikethrough and footnotes, then ammonia's

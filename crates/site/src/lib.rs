@@ -4,15 +4,20 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod access;
 pub mod account;
 pub mod auth;
+pub mod authkey;
 pub mod captcha;
 pub mod content;
 pub mod csrf;
 pub mod error;
+pub mod extract;
+pub mod hourly;
 pub mod mail;
 pub mod panel;
 pub mod payment;
+pub mod reply;
 pub mod session;
 pub mod twofactor;
 pub mod views;
@@ -26,20 +31,22 @@ use axum::{Json, Router};
 use error::SiteError;
 use gateway_core::state::SharedState;
 
-/// Every site route, merged in one place.
+/// Every site route, merged in one place. The personal APIs (auth, account, payment) sit under
+/// one layer that marks every answer private (`reply::private_headers`); the content API is
+/// public and cacheable, and the panel sets its own headers.
 pub fn router(state: SharedState) -> Router {
-    Router::new()
-        .route(
-            "/health",
-            get(|| async { Json(serde_json::json!({"ok": true})) }),
-        )
+    let personal = Router::new()
         .nest(
             "/api/auth",
             auth::router().layer(axum::middleware::from_fn(count_signin)),
         )
         .nest("/api/payment", payment::router())
-        .nest("/api/content", content::router())
         .nest("/api/account", account::router())
+        .layer(axum::middleware::map_response(reply::private_headers));
+    Router::new()
+        .route("/health", get(|| async { Json(reply::Done::OK) }))
+        .merge(personal)
+        .nest("/api/content", content::router())
         .merge(panel::router())
         .fallback(|| async { SiteError::NotFound.into_response() })
         .with_state(state)

@@ -10,9 +10,8 @@
 //! Every panel answer carries a strict Content-Security-Policy (no inline script or style),
 //! `nosniff` and `no-referrer`. Pages are `no-store`; assets are cacheable for five minutes.
 
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::extract::DefaultBodyLimit;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::map_response;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -21,8 +20,8 @@ use qrcode::render::svg;
 use qrcode::{EcLevel, QrCode};
 use serde_json::Value;
 
-use super::csrf::require_mutation;
-use super::error::SiteError;
+use crate::error::SiteError;
+use crate::extract::Mutation;
 use gateway_core::state::SharedState;
 
 /// The policy of every panel response.
@@ -147,30 +146,21 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
 
 /// `POST /panel/qr {text}`: the QR code of `text` as SVG. Needs a session, the same origin and
 /// the CSRF token, like any mutation, so it cannot be used as a free QR service.
-async fn qr(State(state): State<SharedState>, headers: HeaderMap, body: Bytes) -> Response {
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    if let Err(e) = require_mutation(&state, &headers, Some(&body)).await {
-        return e.into_response();
-    }
-    let Some(text) = body.get("text").and_then(Value::as_str) else {
-        return SiteError::Code("invalid_text").into_response();
-    };
-    if text.is_empty() || text.chars().count() > QR_MAX_CHARS {
-        return SiteError::Code("invalid_text").into_response();
-    }
-    match qr_svg(text) {
-        Some(svg) => {
-            let mut resp = (StatusCode::OK, svg).into_response();
-            let h = resp.headers_mut();
-            h.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("image/svg+xml"),
-            );
-            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-            resp
-        }
-        None => SiteError::Code("invalid_text").into_response(),
-    }
+async fn qr(Mutation { body, .. }: Mutation) -> Result<Response, SiteError> {
+    let text = body
+        .get("text")
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty() && t.chars().count() <= QR_MAX_CHARS)
+        .ok_or(SiteError::InvalidText)?;
+    let svg = qr_svg(text).ok_or(SiteError::InvalidText)?;
+    let mut resp = (StatusCode::OK, svg).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("image/svg+xml"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(resp)
 }
 
 /// The QR code of `text` as a standalone SVG document (medium error correction, quiet zone

@@ -5,26 +5,24 @@
 //! fixation). A session ends at its absolute expiry (`auth.session_ttl`), after
 //! `auth.session_idle` without a request, or at signout.
 //!
-//! The account API reuses this module: `current_session` / `require_session` to find the
-//! signed-in user, and `csrf::require_mutation` for its POST/DELETE endpoints.
+//! Handlers do not call this module to find the user: the `Session`, `MaybeSession` and
+//! `Mutation` extractors (`extract`) do.
 
 use std::time::Duration;
 
 use axum::http::{header, HeaderMap, HeaderValue};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use hmac::{Hmac, Mac};
 use rand::RngCore;
-use sha2::Sha256;
-use subtle::ConstantTimeEq;
+use serde::Serialize;
 
-use super::error::SiteError;
+use crate::authkey::AuthKey;
+use crate::csrf::token_for;
+use crate::error::{Failing, SiteError};
 use gateway_core::config::Config;
 use gateway_core::state::AppState;
 use gateway_core::storage::SessionRecord;
 use gateway_core::util::{iso, now_ms};
-
-type HmacSha256 = Hmac<Sha256>;
 
 /// Base name of the session cookie; `__Host-` is prefixed when the site is https.
 pub const SESSION_COOKIE: &str = "gw_session";
@@ -33,56 +31,6 @@ pub const OTP_COOKIE: &str = "gw_otp";
 
 /// Activity is written back at most this often, so reading a session is usually one SELECT.
 const TOUCH_EVERY_MS: i64 = 60_000;
-
-/// The HMAC key derived from `GATEWAY_SESSION_SECRET`. Every digest and signature names its
-/// purpose, so a value made for one use (say a CSRF token) is never valid for another.
-#[derive(Clone)]
-pub struct AuthKey(HmacSha256);
-
-impl AuthKey {
-    pub fn new(secret: &[u8]) -> Option<AuthKey> {
-        HmacSha256::new_from_slice(secret).ok().map(AuthKey)
-    }
-
-    /// The process's key, or `auth_not_configured` when no session secret is set.
-    pub fn from_state(state: &AppState) -> Result<AuthKey, SiteError> {
-        state
-            .secrets
-            .session_secret
-            .as_ref()
-            .and_then(|s| AuthKey::new(s.expose()))
-            .ok_or(SiteError::Code("auth_not_configured"))
-    }
-
-    fn mac(&self, purpose: &str, value: &str) -> [u8; 32] {
-        let mut m = self.0.clone();
-        m.update(purpose.as_bytes());
-        m.update(&[0]);
-        m.update(value.as_bytes());
-        m.finalize().into_bytes().into()
-    }
-
-    /// Hex digest used as a database lookup key for a secret value (code, token, session id).
-    pub fn digest(&self, purpose: &str, value: &str) -> String {
-        hex::encode(self.mac(purpose, value))
-    }
-
-    /// A URL-safe signature of `value`, for tokens handed to the browser.
-    pub fn sign(&self, purpose: &str, value: &str) -> String {
-        URL_SAFE_NO_PAD.encode(self.mac(purpose, value))
-    }
-
-    /// Constant-time check of a `sign` result.
-    pub fn verify(&self, purpose: &str, value: &str, signature: &str) -> bool {
-        let expected = self.sign(purpose, value);
-        expected.as_bytes().ct_eq(signature.as_bytes()).into()
-    }
-}
-
-/// The CSRF token of the session whose id digest is `session_id_hash`.
-pub fn token_for(key: &AuthKey, session_id_hash: &str) -> String {
-    key.sign("csrf", session_id_hash)
-}
 
 /// The signed-in user of a request.
 #[derive(Clone)]
@@ -111,12 +59,12 @@ impl SessionInfo {
     }
 
     /// `{user:{email}, expires, csrfToken}`: the body of `GET /api/auth/session`.
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "user": { "email": self.email },
-            "expires": self.expires(),
-            "csrfToken": self.csrf_token,
-        })
+    pub fn view(&self) -> SessionView<'_> {
+        SessionView {
+            user: UserEmail { email: &self.email },
+            expires: self.expires(),
+            csrf_token: Some(&self.csrf_token),
+        }
     }
 
     fn from_record(key: &AuthKey, rec: &SessionRecord, cfg: &Config, seen: i64) -> SessionInfo {
@@ -128,6 +76,21 @@ impl SessionInfo {
             id_hash: rec.id_hash.clone(),
         }
     }
+}
+
+/// A session as the browser may see it; the sign-in answer leaves the CSRF token out.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionView<'a> {
+    pub user: UserEmail<'a>,
+    pub expires: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub csrf_token: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+pub struct UserEmail<'a> {
+    pub email: &'a str,
 }
 
 fn effective_expiry(cfg: &Config, absolute: i64, last_seen: i64) -> i64 {
@@ -228,11 +191,17 @@ pub async fn current_session(
         return Ok(None);
     };
     let store = state.db.auth();
-    let rec = store.session(&id_hash).await.map_err(persistence)?;
+    let rec = store
+        .session(&id_hash)
+        .await
+        .or_fail(SiteError::AccountPersistenceFailed)?;
     let Some(rec) = rec else { return Ok(None) };
     let now = now_ms();
     if now >= effective_expiry(&cfg, rec.expires_at, rec.last_seen_at) {
-        store.delete_session(&id_hash).await.map_err(persistence)?;
+        store
+            .delete_session(&id_hash)
+            .await
+            .or_fail(SiteError::AccountPersistenceFailed)?;
         return Ok(None);
     }
     let mut seen = rec.last_seen_at;
@@ -240,20 +209,10 @@ pub async fn current_session(
         store
             .touch_session(&id_hash, now)
             .await
-            .map_err(persistence)?;
+            .or_fail(SiteError::AccountPersistenceFailed)?;
         seen = now;
     }
     Ok(Some(SessionInfo::from_record(&key, &rec, &cfg, seen)))
-}
-
-/// `current_session` for endpoints that need a user: `unauthorized` (401) without one.
-pub async fn require_session(
-    state: &AppState,
-    headers: &HeaderMap,
-) -> Result<SessionInfo, SiteError> {
-    current_session(state, headers)
-        .await?
-        .ok_or(SiteError::Code("unauthorized"))
 }
 
 /// Starts a new session for `user_id` and returns it with its `Set-Cookie` value. The caller
@@ -274,7 +233,7 @@ pub(crate) async fn start_session(
         .auth()
         .create_session(&id_hash, user_id, now, expires_at)
         .await
-        .map_err(persistence)?;
+        .or_fail(SiteError::AccountPersistenceFailed)?;
     let rec = SessionRecord {
         id_hash,
         user_id: user_id.to_string(),
@@ -302,30 +261,14 @@ pub(crate) async fn end_session(
             .auth()
             .delete_session(&id_hash)
             .await
-            .map_err(persistence)?;
+            .or_fail(SiteError::AccountPersistenceFailed)?;
     }
     Ok(())
-}
-
-/// Logs a storage failure (the cause stays server-side) and answers with the spec's code.
-pub(crate) fn persistence(e: gateway_core::storage::StoreError) -> SiteError {
-    log::error!("account storage failed: {e}");
-    SiteError::Code("account_persistence_failed")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn signatures_are_bound_to_purpose() {
-        let k = AuthKey::new(b"secret").expect("key");
-        let s = k.sign("csrf", "abc");
-        assert!(k.verify("csrf", "abc", &s));
-        assert!(!k.verify("otp", "abc", &s));
-        assert!(!k.verify("csrf", "abd", &s));
-        assert_ne!(k.digest("code", "1"), k.digest("link", "1"));
-    }
 
     #[test]
     fn cookies_are_read_from_any_header() {

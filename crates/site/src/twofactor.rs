@@ -94,13 +94,13 @@ impl SeedKey {
     /// The process's key, or `auth_not_configured` when no session secret is set.
     pub fn from_state(
         state: &gateway_core::state::AppState,
-    ) -> Result<SeedKey, super::error::SiteError> {
+    ) -> Result<SeedKey, crate::error::SiteError> {
         state
             .secrets
             .session_secret
             .as_ref()
             .map(|s| SeedKey::derive(s.expose()))
-            .ok_or(super::error::SiteError::Code("auth_not_configured"))
+            .ok_or(crate::error::SiteError::AuthNotConfigured)
     }
 }
 

@@ -1,5 +1,6 @@
 //! Cross-style translation between the OpenAI chat-completions API and the
-//! Anthropic messages API, in both directions and for streams.
+//! Anthropic messages API, in both directions and for streams, and from the OpenAI
+//! Responses API to either of them.
 //!
 //! Everything here is pure: the proxy layer owns I/O, status codes and the parsing of
 //! the upstream SSE stream, so these functions can be tested without a network and
@@ -24,6 +25,7 @@ use serde_json::{json, Map, Value};
 
 pub mod chat_to_messages;
 pub mod messages_to_chat;
+pub mod responses;
 
 /// Errors a translation can report; the gateway maps them to a 400 with code
 /// `invalid_request`.
@@ -98,6 +100,23 @@ pub(crate) fn args_to_object(v: Option<&Value>) -> Value {
         },
         Some(Value::Object(m)) => Value::Object(m.clone()),
         _ => Value::Object(Map::new()),
+    }
+}
+
+/// Logs, at debug level, the top-level request fields a translation does not carry:
+/// clients adopt new provider features faster than translations learn them, and a field
+/// the other style cannot express is dropped rather than refused.
+pub(crate) fn log_dropped(obj: &Map<String, Value>, carried: &[&str]) {
+    if !log::log_enabled!(log::Level::Debug) {
+        return;
+    }
+    let dropped: Vec<&str> = obj
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !carried.contains(k))
+        .collect();
+    if !dropped.is_empty() {
+        log::debug!("translation drops request fields {dropped:?}");
     }
 }
 

@@ -186,6 +186,9 @@ pub struct ProviderFile {
     pub ca_file: Option<String>,
     /// The longest ejection, also the cap on a provider's `retry-after`.
     pub max_cooldown_seconds: Option<u64>,
+    /// The endpoints the provider serves itself (`chat`, `responses`, `messages`); the
+    /// others of its style's clients are served by translation. Default: all of its style.
+    pub endpoints: Option<Vec<String>>,
 }
 
 /// `[routing]`: how far one request may fail over.

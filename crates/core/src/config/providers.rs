@@ -36,6 +36,9 @@ pub struct Provider {
     /// Trust anchors from `ca_file`, loaded and checked at load time; `None`: the system's
     /// roots (which honour `SSL_CERT_FILE`).
     pub ca: Option<ProviderCa>,
+    /// An OpenAI-style provider with its own `/v1/responses`; without it, Responses requests
+    /// are translated to chat completions (`endpoints` in the config).
+    pub serves_responses: bool,
 }
 
 impl Provider {
@@ -141,6 +144,8 @@ pub(super) fn validate(
                 format!("must be between cooldown_seconds ({cooldown}) and 86400"),
             ));
         }
+        let serves_responses = provider_endpoints(style, p.endpoints.as_deref())
+            .map_err(|e| c.err(key("endpoints"), e))?;
         let api_key_env = p.api_key_env.clone().filter(|s| !s.is_empty());
         let api_key = api_key_env
             .as_deref()
@@ -170,8 +175,79 @@ pub(super) fn validate(
                 cooldown: Duration::from_secs(cooldown),
                 max_cooldown: Duration::from_secs(max_cooldown),
                 ca,
+                serves_responses,
             }),
         );
     }
     Ok(providers)
+}
+
+/// Checks a provider's `endpoints` and says whether it serves `/v1/responses` itself. An
+/// OpenAI-style provider must serve chat completions (every translation to it goes there) and
+/// may serve responses; an Anthropic-style one serves messages.
+fn provider_endpoints(style: ProviderStyle, endpoints: Option<&[String]>) -> Result<bool, String> {
+    let Some(list) = endpoints else {
+        return Ok(style == ProviderStyle::OpenAi);
+    };
+    let allowed: &[&str] = match style {
+        ProviderStyle::OpenAi => &["chat", "responses"],
+        ProviderStyle::Anthropic => &["messages"],
+    };
+    for (n, e) in list.iter().enumerate() {
+        if !allowed.contains(&e.as_str()) {
+            return Err(format!(
+                "{e:?} is not an endpoint of a {} provider (one of {allowed:?})",
+                style.as_str()
+            ));
+        }
+        if list.iter().take(n).any(|x| x == e) {
+            return Err(format!("{e:?} is listed twice"));
+        }
+    }
+    let required = allowed.first().copied().unwrap_or("chat");
+    if !list.iter().any(|e| e == required) {
+        return Err(format!(
+            "must include {required:?}: every request to a {} provider is sent there",
+            style.as_str()
+        ));
+    }
+    Ok(list.iter().any(|e| e == "responses"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::super::Config;
+
+    #[test]
+    fn provider_endpoints_are_checked_against_the_style() {
+        let provider = |style: &str, endpoints: &str| {
+            Config::from_str(
+                Path::new("test.toml"),
+                &format!(
+                    "[[providers]]\nname=\"a\"\nstyle=\"{style}\"\nbase_url=\"http://127.0.0.1:1\"\n{endpoints}\n"
+                ),
+            )
+        };
+        let serves = |style: &str, endpoints: &str| {
+            provider(style, endpoints).unwrap().providers["a"].serves_responses
+        };
+        assert!(serves("openai", ""));
+        assert!(serves("openai", "endpoints = [\"chat\", \"responses\"]"));
+        assert!(!serves("openai", "endpoints = [\"chat\"]"));
+        assert!(!serves("anthropic", ""));
+        assert!(!serves("anthropic", "endpoints = [\"messages\"]"));
+        for (style, bad) in [
+            ("openai", "[\"responses\"]"),
+            ("openai", "[]"),
+            ("openai", "[\"chat\", \"chat\"]"),
+            ("openai", "[\"chat\", \"messages\"]"),
+            ("anthropic", "[\"messages\", \"chat\"]"),
+            ("openai", "[\"Chat\"]"),
+        ] {
+            let e = provider(style, &format!("endpoints = {bad}")).unwrap_err();
+            assert_eq!(e.key, "providers[0].endpoints", "{style} {bad}");
+        }
+    }
 }

@@ -31,7 +31,9 @@ pub(super) fn openai_usage(input: u64, cache_read: u64, cache_creation: u64, out
 /// echoed in `model` so clients see the name they asked for.
 ///
 /// Thinking text is exposed as the non-standard `message.reasoning_content`, the field
-/// most OpenAI-compatible reasoning clients read.
+/// most OpenAI-compatible reasoning clients read, and the blocks themselves, signatures
+/// included, as `message.thinking_blocks`: a client that sends them back with the
+/// assistant turn keeps Anthropic's extended thinking working across tool calls.
 pub fn response(body: &Value, client_model: &str) -> Value {
     let id = str_field(body, "id")
         .map(|id| format!("chatcmpl-{id}"))
@@ -39,6 +41,7 @@ pub fn response(body: &Value, client_model: &str) -> Value {
     let mut text = String::new();
     let mut reasoning = String::new();
     let mut tool_calls = Vec::new();
+    let mut thinking_blocks = Vec::new();
     for block in body
         .get("content")
         .and_then(Value::as_array)
@@ -47,7 +50,11 @@ pub fn response(body: &Value, client_model: &str) -> Value {
     {
         match str_field(block, "type") {
             Some("text") => text.push_str(str_field(block, "text").unwrap_or("")),
-            Some("thinking") => reasoning.push_str(str_field(block, "thinking").unwrap_or("")),
+            Some("thinking") => {
+                reasoning.push_str(str_field(block, "thinking").unwrap_or(""));
+                thinking_blocks.push(block.clone());
+            }
+            Some("redacted_thinking") => thinking_blocks.push(block.clone()),
             Some("tool_use") => {
                 let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
                 tool_calls.push(json!({
@@ -78,6 +85,9 @@ pub fn response(body: &Value, client_model: &str) -> Value {
     message.insert("content".into(), content);
     if !reasoning.is_empty() {
         message.insert("reasoning_content".into(), json!(reasoning));
+    }
+    if !thinking_blocks.is_empty() {
+        message.insert("thinking_blocks".into(), Value::Array(thinking_blocks));
     }
     if !tool_calls.is_empty() {
         message.insert("tool_calls".into(), Value::Array(tool_calls));
@@ -153,6 +163,7 @@ mod tests {
                     {"type": "tool_use", "id": "toolu_1", "name": "w", "input": {"city": "Paris"}}],
                     "stop_reason": "tool_use", "usage": {"input_tokens": 3, "output_tokens": 4}}),
                 json!({"role": "assistant", "content": null, "reasoning_content": "hmm",
+                       "thinking_blocks": [{"type": "thinking", "thinking": "hmm", "signature": "sig"}],
                        "tool_calls": [{"id": "toolu_1", "type": "function",
                                        "function": {"name": "w", "arguments": "{\"city\":\"Paris\"}"}}]}),
                 json!("tool_calls"),

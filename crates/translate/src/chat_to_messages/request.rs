@@ -138,8 +138,37 @@ fn content_blocks(content: Option<&Value>) -> Result<Vec<Value>, TranslateError>
     Ok(blocks)
 }
 
+/// Signed thinking from an earlier answer, sent back in `thinking_blocks` (the field this
+/// gateway's chat answers and other OpenAI-compatible gateways use). Anthropic needs them,
+/// signature intact, before the tool use they led to; unsigned reasoning cannot be verified
+/// by Anthropic and is dropped.
+fn thinking_blocks(m: &Value) -> Vec<Value> {
+    let Some(blocks) = m.get("thinking_blocks").and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    blocks
+        .iter()
+        .filter_map(|b| match str_field(b, "type") {
+            Some("thinking") => {
+                let signature = str_field(b, "signature").filter(|s| !s.is_empty())?;
+                Some(json!({
+                    "type": "thinking",
+                    "thinking": str_field(b, "thinking").unwrap_or(""),
+                    "signature": signature,
+                }))
+            }
+            Some("redacted_thinking") => {
+                let data = str_field(b, "data").filter(|d| !d.is_empty())?;
+                Some(json!({ "type": "redacted_thinking", "data": data }))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 fn assistant_blocks(m: &Value, i: usize) -> Result<Vec<Value>, TranslateError> {
-    let mut blocks = content_blocks(m.get("content"))?;
+    let mut blocks = thinking_blocks(m);
+    blocks.extend(content_blocks(m.get("content"))?);
     if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
         for (j, call) in calls.iter().enumerate() {
             let id = str_field(call, "id")
@@ -245,6 +274,27 @@ fn convert_tool_choice(choice: &Value) -> Option<Value> {
     }
 }
 
+/// The top-level fields of a chat request this translation reads; any other has no
+/// Anthropic equivalent (or is newer than this translation) and is dropped.
+const CARRIED: &[&str] = &[
+    "model",
+    "messages",
+    "n",
+    "max_tokens",
+    "max_completion_tokens",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "reasoning_effort",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop",
+    "stream",
+    "stream_options",
+    "user",
+];
+
 /// OpenAI chat request body -> Anthropic /v1/messages body. `upstream_model` replaces
 /// `model`. `default_max_tokens` is used when the client gave neither `max_tokens` nor
 /// `max_completion_tokens` (Anthropic requires one, OpenAI does not).
@@ -325,6 +375,7 @@ pub fn request(
         ));
     }
 
+    crate::log_dropped(obj, CARRIED);
     let mut out = Map::new();
     out.insert("model".into(), json!(upstream_model));
     out.insert(
@@ -680,5 +731,27 @@ mod tests {
             request(&ok, "m", 10).map(|v| v["max_tokens"].clone()),
             Ok(json!(64))
         );
+    }
+
+    #[test]
+    fn signed_thinking_goes_back_first_and_unknown_fields_are_dropped() {
+        let sent = req(json!({"model": "gpt-x", "messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "reasoning_content": "think",
+             "thinking_blocks": [
+                 {"type": "thinking", "thinking": "think", "signature": "sig-1"},
+                 {"type": "thinking", "thinking": "unsigned"},
+                 {"type": "redacted_thinking", "data": "opaque"}],
+             "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "t1", "content": "sunny"}],
+            "prediction": {"type": "content", "content": "x"}, "web_search_options": {}}));
+        assert_eq!(
+            sent["messages"][1],
+            json!({"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "think", "signature": "sig-1"},
+                {"type": "redacted_thinking", "data": "opaque"},
+                {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]})
+        );
+        assert!(sent.get("prediction").is_none() && sent.get("web_search_options").is_none());
     }
 }

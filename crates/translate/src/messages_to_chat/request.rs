@@ -212,12 +212,30 @@ fn reasoning_effort(budget: u64) -> &'static str {
     }
 }
 
+/// The top-level fields of a messages request this translation reads; any other (a newer
+/// Anthropic feature, `top_k`, `service_tier`…) has no OpenAI equivalent and is dropped.
+const CARRIED: &[&str] = &[
+    "model",
+    "messages",
+    "system",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "stop_sequences",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "metadata",
+    "stream",
+];
+
 /// Anthropic /v1/messages body -> OpenAI chat request. `upstream_model` replaces
 /// `model`. When `stream` is true, `stream_options.include_usage` is forced on because
 /// Anthropic clients expect token counts in `message_delta`.
 ///
-/// `top_k`, `cache_control`, thinking blocks and server tools are dropped: OpenAI-style
-/// providers have no equivalent. A thinking budget becomes `reasoning_effort`
+/// A `system` turn inside `messages` stays a system message at its place. `top_k`,
+/// `cache_control`, thinking blocks, server tools and unknown fields are dropped (never
+/// refused): OpenAI-style providers have no equivalent. A thinking budget becomes `reasoning_effort`
 /// (≤2048 low, ≤8192 medium, else high).
 pub fn request(body: &Value, upstream_model: &str) -> Result<Value, TranslateError> {
     let obj = body
@@ -242,6 +260,14 @@ pub fn request(body: &Value, upstream_model: &str) -> Result<Value, TranslateErr
                     out_messages.push(msg);
                 }
             }
+            // Agents insert instructions mid-conversation; OpenAI providers take a system
+            // message anywhere, so it stays where the client put it.
+            Some("system") => {
+                let text = blocks_text(Some(content), "\n");
+                if !text.is_empty() {
+                    out_messages.push(json!({ "role": "system", "content": text }));
+                }
+            }
             Some(other) => {
                 return Err(bad(format!(
                     "messages[{i}].role {other:?} is not supported"
@@ -254,6 +280,7 @@ pub fn request(body: &Value, upstream_model: &str) -> Result<Value, TranslateErr
         return Err(bad("`messages` must not be empty"));
     }
 
+    crate::log_dropped(obj, CARRIED);
     let mut out = Map::new();
     out.insert("model".into(), json!(upstream_model));
     out.insert("messages".into(), Value::Array(out_messages));
@@ -467,7 +494,7 @@ mod tests {
             json!(null),
             json!({"model": "x"}),
             json!({"messages": []}),
-            json!({"messages": [{"role": "system", "content": "s"}]}),
+            json!({"messages": [{"role": "tool", "content": "s"}]}),
             json!({"messages": [{"content": "s"}]}),
             json!({"messages": [{"role": "user", "content": 3}]}),
             json!({"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}),
@@ -476,5 +503,33 @@ mod tests {
         for input in cases {
             assert!(request(&input, "m").is_err(), "{input}");
         }
+    }
+
+    #[test]
+    fn agent_features_carry_or_drop_but_never_refuse() {
+        let sent = req(json!({
+            "model": "claude-x", "max_tokens": 10,
+            "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]},
+                {"role": "system", "content": "reminder"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "hmm", "signature": "sig"},
+                    {"type": "redacted_thinking", "data": "xx"},
+                    {"type": "text", "text": "b"}]},
+                {"role": "system", "content": [{"type": "text", "text": "late"}]},
+                {"role": "user", "content": "c"}],
+            "context_management": {"edits": []}, "service_tier": "auto", "top_k": 3,
+            "brand_new_field": {"x": 1}}));
+        assert_eq!(
+            sent,
+            json!({"model": "gpt-up", "max_tokens": 10, "messages": [
+                {"role": "system", "content": "sys"},
+                {"role": "user", "content": "a"},
+                {"role": "system", "content": "reminder"},
+                {"role": "assistant", "content": "b"},
+                {"role": "system", "content": "late"},
+                {"role": "user", "content": "c"}]})
+        );
     }
 }

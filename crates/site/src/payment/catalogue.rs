@@ -1,0 +1,216 @@
+//! What can be bought: the fixed package catalogue (spec §2.5) and custom orders priced by
+//! `[payment]`.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::SiteError;
+use gateway_core::config::PaymentConfig;
+use gateway_core::domain::{LotKind, Tier};
+use gateway_core::storage::payments::NewOrder;
+
+/// Custom orders buy at most this many tokens or requests at once.
+pub const MAX_CUSTOM_QUANTITY: u64 = 1_000_000_000_000;
+
+/// One package of the fixed catalogue (spec §2.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Package {
+    pub id: &'static str,
+    pub name: &'static str,
+    pub tier: Tier,
+    pub tokens: u64,
+    pub amount_vnd: u64,
+}
+
+/// Spec §2.5, exactly.
+pub const CATALOGUE: [Package; 3] = [
+    Package {
+        id: "steady-100m",
+        name: "Steady 100M",
+        tier: Tier::Steady,
+        tokens: 100_000_000,
+        amount_vnd: 85_000,
+    },
+    Package {
+        id: "persistent-1b",
+        name: "Persistent 1B",
+        tier: Tier::Persistent,
+        tokens: 1_000_000_000,
+        amount_vnd: 240_000,
+    },
+    Package {
+        id: "tryharder-10b",
+        name: "Tryharder 10B",
+        tier: Tier::Tryharder,
+        tokens: 10_000_000_000,
+        amount_vnd: 950_000,
+    },
+];
+
+pub fn package(id: &str) -> Option<&'static Package> {
+    CATALOGUE.iter().find(|p| p.id == id)
+}
+
+/// A package as the panel lists it.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PackageView {
+    id: &'static str,
+    name: &'static str,
+    tier: &'static str,
+    tokens: u64,
+    amount: u64,
+    currency: &'static str,
+    lot_days: u64,
+}
+
+impl PackageView {
+    pub fn new(p: &Package, cfg: &PaymentConfig) -> PackageView {
+        PackageView {
+            id: p.id,
+            name: p.name,
+            tier: p.tier.as_str(),
+            tokens: p.tokens,
+            amount: p.amount_vnd,
+            currency: "VND",
+            lot_days: cfg.lot_days,
+        }
+    }
+}
+
+/// The prices of custom orders; a price that is absent or 0 is `null` (not sold).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pricing {
+    currency: &'static str,
+    token_price_per_million: Option<u64>,
+    request_price_per_thousand: Option<u64>,
+    lot_days: u64,
+}
+
+impl Pricing {
+    pub fn new(cfg: &PaymentConfig) -> Pricing {
+        Pricing {
+            currency: "VND",
+            token_price_per_million: cfg.token_price_vnd_per_million.filter(|p| *p > 0),
+            request_price_per_thousand: cfg.request_price_vnd_per_thousand.filter(|p| *p > 0),
+            lot_days: cfg.lot_days,
+        }
+    }
+}
+
+/// Reads `{packageId}` or `{quotaType, quantity}` and prices it. Custom quantities are counted
+/// in tokens or requests (what the lot will hold) and cost `ceil(quantity × price / unit)` VND,
+/// the unit being a million tokens or a thousand requests.
+pub fn order_request(
+    cfg: &PaymentConfig,
+    user_id: &str,
+    body: &Value,
+) -> Result<NewOrder, SiteError> {
+    if let Some(id) = body.get("packageId") {
+        let p = id
+            .as_str()
+            .and_then(package)
+            .ok_or(SiteError::InvalidPackage)?;
+        return Ok(NewOrder {
+            user_id: user_id.to_string(),
+            package_id: Some(p.id.to_string()),
+            kind: LotKind::Token,
+            quantity: p.tokens,
+            tier: Some(p.tier),
+            amount_vnd: p.amount_vnd,
+        });
+    }
+    let Some(kind) = body.get("quotaType") else {
+        // Neither form: there is nothing to buy.
+        return Err(SiteError::InvalidPackage);
+    };
+    let kind = kind
+        .as_str()
+        .and_then(LotKind::parse)
+        .ok_or(SiteError::InvalidQuotaType)?;
+    let quantity = body
+        .get("quantity")
+        .and_then(Value::as_u64)
+        .filter(|q| (1..=MAX_CUSTOM_QUANTITY).contains(q))
+        .ok_or(SiteError::InvalidQuantity)?;
+    let (price, unit) = match kind {
+        LotKind::Token => (cfg.token_price_vnd_per_million, 1_000_000u128),
+        LotKind::Request => (cfg.request_price_vnd_per_thousand, 1_000u128),
+    };
+    let price = price
+        .filter(|p| *p > 0)
+        .ok_or(SiteError::PriceNotConfigured)?;
+    let amount = (u128::from(quantity) * u128::from(price)).div_ceil(unit);
+    let amount_vnd = u64::try_from(amount)
+        .ok()
+        .filter(|a| *a <= i64::MAX as u64)
+        .ok_or(SiteError::InvalidQuantity)?;
+    Ok(NewOrder {
+        user_id: user_id.to_string(),
+        package_id: None,
+        kind,
+        quantity,
+        tier: None,
+        amount_vnd,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn catalogue_is_the_spec() {
+        let ids: Vec<_> = CATALOGUE.iter().map(|p| p.id).collect();
+        assert_eq!(ids, ["steady-100m", "persistent-1b", "tryharder-10b"]);
+        assert_eq!(
+            package("persistent-1b").map(|p| p.amount_vnd),
+            Some(240_000)
+        );
+        assert_eq!(
+            package("tryharder-10b").map(|p| p.tokens),
+            Some(10_000_000_000)
+        );
+        assert!(package("gold").is_none());
+    }
+
+    #[test]
+    fn custom_orders_are_priced_up() {
+        let cfg = gateway_core::config::Config::from_str(
+            std::path::Path::new("t.toml"),
+            "[payment]\ntoken_price_vnd_per_million = 1000\n",
+        )
+        .expect("config");
+        let p = &cfg.payment;
+        let o = order_request(p, "u", &json!({"quotaType":"token","quantity":1_500_001}))
+            .expect("order");
+        assert_eq!(o.amount_vnd, 1501);
+        let err = |b: Value| order_request(p, "u", &b).err().map(|e| e.code());
+        let code = |c: &str| Some(c.to_string());
+        assert_eq!(
+            err(json!({"quotaType":"request","quantity":5})),
+            code("price_not_configured")
+        );
+        assert_eq!(
+            err(json!({"quotaType":"token","quantity":0})),
+            code("invalid_quantity")
+        );
+        assert_eq!(
+            err(json!({"quotaType":"token","quantity":"5"})),
+            code("invalid_quantity")
+        );
+        assert_eq!(
+            err(json!({"quotaType":"token","quantity":2.5})),
+            code("invalid_quantity")
+        );
+        assert_eq!(
+            err(json!({"quotaType":"gold","quantity":5})),
+            code("invalid_quota_type")
+        );
+        assert_eq!(err(json!({"packageId":"gold"})), code("invalid_package"));
+        assert_eq!(err(json!({"packageId":7})), code("invalid_package"));
+        assert_eq!(err(json!({})), code("invalid_package"));
+    }
+}
