@@ -4,6 +4,7 @@
 //! work and shapes the answer. Everything goes straight to the database, like the other admin
 //! commands, so it works whether or not a gateway is running.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 
 use clap::{Args, ValueEnum};
@@ -11,7 +12,7 @@ use serde_json::{json, Value};
 
 use gateway_core::config::{Config, Provider};
 use gateway_core::quota::tiers;
-use gateway_core::storage::reports::Grouping;
+use gateway_core::storage::reports::{GroupUsage, Grouping};
 use gateway_core::storage::usage::UsageTotals;
 use gateway_core::storage::{Db, StoreError, UserRecord};
 use gateway_core::util::{iso_opt, now_ms};
@@ -211,9 +212,44 @@ fn day_text(day: i64) -> String {
         .collect()
 }
 
-/// `usage report`: requests and tokens per day (ascending), model or account (most tokens
-/// first) over whole UTC days, as `{"rows":[…]}` or CSV with the same columns.
+/// One row of `usage report`: a day, model or account's usage, what it was charged in quota,
+/// and what its tokens cost at the providers' prices.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct ReportRow {
+    key: String,
+    totals: UsageTotals,
+    /// At the `[models.price]` of each model that has one.
+    provider_cost: f64,
+    /// Tokens of models without a price: not in `provider_cost`.
+    unpriced_tokens: u64,
+}
+
+/// Sums the store's per-model rows into one row per group, pricing each model's tokens at
+/// its provider price in the config as it is now (a model no longer configured is unpriced).
+fn price_groups(cfg: &Config, rows: Vec<GroupUsage>) -> Vec<ReportRow> {
+    let mut groups: BTreeMap<String, ReportRow> = BTreeMap::new();
+    for r in rows {
+        let row = groups.entry(r.group.clone()).or_insert_with(|| ReportRow {
+            key: r.group.clone(),
+            ..ReportRow::default()
+        });
+        row.totals.add(&r.totals);
+        let t = &r.totals;
+        match cfg.models_by_id.get(&r.model).and_then(|m| m.price) {
+            Some(price) => {
+                row.provider_cost += price.cost(t.input_tokens, t.cached_tokens, t.output_tokens)
+            }
+            None => row.unpriced_tokens += t.total_tokens,
+        }
+    }
+    groups.into_values().collect()
+}
+
+/// `usage report`: requests, tokens, charged quota and provider cost per day (ascending), model
+/// or account (most quota first) over whole UTC days, as `{"rows":[…]}` or CSV with the same
+/// columns.
 pub async fn usage_report(
+    cfg: &Config,
     db: &Db,
     user: Option<&UserRecord>,
     args: &ReportArgs,
@@ -238,7 +274,7 @@ pub async fn usage_report(
         By::Model => Grouping::Model,
         By::User => Grouping::User,
     };
-    let mut rows = db
+    let groups = db
         .reports()
         .usage(
             grouping,
@@ -248,20 +284,25 @@ pub async fn usage_report(
         )
         .await
         .map_err(db_error)?;
+    let mut rows = price_groups(cfg, groups);
     if args.by == By::Day {
-        rows = rows
-            .into_iter()
-            .map(|(day, t)| Ok((day.parse::<i64>().map(day_text)?, t)))
-            .collect::<Result<_, std::num::ParseIntError>>()
-            .map_err(|e| format!("database returned a bad day: {e}"))?;
+        for row in &mut rows {
+            row.key = row
+                .key
+                .parse::<i64>()
+                .map(day_text)
+                .map_err(|e| format!("database returned a bad day: {e}"))?;
+        }
         // YYYY-MM-DD sorts as text.
-        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        rows.sort_by(|a, b| a.key.cmp(&b.key));
     } else {
         rows.sort_by(|a, b| {
-            b.1.total_tokens
-                .cmp(&a.1.total_tokens)
-                .then(b.1.requests.cmp(&a.1.requests))
-                .then(a.0.cmp(&b.0))
+            b.totals
+                .quota_charged
+                .cmp(&a.totals.quota_charged)
+                .then(b.totals.total_tokens.cmp(&a.totals.total_tokens))
+                .then(b.totals.requests.cmp(&a.totals.requests))
+                .then(a.key.cmp(&b.key))
         });
     }
     match args.format {
@@ -270,42 +311,57 @@ pub async fn usage_report(
     }
 }
 
-fn report_json(by: By, rows: &[(String, UsageTotals)]) -> Value {
+/// The report's columns after the grouping column, with each row's values.
+const REPORT_COLUMNS: [&str; 8] = [
+    "requests",
+    "inputTokens",
+    "cachedInputTokens",
+    "outputTokens",
+    "totalTokens",
+    "quotaCharged",
+    "providerCost",
+    "unpricedTokens",
+];
+
+fn report_values(r: &ReportRow) -> [Value; 8] {
+    let t = &r.totals;
+    [
+        t.requests.into(),
+        t.input_tokens.into(),
+        t.cached_tokens.into(),
+        t.output_tokens.into(),
+        t.total_tokens.into(),
+        t.quota_charged.into(),
+        // Cost in the prices' own unit, to a millionth (no float noise in the report).
+        ((r.provider_cost * 1e6).round() / 1e6).into(),
+        r.unpriced_tokens.into(),
+    ]
+}
+
+fn report_json(by: By, rows: &[ReportRow]) -> Value {
     let rows: Vec<Value> = rows
         .iter()
-        .map(|(k, t)| {
+        .map(|r| {
             let mut m = serde_json::Map::new();
-            m.insert(by.column().into(), k.clone().into());
-            m.insert("requests".into(), t.requests.into());
-            m.insert("inputTokens".into(), t.input_tokens.into());
-            m.insert("outputTokens".into(), t.output_tokens.into());
-            m.insert("totalTokens".into(), t.total_tokens.into());
+            m.insert(by.column().into(), r.key.clone().into());
+            for (name, value) in REPORT_COLUMNS.iter().zip(report_values(r)) {
+                m.insert((*name).into(), value);
+            }
             Value::Object(m)
         })
         .collect();
     json!({ "rows": rows })
 }
 
-fn report_csv(by: By, rows: &[(String, UsageTotals)]) -> Result<String, String> {
+fn report_csv(by: By, rows: &[ReportRow]) -> Result<String, String> {
     let mut w = csv::Writer::from_writer(Vec::new());
     let fail = |e: csv::Error| format!("cannot write CSV: {e}");
-    w.write_record([
-        by.column(),
-        "requests",
-        "inputTokens",
-        "outputTokens",
-        "totalTokens",
-    ])
-    .map_err(fail)?;
-    for (k, t) in rows {
-        w.write_record([
-            k.clone(),
-            t.requests.to_string(),
-            t.input_tokens.to_string(),
-            t.output_tokens.to_string(),
-            t.total_tokens.to_string(),
-        ])
+    w.write_record(std::iter::once(by.column()).chain(REPORT_COLUMNS))
         .map_err(fail)?;
+    for r in rows {
+        let values = report_values(r).map(|v| v.to_string());
+        w.write_record(std::iter::once(r.key.as_str()).chain(values.iter().map(String::as_str)))
+            .map_err(fail)?;
     }
     let bytes = w
         .into_inner()
@@ -412,16 +468,24 @@ mod tests {
 
     #[test]
     fn csv_quotes_what_needs_quoting() {
-        let t = UsageTotals {
-            requests: 2,
-            input_tokens: 10,
-            output_tokens: 5,
-            total_tokens: 15,
+        let row = ReportRow {
+            key: "a,\"b\"".into(),
+            totals: UsageTotals {
+                requests: 2,
+                input_tokens: 10,
+                output_tokens: 5,
+                total_tokens: 15,
+                cached_tokens: 4,
+                quota_charged: 31,
+            },
+            provider_cost: 0.25,
+            unpriced_tokens: 0,
         };
-        let text = report_csv(By::Model, &[("a,\"b\"".into(), t)]).expect("csv");
+        let text = report_csv(By::Model, &[row]).expect("csv");
         assert_eq!(
             text,
-            "model,requests,inputTokens,outputTokens,totalTokens\n\"a,\"\"b\"\"\",2,10,5,15\n"
+            "model,requests,inputTokens,cachedInputTokens,outputTokens,totalTokens,\
+             quotaCharged,providerCost,unpricedTokens\n\"a,\"\"b\"\"\",2,10,4,5,15,31,0.25,0\n"
         );
     }
 }

@@ -312,7 +312,7 @@ pub fn run_admin(cfg: &Config, command: Command) -> Result<Output, String> {
                     Some(e) => Some(user_by_email(&db, e).await?),
                     None => None,
                 };
-                return crate::admin::usage_report(&db, user.as_ref(), &args).await;
+                return crate::admin::usage_report(cfg, &db, user.as_ref(), &args).await;
             }
             Command::Lot(LotCmd::Grant {
                 email,

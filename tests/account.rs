@@ -529,13 +529,16 @@ async fn profile_shows_user_and_quota() {
 
 /// Sums of recorded events, the way the report should show them.
 fn sums<'a>(events: impl Iterator<Item = &'a Value>) -> Value {
-    let (mut n, mut i, mut o) = (0i64, 0i64, 0i64);
+    let (mut n, mut i, mut o, mut c, mut q) = (0i64, 0i64, 0i64, 0i64, 0i64);
     for e in events {
         n += 1;
         i += e["input_tokens"].as_i64().expect("in");
         o += e["output_tokens"].as_i64().expect("out");
+        c += e["cached_tokens"].as_i64().expect("cached");
+        q += e["quota_charged"].as_i64().expect("charged");
     }
-    json!({"requests": n, "inputTokens": i, "outputTokens": o, "totalTokens": i + o})
+    json!({"requests": n, "inputTokens": i, "outputTokens": o, "totalTokens": i + o,
+           "cachedTokens": c, "quotaCharged": q})
 }
 
 #[tokio::test]
@@ -548,7 +551,7 @@ async fn usage_report_matches_what_the_developer_api_recorded() {
     assert_eq!(
         v["summary"],
         json!({"requests": 0, "inputTokens": 0, "outputTokens": 0, "totalTokens": 0,
-               "lastApiCall": null})
+               "cachedTokens": 0, "quotaCharged": 0, "lastApiCall": null})
     );
     assert_eq!(v["recentRequests"], json!([]));
     assert_eq!(v["byModel"], json!([]));
@@ -653,6 +656,10 @@ async fn usage_report_matches_what_the_developer_api_recorded() {
         assert_eq!(e["model"], rec["model"]);
         assert_eq!(e["inputTokens"], rec["input_tokens"]);
         assert_eq!(e["outputTokens"], rec["output_tokens"]);
+        assert_eq!(e["cachedTokens"], rec["cached_tokens"]);
+        // No weights on these models: every token costs one quota token.
+        assert_eq!(e["quotaCharged"], e["totalTokens"]);
+        assert_eq!(e["quotaCharged"], rec["quota_charged"]);
         assert_eq!(
             e["totalTokens"].as_i64(),
             Some(
@@ -787,7 +794,8 @@ async fn usage_rollup_equals_raw_events() {
                 reasoning_effort: n.is_multiple_of(5).then(|| "high".to_string()),
                 input_tokens: n % 97 + 1,
                 output_tokens: n % 13,
-                cached_tokens: 0,
+                cached_tokens: (n % 97 + 1) / 3,
+                quota_charged: 2 * (n % 97 + 1) + 3 * (n % 13),
                 status: 200,
                 latency_ms: 5,
                 ttfb_ms: None,
@@ -841,6 +849,8 @@ async fn usage_rollup_equals_raw_events() {
                 input_tokens: e.input_tokens,
                 output_tokens: e.output_tokens,
                 total_tokens: e.input_tokens + e.output_tokens,
+                cached_tokens: e.cached_tokens,
+                quota_charged: e.quota_charged,
             };
             want_daily
                 .entry(e.created_at.div_euclid(24 * hour))
@@ -861,6 +871,17 @@ async fn usage_rollup_equals_raw_events() {
         let want_recent: Vec<&str> = inside.iter().take(50).map(|e| e.id.as_str()).collect();
         let got_recent: Vec<&str> = report.recent.iter().map(|e| e.id.as_str()).collect();
         assert_eq!(got_recent, want_recent, "from {}", iso(from));
+        let charged: Vec<(u64, u64)> = inside
+            .iter()
+            .take(50)
+            .map(|e| (e.cached_tokens, e.quota_charged))
+            .collect();
+        let got_charged: Vec<(u64, u64)> = report
+            .recent
+            .iter()
+            .map(|e| (e.cached_tokens, e.quota_charged))
+            .collect();
+        assert_eq!(got_charged, charged, "from {}", iso(from));
         let newest = events
             .iter()
             .filter(|e| e.user_id == user)
@@ -1452,6 +1473,7 @@ async fn bench_usage_one_million_events() {
                 input_tokens: 100 + k % 900,
                 output_tokens: 10 + k % 300,
                 cached_tokens: 0,
+                quota_charged: 110 + k % 900 + k % 300,
                 status: 200,
                 latency_ms: 300,
                 ttfb_ms: Some(80),

@@ -273,17 +273,22 @@ async fn usage_report_sums_per_day_model_and_user_as_json_and_csv() {
     }
     let events = gw.wait_usage(4).await;
     assert_eq!(events.len(), 4);
-    let tokens = |pick: &dyn Fn(&Value) -> bool| -> (u64, u64) {
-        events.iter().filter(|e| pick(e)).fold((0, 0), |acc, e| {
+    let tokens = |pick: &dyn Fn(&Value) -> bool| -> (u64, u64, u64) {
+        events.iter().filter(|e| pick(e)).fold((0, 0, 0), |acc, e| {
             (
                 acc.0 + e["input_tokens"].as_u64().unwrap(),
-                acc.1 + e["output_tokens"].as_u64().unwrap(),
+                acc.1 + e["cached_tokens"].as_u64().unwrap(),
+                acc.2 + e["output_tokens"].as_u64().unwrap(),
             )
         })
     };
-    let row = |requests: u64, (input, output): (u64, u64)| {
-        json!({"requests": requests, "inputTokens": input, "outputTokens": output,
-               "totalTokens": input + output})
+    // Models without weights are charged their raw tokens; without prices they cost nothing
+    // known, so all their tokens are unpriced.
+    let row = |requests: u64, (input, cached, output): (u64, u64, u64)| {
+        json!({"requests": requests, "inputTokens": input, "cachedInputTokens": cached,
+               "outputTokens": output, "totalTokens": input + output,
+               "quotaCharged": input + output, "providerCost": 0.0,
+               "unpricedTokens": input + output})
     };
     let with = |mut v: Value, k: &str, name: &str| {
         v[k] = json!(name);
@@ -348,15 +353,22 @@ async fn usage_report_sums_per_day_model_and_user_as_json_and_csv() {
     // CSV: a header line and the same rows.
     let (ok, csv) = gw.admin(&["usage", "report", "--by", "model", "--format", "csv"]);
     assert!(ok, "{csv}");
-    let mut expected = String::from("model,requests,inputTokens,outputTokens,totalTokens\n");
+    let mut expected = String::from(
+        "model,requests,inputTokens,cachedInputTokens,outputTokens,totalTokens,quotaCharged,\
+         providerCost,unpricedTokens\n",
+    );
     for r in by_model["rows"].as_array().unwrap() {
         expected.push_str(&format!(
-            "{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{}\n",
             r["model"].as_str().unwrap(),
             r["requests"],
             r["inputTokens"],
+            r["cachedInputTokens"],
             r["outputTokens"],
-            r["totalTokens"]
+            r["totalTokens"],
+            r["quotaCharged"],
+            r["providerCost"],
+            r["unpricedTokens"]
         ));
     }
     assert_eq!(csv, expected);
@@ -380,7 +392,11 @@ async fn usage_report_sums_per_day_model_and_user_as_json_and_csv() {
         "csv",
     ]);
     assert!(ok);
-    assert_eq!(csv, "day,requests,inputTokens,outputTokens,totalTokens\n");
+    assert_eq!(
+        csv,
+        "day,requests,inputTokens,cachedInputTokens,outputTokens,totalTokens,quotaCharged,\
+         providerCost,unpricedTokens\n"
+    );
     let err = admin_fails(&gw, &["usage", "report", "--since", "2026-02-30"]);
     assert!(
         err.contains("--since") && err.contains("2026-02-30"),

@@ -130,6 +130,7 @@ fn probe_for(path: &str) -> String {
     match path {
         "providers" => "[[providers]]\n__probe__ = 1\n".into(),
         "models" => "[[models]]\n__probe__ = 1\n".into(),
+        "models.price" => "[[models]]\nid = \"m\"\nprice = { __probe__ = 1 }\n".into(),
         "models.deployments" => {
             "[[models]]\nid = \"m\"\ndeployments = [{ __probe__ = 1 }]\n".into()
         }

@@ -23,6 +23,50 @@ input_tokens_per_minute = 0
 output_tokens_per_minute = 0
 "#;
 
+/// A model whose tokens cost more than one quota token each: the mock's answer (25 input
+/// tokens, 5 of them cached, and 24 output tokens) costs 20 × 2 + 5 × 0.5 + 24 × 3 = 114.5,
+/// charged as 115.
+const WEIGHTED_MODEL: &str = r#"
+[[models]]
+id = "mock-weighted"
+provider = "mock"
+upstream_model = "mock-gpt"
+input_weight = 2
+output_weight = 3
+cached_input_weight = 0.5
+"#;
+
+/// The model a concurrency test calls and what its tokens cost.
+#[derive(Clone, Copy)]
+struct Rates {
+    model: &'static str,
+    /// Quota tokens per estimated input token and per requested output token (whole numbers,
+    /// so the test computes the reservation exactly).
+    input_weight: u64,
+    output_weight: u64,
+    /// What the mock's answer is charged.
+    charge: u64,
+}
+
+const UNWEIGHTED: Rates = Rates {
+    model: "mock-gpt",
+    input_weight: 1,
+    output_weight: 1,
+    charge: 49,
+};
+
+const WEIGHTED: Rates = Rates {
+    model: "mock-weighted",
+    input_weight: 2,
+    output_weight: 3,
+    charge: 115,
+};
+
+/// Only lots pay, with the weighted model configured too.
+fn lots_only() -> String {
+    format!("{LOTS_ONLY}{WEIGHTED_MODEL}")
+}
+
 fn redis_options(extra: &str) -> Options {
     let mut o = Options {
         extra_toml: extra.to_string(),
@@ -39,7 +83,11 @@ fn redis_options(extra: &str) -> Options {
 }
 
 fn body(max_tokens: u64) -> Value {
-    json!({"model": "mock-gpt", "max_tokens": max_tokens,
+    body_for("mock-gpt", max_tokens)
+}
+
+fn body_for(model: &str, max_tokens: u64) -> Value {
+    json!({"model": model, "max_tokens": max_tokens,
            "messages": [{"role": "user", "content": "count me exactly"}]})
 }
 
@@ -60,7 +108,13 @@ async fn estimate(gw: &Gateway, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("estimate: {v}"))
 }
 
-async fn fire(gw_urls: Vec<String>, key: &str, n: usize, max_tokens: u64) -> Vec<(u16, String)> {
+async fn fire(
+    gw_urls: Vec<String>,
+    key: &str,
+    n: usize,
+    model: &'static str,
+    max_tokens: u64,
+) -> Vec<(u16, String)> {
     let c = client();
     let mut tasks = Vec::new();
     for i in 0..n {
@@ -71,7 +125,7 @@ async fn fire(gw_urls: Vec<String>, key: &str, n: usize, max_tokens: u64) -> Vec
             let r = c
                 .post(url)
                 .bearer_auth(key)
-                .json(&body(max_tokens))
+                .json(&body_for(model, max_tokens))
                 .send()
                 .await
                 .unwrap();
@@ -98,10 +152,13 @@ async fn lot_remaining(gw: &Gateway, email: &str) -> u64 {
     lots.iter().map(|l| l.remaining).sum()
 }
 
-async fn exactly_ten_of_fifty(gateways: &[&Gateway], mock: &Mock, email: &str) {
+/// Fifty concurrent requests against a lot for exactly ten reservations at `rates`: ten pass,
+/// forty are refused, and the lot loses exactly ten charges.
+async fn exactly_ten_of_fifty(gateways: &[&Gateway], mock: &Mock, email: &str, rates: Rates) {
     let gw = gateways[0];
     let key = gw.user_with_key(email, &[]);
-    let per_request = estimate(gw, &key).await + 100;
+    let served_before = mock.served().await;
+    let per_request = estimate(gw, &key).await * rates.input_weight + 100 * rates.output_weight;
     gw.admin_json(&[
         "lot",
         "grant",
@@ -114,16 +171,33 @@ async fn exactly_ten_of_fifty(gateways: &[&Gateway], mock: &Mock, email: &str) {
     ]);
     tokio::time::sleep(Duration::from_millis(600)).await; // lot feed
     let urls: Vec<String> = gateways.iter().map(|g| g.api.clone()).collect();
-    let results = fire(urls, &key, 50, 100).await;
+    let results = fire(urls, &key, 50, rates.model, 100).await;
     let ok = results.iter().filter(|(s, _)| *s == 200).count();
     let refused = results
         .iter()
         .filter(|(s, c)| *s == 429 && c == "insufficient_quota")
         .count();
     assert_eq!((ok, refused), (10, 40), "{results:?}");
-    assert_eq!(mock.served().await, 10);
-    // 10 chat events plus the count_tokens call that measured the estimate.
-    let events = gw.wait_usage(11).await;
+    assert_eq!(mock.served().await - served_before, 10);
+    // 10 chat events plus the count_tokens call that measured the estimate, of this account.
+    let user_id = gw
+        .db()
+        .await
+        .users()
+        .find_by_email(email)
+        .await
+        .unwrap()
+        .unwrap()
+        .id;
+    let mut events = Vec::new();
+    for _ in 0..200 {
+        events = gw.usage_events().await;
+        events.retain(|e| e["user_id"] == user_id.as_str());
+        if events.len() >= 11 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     let chat: Vec<&Value> = events
         .iter()
         .filter(|e| e["endpoint"] == "chat_completions")
@@ -131,19 +205,28 @@ async fn exactly_ten_of_fifty(gateways: &[&Gateway], mock: &Mock, email: &str) {
     assert_eq!(chat.len(), 10);
     for e in &chat {
         assert_eq!(
-            (e["input_tokens"].as_i64(), e["output_tokens"].as_i64()),
-            (Some(25), Some(24))
+            (
+                e["input_tokens"].as_i64(),
+                e["output_tokens"].as_i64(),
+                e["quota_charged"].as_u64()
+            ),
+            (Some(25), Some(24), Some(rates.charge))
         );
     }
     // The balance in the database is the lot minus exactly what was recorded.
-    assert_eq!(lot_remaining(gw, email).await, 10 * per_request - 10 * 49);
+    assert_eq!(
+        lot_remaining(gw, email).await,
+        10 * per_request - 10 * rates.charge
+    );
 }
 
 #[tokio::test]
 async fn fifty_parallel_requests_against_an_allowance_for_ten() {
-    let mock = Mock::start(&["--latency-ms", "800"]);
-    let gw = Gateway::start(&mock, redis_options(LOTS_ONLY));
-    exactly_ten_of_fifty(&[&gw], &mock, "ten@example.com").await;
+    for rates in [UNWEIGHTED, WEIGHTED] {
+        let mock = Mock::start(&["--latency-ms", "800"]);
+        let gw = Gateway::start(&mock, redis_options(&lots_only()));
+        exactly_ten_of_fifty(&[&gw], &mock, "ten@example.com", rates).await;
+    }
 }
 
 #[tokio::test]
@@ -154,13 +237,16 @@ async fn two_instances_share_one_balance() {
         eprintln!("needs GATEWAY_TEST_DATABASE=postgres and GATEWAY_TEST_REDIS; skipping");
         return;
     }
-    let mock = Mock::start(&["--latency-ms", "800"]);
-    let a = Gateway::start(&mock, redis_options(LOTS_ONLY));
-    let mut opts = redis_options(LOTS_ONLY);
+    // Long enough that all fifty reserve before the first settles, however busy the host: a
+    // settlement frees the difference between reservation and charge for a late request.
+    let mock = Mock::start(&["--latency-ms", "2000"]);
+    let a = Gateway::start(&mock, redis_options(&lots_only()));
+    let mut opts = redis_options(&lots_only());
     opts.database_url = Some(a.database_url.clone());
     opts.env = a.env.clone();
     let b = Gateway::start(&mock, opts);
-    exactly_ten_of_fifty(&[&a, &b], &mock, "shared@example.com").await;
+    exactly_ten_of_fifty(&[&a, &b], &mock, "weighted@example.com", WEIGHTED).await;
+    exactly_ten_of_fifty(&[&a, &b], &mock, "shared@example.com", UNWEIGHTED).await;
 
     // Revocation and suspension reach the other instance within a second.
     let key = a.user_with_key("both@example.com", &[]);
@@ -431,7 +517,7 @@ weekly_requests = 2
 "#;
     let gw = Gateway::start(&mock, redis_options(extra));
     let key = gw.user_with_key("req@example.com", &[]);
-    let results = fire(vec![gw.api.clone()], &key, 5, 10).await;
+    let results = fire(vec![gw.api.clone()], &key, 5, "mock-gpt", 10).await;
     assert_eq!(
         results.iter().filter(|(s, _)| *s == 200).count(),
         2,
@@ -448,7 +534,7 @@ weekly_requests = 2
         "1",
     ]);
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let results = fire(vec![gw.api.clone()], &key, 3, 10).await;
+    let results = fire(vec![gw.api.clone()], &key, 3, "mock-gpt", 10).await;
     assert_eq!(
         results.iter().filter(|(s, _)| *s == 200).count(),
         1,

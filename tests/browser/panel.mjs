@@ -196,6 +196,8 @@ async function scenario(tag, contextOptions) {
   check(await page.getAttribute('button[data-period="24h"]', 'aria-pressed') === 'true', `${tag}: the 24h period is selected`);
   check(/\d/.test(await page.textContent('#quota-left')), `${tag}: the usage page shows the tokens left`);
   check((await page.textContent('#quota-allowance')).includes('left'), `${tag}: the usage page shows the allowance left`);
+  check(Number((await page.textContent('#sum-charged')).replace(/[^0-9]/g, '')) > 0, `${tag}: the usage page shows the quota charged`);
+  check((await page.textContent('#model-prices')).includes('mock-gpt'), `${tag}: the usage page lists the models' quota weights`);
   check(await page.getAttribute('#usage-chart', 'data-unit') === 'hour', `${tag}: the 24h chart is per hour`);
   const hours = await page.$$eval('#usage-chart rect.bar.in', (rs) => rs.map((r) => Number(r.dataset.value)));
   // (The last two hours: the requests may sit in the previous hour when one just began.)

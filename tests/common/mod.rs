@@ -500,7 +500,7 @@ impl Gateway {
         let db = self.db().await;
         let rows = sqlx::query(
             "SELECT id, user_id, key_id, model, endpoint, input_tokens, output_tokens, \
-             cached_tokens, status, settlement, deployment, error_code, ttfb_ms \
+             cached_tokens, quota_charged, status, settlement, deployment, error_code, ttfb_ms \
              FROM usage_events ORDER BY created_at, id",
         )
         .fetch_all(&db.pool)
@@ -517,6 +517,7 @@ impl Gateway {
                     "input_tokens": r.get::<i64, _>("input_tokens"),
                     "output_tokens": r.get::<i64, _>("output_tokens"),
                     "cached_tokens": r.get::<i64, _>("cached_tokens"),
+                    "quota_charged": r.get::<Option<i64>, _>("quota_charged"),
                     "status": r.get::<i64, _>("status"),
                     "settlement": r.get::<String, _>("settlement"),
                     "deployment": r.get::<Option<String>, _>("deployment"),

@@ -21,13 +21,17 @@ fn percentile(sorted: &[u128], p: f64) -> f64 {
 async fn run(name: &str, engine: Arc<Engine>, cfg: &Config, who: &Identity, n: usize) {
     // Warm-up loads the account into the engine.
     for _ in 0..200 {
-        if let Ok(r) = engine.reserve(&cfg.quota, who, 30, 100).await {
+        if let Ok(r) = engine
+            .reserve(&cfg.quota, who, 30, 100, Default::default())
+            .await
+        {
             let _ = engine
                 .settle(
                     &r.ticket,
                     Used {
                         input_tokens: 25,
                         output_tokens: 24,
+                        cached_input_tokens: 0,
                     },
                 )
                 .await;
@@ -38,7 +42,7 @@ async fn run(name: &str, engine: Arc<Engine>, cfg: &Config, who: &Identity, n: u
     for _ in 0..n {
         let t0 = Instant::now();
         let r = engine
-            .reserve(&cfg.quota, who, 30, 100)
+            .reserve(&cfg.quota, who, 30, 100, Default::default())
             .await
             .expect("reserve");
         let t1 = Instant::now();
@@ -48,6 +52,7 @@ async fn run(name: &str, engine: Arc<Engine>, cfg: &Config, who: &Identity, n: u
                 Used {
                     input_tokens: 25,
                     output_tokens: 24,
+                    cached_input_tokens: 0,
                 },
             )
             .await;

@@ -157,6 +157,9 @@ struct Settled<'a> {
     input_tokens: u64,
     output_tokens: u64,
     cached_tokens: u64,
+    /// Absent in lines written before weights existed, when the charge was the raw total.
+    #[serde(default)]
+    quota_charged: Option<u64>,
     status: u16,
     latency_ms: u64,
     ttfb_ms: Option<u64>,
@@ -229,6 +232,7 @@ impl Journal {
             input_tokens: e.input_tokens,
             output_tokens: e.output_tokens,
             cached_tokens: e.cached_tokens,
+            quota_charged: Some(e.quota_charged),
             status: e.status,
             latency_ms: e.latency_ms,
             ttfb_ms: e.ttfb_ms,
@@ -529,6 +533,8 @@ fn interrupted_event(a: &Admission<'_>) -> UsageEvent {
         input_tokens: a.input_estimate,
         output_tokens: 0,
         cached_tokens: 0,
+        // The reservation died with the process: nothing was charged.
+        quota_charged: 0,
         // No answer's status is known.
         status: 0,
         latency_ms: 0,
@@ -553,6 +559,9 @@ fn settled_event(s: Settled<'_>) -> UsageEvent {
         input_tokens: s.input_tokens,
         output_tokens: s.output_tokens,
         cached_tokens: s.cached_tokens,
+        quota_charged: s
+            .quota_charged
+            .unwrap_or(s.input_tokens.saturating_add(s.output_tokens)),
         status: s.status,
         latency_ms: s.latency_ms,
         ttfb_ms: s.ttfb_ms,

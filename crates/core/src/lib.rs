@@ -11,6 +11,7 @@ pub mod identity;
 pub mod journal;
 pub mod logging;
 pub mod metrics;
+pub mod pricing;
 pub mod quota;
 pub mod secrets;
 pub mod state;

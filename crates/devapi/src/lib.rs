@@ -267,6 +267,7 @@ impl DevApi {
                 identity,
                 adm.reserved_input(),
                 adm.output_reserve,
+                adm.weights(),
             )
             .await
         {

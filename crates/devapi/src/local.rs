@@ -54,7 +54,15 @@ pub fn models(cfg: &Config, who: &Identity) -> Value {
     json!({ "object": "list", "data": data })
 }
 
-/// `GET /v1/model/info`: per model, what a client needs to size requests.
+/// What one token of each kind of the model costs in quota tokens, so a client sees a model's
+/// price before calling it.
+pub fn weights_json(m: &Model) -> Value {
+    let (input, output, cached_input) = m.weights.as_f64();
+    json!({ "input": input, "output": output, "cached_input": cached_input })
+}
+
+/// `GET /v1/model/info`: per model, what a client needs to size requests and what its tokens
+/// cost in quota.
 pub fn model_info(cfg: &Config, who: &Identity) -> Value {
     let data: Vec<Value> = visible(cfg, who)
         .map(|m| {
@@ -66,6 +74,7 @@ pub fn model_info(cfg: &Config, who: &Identity) -> Value {
                 "context_window": m.context_window,
                 "max_output_tokens": m.max_output_tokens,
                 "default_output_tokens": m.default_output_tokens,
+                "quota_weights": weights_json(m),
                 "endpoints": endpoints_for(style).iter().map(|e| e.path()).collect::<Vec<_>>(),
             })
         })

@@ -595,6 +595,8 @@ mod tests {
             context_window: None,
             max_output_tokens: None,
             default_output_tokens: 1,
+            weights: Default::default(),
+            price: None,
         }
     }
 

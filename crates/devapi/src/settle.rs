@@ -216,13 +216,15 @@ impl InFlight {
         let used = Used {
             input_tokens: usage.input_tokens,
             output_tokens: usage.output_tokens,
+            cached_input_tokens: usage.cached_tokens,
         };
         // Settled once (`done`): the event is not needed here any more.
-        let event = std::mem::take(&mut self.event);
+        let mut event = std::mem::take(&mut self.event);
         let admitted = self.admitted.take();
         match self.reservation.take() {
             Some(r) => {
                 gateway_core::metrics::RESERVATIONS.dec();
+                event.quota_charged = r.ticket.charge(used);
                 settle_and_record(&self.state, r, used, event, admitted)
             }
             None => self.state.usage.record(event, admitted),
@@ -349,6 +351,7 @@ pub fn new_event(user_id: &str, key_id: &str, model: &str, endpoint: &'static st
         input_tokens: 0,
         output_tokens: 0,
         cached_tokens: 0,
+        quota_charged: 0,
         status: 0,
         latency_ms: 0,
         ttfb_ms: None,

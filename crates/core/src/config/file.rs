@@ -211,6 +211,12 @@ pub struct ModelFile {
     pub max_output_tokens: Option<u64>,
     /// Output tokens reserved when a request names none (default: max_output_tokens or 4096).
     pub default_output_tokens: Option<u64>,
+    /// Quota tokens charged per input, output and cached input token (see `pricing`).
+    pub input_weight: Option<f64>,
+    pub output_weight: Option<f64>,
+    pub cached_input_weight: Option<f64>,
+    /// The provider's prices, for the operator's cost report only.
+    pub price: Option<crate::pricing::PriceFile>,
     /// Several deployments balanced by weight; alternative to `provider`.
     #[serde(default)]
     pub deployments: Vec<DeploymentFile>,

@@ -7,6 +7,7 @@ use super::check::{Checker, ConfigError};
 use super::file::ModelFile;
 use super::providers::Provider;
 use crate::domain::ProviderStyle;
+use crate::pricing::{Price, Weights};
 
 #[derive(Debug, Clone)]
 pub struct Deployment {
@@ -37,6 +38,10 @@ pub struct Model {
     pub context_window: Option<u64>,
     pub max_output_tokens: Option<u64>,
     pub default_output_tokens: u64,
+    /// What its tokens cost in quota.
+    pub weights: Weights,
+    /// What its tokens cost the operator (`[models.price]`), when given.
+    pub price: Option<Price>,
 }
 
 impl Model {
@@ -124,12 +129,22 @@ pub(super) fn validate(
             .default_output_tokens
             .or(m.max_output_tokens)
             .unwrap_or(4096);
+        let weights = Weights::from_config(m.input_weight, m.output_weight, m.cached_input_weight)
+            .map_err(|(k, why)| c.err(key(k), why))?;
+        let price = m
+            .price
+            .as_ref()
+            .map(Price::from_file)
+            .transpose()
+            .map_err(|(k, why)| c.err(key(k), why))?;
         let model = Arc::new(Model {
             id: m.id.clone(),
             deployments,
             context_window: m.context_window,
             max_output_tokens: m.max_output_tokens,
             default_output_tokens,
+            weights,
+            price,
         });
         models_by_id.insert(m.id.clone(), model.clone());
         models.push(model);

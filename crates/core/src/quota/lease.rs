@@ -39,6 +39,7 @@ use super::{RatePlan, RateView, Reservation, Ticket, Used};
 use crate::config::{QuotaConfig, TierLimits};
 use crate::domain::{Breakdown, Tier};
 use crate::identity::Identity;
+use crate::pricing::Weights;
 use crate::storage::Db;
 use crate::util::{now_ms, FastHash};
 
@@ -105,6 +106,9 @@ struct Slot {
     rate_per_s: f64,
     avg_in: f64,
     avg_out: f64,
+    /// Average quota tokens reserved per request (the raw averages at the models' weights):
+    /// sizes the lease's tokens, while `avg_in`/`avg_out` size the per-minute windows' chunks.
+    avg_tokens: f64,
     want: f64,
     last_renewal: i64,
     last_used: i64,
@@ -179,6 +183,7 @@ impl Leases {
         id: &str,
         input: u64,
         output: u64,
+        weights: Weights,
         now: i64,
     ) -> Admit {
         let user_id = &who.user.id;
@@ -198,7 +203,7 @@ impl Leases {
         if s.exact_until > now {
             return Admit::Exact;
         }
-        let tokens = input + output;
+        let tokens = weights.estimate(input, output);
         let caps = [plan.rpm, plan.itpm, plan.otpm];
         let costs = [1, input, output];
         let minute = now.div_euclid(WINDOW_MS);
@@ -226,11 +231,12 @@ impl Leases {
         s.inflight[0] += tokens;
         s.inflight[1] += 1;
         s.admitted += 1;
-        if s.avg_in == 0.0 && s.avg_out == 0.0 {
-            (s.avg_in, s.avg_out) = (input as f64, output as f64);
+        if s.avg_in == 0.0 && s.avg_out == 0.0 && s.avg_tokens == 0.0 {
+            (s.avg_in, s.avg_out, s.avg_tokens) = (input as f64, output as f64, tokens as f64);
         } else {
             s.avg_in += (input as f64 - s.avg_in) / 16.0;
             s.avg_out += (output as f64 - s.avg_out) / 16.0;
+            s.avg_tokens += (tokens as f64 - s.avg_tokens) / 16.0;
         }
         let mut rate = RateView::default();
         if let Some(c) = s.chunks.get_mut(&plan.scope).filter(|_| windowed) {
@@ -260,6 +266,7 @@ impl Leases {
                 requests: 1,
                 input_cost: input,
                 output_cost: output,
+                weights,
                 minute,
                 plan: plan.clone(),
                 limits: *limits,
@@ -321,7 +328,8 @@ impl Leases {
         s.want = want.min(MAX_REQUESTS);
         let want_requests = s.want.ceil() as u64;
         let avg = [s.avg_in.max(1.0), s.avg_out.max(0.0)];
-        let want_tokens = ((s.want * (avg[0] + avg[1])).ceil() as u64).max(s.need[0]);
+        let avg_tokens = s.avg_tokens.max(1.0);
+        let want_tokens = ((s.want * avg_tokens).ceil() as u64).max(s.need[0]);
         let free = if idle { [0, 0] } else { s.free() };
         let ask = if exact {
             [0, 0]
@@ -331,7 +339,7 @@ impl Leases {
                 want_requests.saturating_sub(free[1]),
             ]
         };
-        let least = s.need[0].max((avg[0] + avg[1]) as u64).max(1);
+        let least = s.need[0].max(avg_tokens as u64).max(1);
 
         let minute = now.div_euclid(WINDOW_MS);
         let mut keys: Vec<String> = account_keys(prefix, user_id).to_vec();
@@ -354,7 +362,7 @@ impl Leases {
                 0
             };
             items.extend([
-                (p.used.input_tokens + p.used.output_tokens).to_string(),
+                t.charge(p.used).to_string(),
                 t.requests.to_string(),
                 w.to_string(),
                 (p.used.input_tokens as i64 - t.input_cost as i64).to_string(),
@@ -544,6 +552,7 @@ impl Shared {
         id: &str,
         input: u64,
         output: u64,
+        weights: Weights,
     ) -> Option<Result<Reservation, Unreachable>> {
         if !self.hints.contains_key(&who.user.id) {
             // First sight on this instance: the exact path loads the account and its tier.
@@ -554,7 +563,7 @@ impl Shared {
         for _ in 0..3 {
             match self
                 .leases
-                .admit(&plan, &limits, who, id, input, output, now_ms())
+                .admit(&plan, &limits, who, id, input, output, weights, now_ms())
             {
                 Admit::Granted(r) => return Some(Ok(*r)),
                 Admit::Exact => return None,

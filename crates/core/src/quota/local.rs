@@ -15,6 +15,7 @@ use super::{Denied, RatePlan, RateView, Reservation, Ticket, Used};
 use crate::config::QuotaConfig;
 use crate::domain::{Breakdown, Lot};
 use crate::identity::Identity;
+use crate::pricing::Weights;
 use crate::storage::Db;
 use crate::util::FastHash;
 
@@ -97,6 +98,7 @@ impl Local {
         id: String,
         input: u64,
         output: u64,
+        weights: Weights,
         now: i64,
     ) -> Result<Reservation, (Denied, RateView)> {
         let cell = self
@@ -132,7 +134,8 @@ impl Local {
                 ));
             }
         }
-        if let Err(d) = acct.reserve(&id, input + output, 1, &limits, who.user.unlimited, now) {
+        let tokens = weights.estimate(input, output);
+        if let Err(d) = acct.reserve(&id, tokens, 1, &limits, who.user.unlimited, now) {
             return Err((d, view_now(&w)));
         }
         for (slot, cost) in w.curr.iter_mut().zip(costs) {
@@ -143,10 +146,11 @@ impl Local {
             ticket: Ticket {
                 id,
                 user_id: who.user.id.clone(),
-                tokens: input + output,
+                tokens,
                 requests: 1,
                 input_cost: input,
                 output_cost: output,
+                weights,
                 minute,
                 plan,
                 limits,
@@ -218,7 +222,7 @@ impl Local {
             return Breakdown {
                 user_id: t.user_id.clone(),
                 at_ms: now,
-                allowance_tokens: used.input_tokens + used.output_tokens,
+                allowance_tokens: t.charge(used),
                 allowance_requests: t.requests,
                 lots: vec![],
             };
@@ -249,13 +253,9 @@ impl Local {
             .and_then(|c| c.get().map(|_| c.clone()))
         {
             Some(cell) => match cell.get() {
-                Some(m) => m.lock().settle(
-                    &t.id,
-                    used.input_tokens + used.output_tokens,
-                    t.requests,
-                    &t.limits,
-                    now,
-                ),
+                Some(m) => m
+                    .lock()
+                    .settle(&t.id, t.charge(used), t.requests, &t.limits, now),
                 None => Breakdown::default(),
             },
             None => Breakdown::default(),

@@ -32,15 +32,18 @@ use crate::config::{QuotaConfig, TierLimits};
 use crate::domain::Breakdown;
 use crate::domain::LimitMode;
 use crate::identity::Identity;
+use crate::pricing::Weights;
 use crate::storage::Db;
 use crate::util::{now_ms, random_base62};
 use limits::WindowView;
 
-/// What a request consumed, as finally known.
+/// What a request consumed, as finally known, in raw tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Used {
     pub input_tokens: u64,
     pub output_tokens: u64,
+    /// The part of `input_tokens` read from the provider's cache.
+    pub cached_input_tokens: u64,
 }
 
 /// Why a reservation was refused.
@@ -223,10 +226,15 @@ impl RatePlan {
 pub struct Ticket {
     pub id: String,
     pub user_id: String,
+    /// Quota tokens held (the estimate at the model's weights).
     pub tokens: u64,
     pub requests: u64,
+    /// Raw tokens counted in the per-minute windows.
     pub input_cost: u64,
     pub output_cost: u64,
+    /// The model's weights as they were at admission: the settlement charges at these, so a
+    /// reload never reprices a request in flight.
+    pub weights: Weights,
     pub minute: i64,
     pub plan: RatePlan,
     pub limits: TierLimits,
@@ -235,6 +243,18 @@ pub struct Ticket {
     pub in_process: bool,
     /// Admitted against this instance's lease on the account (`lease`), not reserved alone.
     pub leased: bool,
+}
+
+impl Ticket {
+    /// The quota tokens `used` costs at this request's weights: what settlement pays and the
+    /// usage event records.
+    pub fn charge(&self, used: Used) -> u64 {
+        self.weights.charge(
+            used.input_tokens,
+            used.cached_input_tokens,
+            used.output_tokens,
+        )
+    }
 }
 
 /// A granted reservation. Settle it exactly once with `Engine::settle`; `InFlight` guarantees
@@ -291,21 +311,29 @@ impl Engine {
         }
     }
 
-    /// Check 9: reserves 1 request plus `input + output` tokens, after the per-minute limits.
-    /// The refusal carries the rate-limit view for the 429's headers.
+    /// Check 9: reserves 1 request plus `input + output` tokens at the model's `weights` in
+    /// quota tokens, after the per-minute limits (which count the raw tokens). The refusal
+    /// carries the rate-limit view for the 429's headers.
     pub async fn reserve(
         &self,
         cfg: &QuotaConfig,
         who: &Identity,
         input: u64,
         output: u64,
+        weights: Weights,
     ) -> Result<Reservation, (Denied, RateView)> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let id = [self.instance.as_str(), "-", itoa::Buffer::new().format(seq)].concat();
         let now = now_ms();
         let result = match &self.backend {
-            Backend::Local(l) => l.reserve(&self.db, cfg, who, id, input, output, now).await,
-            Backend::Shared(s) => s.reserve(&self.db, cfg, who, id, input, output, now).await,
+            Backend::Local(l) => {
+                l.reserve(&self.db, cfg, who, id, input, output, weights, now)
+                    .await
+            }
+            Backend::Shared(s) => {
+                s.reserve(&self.db, cfg, who, id, input, output, weights, now)
+                    .await
+            }
         };
         if let Err((denied, _)) = &result {
             let until = match denied {

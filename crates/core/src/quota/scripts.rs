@@ -126,7 +126,7 @@ pub(super) fn on_allowance(t: &Ticket, used: Used, now: i64) -> Breakdown {
     Breakdown {
         user_id: t.user_id.clone(),
         at_ms: now,
-        allowance_tokens: used.input_tokens + used.output_tokens,
+        allowance_tokens: t.charge(used),
         allowance_requests: t.requests,
         lots: vec![],
     }

@@ -31,6 +31,7 @@ use crate::config::{QuotaConfig, RedisOutage};
 use crate::domain::Breakdown;
 use crate::domain::Tier;
 use crate::identity::Identity;
+use crate::pricing::Weights;
 use crate::quota::tiers::{effective_tier, usage_tier};
 use crate::storage::Db;
 use crate::util::FastHash;
@@ -226,12 +227,14 @@ impl Shared {
         id: String,
         input: u64,
         output: u64,
+        weights: Weights,
         now: i64,
     ) -> Result<Reservation, (Denied, RateView)> {
         let leased = if self.breaker.is_open() {
             None
         } else {
-            self.reserve_leased(db, cfg, who, &id, input, output).await
+            self.reserve_leased(db, cfg, who, &id, input, output, weights)
+                .await
         };
         let id = match leased {
             Some(Ok(reservation)) => return Ok(reservation),
@@ -241,7 +244,7 @@ impl Shared {
             }
             None if self.breaker.is_open() => id,
             None => match self
-                .reserve_in_redis(db, cfg, who, id, input, output, now)
+                .reserve_in_redis(db, cfg, who, id, input, output, weights, now)
                 .await
             {
                 Ok(answer) => return answer,
@@ -255,7 +258,7 @@ impl Shared {
             RedisOutage::Refuse => Err((Denied::Unavailable, RateView::default())),
             RedisOutage::Local => {
                 self.fallback
-                    .reserve(db, cfg, who, id, input, output, now)
+                    .reserve(db, cfg, who, id, input, output, weights, now)
                     .await
             }
         }
@@ -271,9 +274,11 @@ impl Shared {
         id: String,
         input: u64,
         output: u64,
+        weights: Weights,
         now: i64,
     ) -> Result<Result<Reservation, (Denied, RateView)>, (String, Unreachable)> {
         let user_id = &who.user.id;
+        let tokens = weights.estimate(input, output);
         let unavailable = Ok(Err((Denied::Unavailable, RateView::default())));
         if !self.hints.contains_key(user_id) {
             // First sight on this instance: the tier hint comes with the load.
@@ -306,7 +311,7 @@ impl Shared {
             }
             inv.arg(now)
                 .arg(&id)
-                .arg(input + output)
+                .arg(tokens)
                 .arg(1)
                 .arg(limits.weekly_tokens)
                 .arg(limits.weekly_requests)
@@ -382,10 +387,11 @@ impl Shared {
                         ticket: Ticket {
                             id,
                             user_id: user_id.clone(),
-                            tokens: input + output,
+                            tokens,
                             requests: 1,
                             input_cost: input,
                             output_cost: output,
+                            weights,
                             minute,
                             plan,
                             limits,
@@ -491,7 +497,7 @@ impl Shared {
         inv.key(rate_key(&self.prefix, &t.user_id, &t.plan.scope, t.minute));
         inv.arg(now)
             .arg(&t.id)
-            .arg(used.input_tokens + used.output_tokens)
+            .arg(t.charge(used))
             .arg(t.requests)
             .arg(t.limits.weekly_tokens)
             .arg(t.limits.weekly_requests)

@@ -1,6 +1,7 @@
-//! Operator usage reports (`gateway usage report`): requests and tokens summed per UTC day,
-//! model or account over a range of whole days, read from the hourly rollup that every usage
-//! batch keeps in step with its events (so a report never scans raw events).
+//! Operator usage reports (`gateway usage report`): requests, tokens and charged quota summed
+//! per UTC day, model or account over a range of whole days, read from the hourly rollup that
+//! every usage batch keeps in step with its events (so a report never scans raw events). Each
+//! group comes split by model, so the caller can price it at each model's provider price.
 
 use super::usage::UsageTotals;
 use super::{Db, StoreResult};
@@ -19,50 +20,67 @@ pub struct ReportStore<'a> {
     pub(super) db: &'a Db,
 }
 
-fn u(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
-}
-
 row! {
-    /// One group's sums.
+    /// One group's sums of one model.
     struct GroupRow {
         k: String,
+        model: String,
         requests: i64,
         input_tokens: i64,
         output_tokens: i64,
         total_tokens: i64,
+        cached_tokens: i64,
+        quota_charged: i64,
     }
 }
 
 impl GroupRow {
-    fn into_group(self) -> (String, UsageTotals) {
-        let totals = UsageTotals {
-            requests: u(self.requests),
-            input_tokens: u(self.input_tokens),
-            output_tokens: u(self.output_tokens),
-            total_tokens: u(self.total_tokens),
-        };
-        (self.k, totals)
+    fn into_group(self) -> GroupUsage {
+        let totals = UsageTotals::from_sums([
+            self.requests,
+            self.input_tokens,
+            self.output_tokens,
+            self.total_tokens,
+            self.cached_tokens,
+            self.quota_charged,
+        ]);
+        GroupUsage {
+            group: self.k,
+            model: self.model,
+            totals,
+        }
     }
 }
 
+/// One group's usage of one model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupUsage {
+    pub group: String,
+    pub model: String,
+    pub totals: UsageTotals,
+}
+
 /// The report statement: `$select` (text on both databases, so one row struct serves every
-/// grouping) grouped by `$group`, over hours `$1..$2`, then `$account` (empty, or the filter
-/// on `$3`).
+/// grouping) grouped by `$group` and model, over hours `$1..$2`, then `$account` (empty, or the
+/// filter on `$3`). Rows from before charges were recorded count their total as charged and
+/// none of their input as cached.
 macro_rules! report {
     ($select:literal, $group:literal, $account:literal) => {
         concat!(
             "SELECT ",
             $select,
-            " AS k, CAST(SUM(r.requests) AS BIGINT) AS requests, \
+            " AS k, r.model, CAST(SUM(r.requests) AS BIGINT) AS requests, \
              CAST(SUM(r.input_tokens) AS BIGINT) AS input_tokens, \
              CAST(SUM(r.output_tokens) AS BIGINT) AS output_tokens, \
-             CAST(SUM(r.total_tokens) AS BIGINT) AS total_tokens \
+             CAST(SUM(r.total_tokens) AS BIGINT) AS total_tokens, \
+             CAST(SUM(COALESCE(r.cached_tokens, 0)) AS BIGINT) AS cached_tokens, \
+             CAST(SUM(COALESCE(r.quota_charged, r.total_tokens)) AS BIGINT) AS quota_charged \
              FROM usage_rollup r LEFT JOIN users u ON u.id = r.user_id \
              WHERE r.hour >= $1 AND r.hour < $2",
             $account,
             " GROUP BY ",
-            $group
+            $group,
+            ", r.model"
         )
     };
 }
@@ -85,14 +103,14 @@ pub(crate) mod sql {
 
 impl ReportStore<'_> {
     /// Sums for Unix hours `from_hour..until_hour` (end excluded), optionally of one account,
-    /// one row per group, in no particular order.
+    /// one row per group and model, in no particular order.
     pub async fn usage(
         &self,
         grouping: Grouping,
         from_hour: i64,
         until_hour: i64,
         user_id: Option<&str>,
-    ) -> StoreResult<Vec<(String, UsageTotals)>> {
+    ) -> StoreResult<Vec<GroupUsage>> {
         let statement = match (grouping, user_id.is_some()) {
             (Grouping::Day, false) => sql::BY_DAY,
             (Grouping::Model, false) => sql::BY_MODEL,

@@ -32,6 +32,8 @@ pub struct UsageEvent {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cached_tokens: u64,
+    /// Quota tokens charged for the raw counts at the model's weights (`pricing`).
+    pub quota_charged: u64,
     pub status: u16,
     pub latency_ms: u64,
     pub ttfb_ms: Option<u64>,
@@ -60,6 +62,10 @@ pub struct UsageTotals {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub total_tokens: u64,
+    /// The part of `input_tokens` read from providers' caches.
+    pub cached_tokens: u64,
+    /// Quota tokens charged for them at their models' weights.
+    pub quota_charged: u64,
 }
 
 impl UsageTotals {
@@ -68,6 +74,8 @@ impl UsageTotals {
         self.input_tokens = self.input_tokens.saturating_add(o.input_tokens);
         self.output_tokens = self.output_tokens.saturating_add(o.output_tokens);
         self.total_tokens = self.total_tokens.saturating_add(o.total_tokens);
+        self.cached_tokens = self.cached_tokens.saturating_add(o.cached_tokens);
+        self.quota_charged = self.quota_charged.saturating_add(o.quota_charged);
     }
 
     fn sub(&mut self, o: &UsageTotals) {
@@ -75,15 +83,22 @@ impl UsageTotals {
         self.input_tokens = self.input_tokens.saturating_sub(o.input_tokens);
         self.output_tokens = self.output_tokens.saturating_sub(o.output_tokens);
         self.total_tokens = self.total_tokens.saturating_sub(o.total_tokens);
+        self.cached_tokens = self.cached_tokens.saturating_sub(o.cached_tokens);
+        self.quota_charged = self.quota_charged.saturating_sub(o.quota_charged);
     }
 
-    /// Totals from a row's four sums (negative sums, which never occur, read as 0).
-    fn from_sums(requests: i64, input_tokens: i64, output_tokens: i64, total_tokens: i64) -> Self {
+    /// Totals from a row's sums, in column order (negative sums, which never occur, read
+    /// as 0).
+    pub(crate) fn from_sums(sums: [i64; 6]) -> Self {
+        let [requests, input_tokens, output_tokens, total_tokens, cached_tokens, quota_charged] =
+            sums.map(u);
         UsageTotals {
-            requests: u(requests),
-            input_tokens: u(input_tokens),
-            output_tokens: u(output_tokens),
-            total_tokens: u(total_tokens),
+            requests,
+            input_tokens,
+            output_tokens,
+            total_tokens,
+            cached_tokens,
+            quota_charged,
         }
     }
 }
@@ -97,6 +112,8 @@ pub struct RecentEvent {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub total_tokens: u64,
+    pub cached_tokens: u64,
+    pub quota_charged: u64,
     pub created_at: i64,
 }
 
@@ -108,6 +125,8 @@ row! {
         input_tokens: i64,
         output_tokens: i64,
         total_tokens: i64,
+        cached_tokens: i64,
+        quota_charged: i64,
     }
 }
 
@@ -119,17 +138,21 @@ row! {
         input_tokens: i64,
         output_tokens: i64,
         total_tokens: i64,
+        cached_tokens: i64,
+        quota_charged: i64,
     }
 }
 
 impl ModelRow {
     fn into_pair(self) -> (String, UsageTotals) {
-        let t = UsageTotals::from_sums(
+        let t = UsageTotals::from_sums([
             self.requests,
             self.input_tokens,
             self.output_tokens,
             self.total_tokens,
-        );
+            self.cached_tokens,
+            self.quota_charged,
+        ]);
         (self.model, t)
     }
 }
@@ -143,6 +166,8 @@ row! {
         input_tokens: i64,
         output_tokens: i64,
         total_tokens: i64,
+        cached_tokens: i64,
+        quota_charged: i64,
         created_at: i64,
     }
 }
@@ -156,6 +181,8 @@ impl From<RecentRow> for RecentEvent {
             input_tokens: u(r.input_tokens),
             output_tokens: u(r.output_tokens),
             total_tokens: u(r.total_tokens),
+            cached_tokens: u(r.cached_tokens),
+            quota_charged: u(r.quota_charged),
             created_at: r.created_at,
         }
     }
@@ -170,7 +197,9 @@ macro_rules! rollup_sums {
             ", CAST(SUM(requests) AS BIGINT) AS requests, \
              CAST(SUM(input_tokens) AS BIGINT) AS input_tokens, \
              CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, \
-             CAST(SUM(total_tokens) AS BIGINT) AS total_tokens \
+             CAST(SUM(total_tokens) AS BIGINT) AS total_tokens, \
+             CAST(SUM(COALESCE(cached_tokens, 0)) AS BIGINT) AS cached_tokens, \
+             CAST(SUM(COALESCE(quota_charged, total_tokens)) AS BIGINT) AS quota_charged \
              FROM usage_rollup WHERE user_id = $1 AND hour >= $2 AND hour <= $3 GROUP BY ",
             $group
         )
@@ -180,24 +209,33 @@ macro_rules! rollup_sums {
 pub(crate) mod sql {
     queries! {
         /// Adds a batch's counts to one rollup row.
+        /// A row from before weights has no `quota_charged` (its tokens were charged 1 each)
+        /// and no `cached_tokens` (counted as none).
         ADD_ROLLUP = "INSERT INTO usage_rollup (user_id, hour, model, requests, input_tokens, \
-             output_tokens, total_tokens) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+             output_tokens, total_tokens, cached_tokens, quota_charged) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
              ON CONFLICT (user_id, hour, model) DO UPDATE SET \
              requests = usage_rollup.requests + excluded.requests, \
              input_tokens = usage_rollup.input_tokens + excluded.input_tokens, \
              output_tokens = usage_rollup.output_tokens + excluded.output_tokens, \
-             total_tokens = usage_rollup.total_tokens + excluded.total_tokens";
+             total_tokens = usage_rollup.total_tokens + excluded.total_tokens, \
+             cached_tokens = COALESCE(usage_rollup.cached_tokens, 0) + excluded.cached_tokens, \
+             quota_charged = COALESCE(usage_rollup.quota_charged, usage_rollup.total_tokens) \
+             + excluded.quota_charged";
         ROLLUP_BY_DAY -> super::BucketRow = rollup_sums!("hour / 24 AS bucket", "hour / 24");
         ROLLUP_BY_HOUR -> super::BucketRow = rollup_sums!("hour AS bucket", "hour");
         ROLLUP_BY_MODEL -> super::ModelRow = rollup_sums!("model", "model");
         EVENTS_BY_MODEL -> super::ModelRow = "SELECT model, CAST(COUNT(*) AS BIGINT) AS requests, \
              CAST(SUM(input_tokens) AS BIGINT) AS input_tokens, \
              CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, \
-             CAST(SUM(total_tokens) AS BIGINT) AS total_tokens \
+             CAST(SUM(total_tokens) AS BIGINT) AS total_tokens, \
+             CAST(SUM(cached_tokens) AS BIGINT) AS cached_tokens, \
+             CAST(SUM(COALESCE(quota_charged, total_tokens)) AS BIGINT) AS quota_charged \
              FROM usage_events WHERE user_id = $1 AND created_at >= $2 AND created_at < $3 \
              GROUP BY model";
         RECENT -> super::RecentRow = "SELECT id, model, reasoning_effort, input_tokens, \
-             output_tokens, total_tokens, created_at FROM usage_events \
+             output_tokens, total_tokens, cached_tokens, \
+             COALESCE(quota_charged, total_tokens) AS quota_charged, created_at FROM usage_events \
              WHERE user_id = $1 AND created_at >= $2 ORDER BY created_at DESC LIMIT $3";
         LAST_CALL -> i64 = "SELECT created_at FROM usage_events WHERE user_id = $1 \
              ORDER BY created_at DESC LIMIT 1";
@@ -251,7 +289,7 @@ const DAY_HOURS: i64 = 24;
 /// Report windows up to this long also get per-hour sums (`UsageReport::hourly`).
 pub const HOURLY_MAX_SPAN_MS: i64 = DAY_HOURS * HOUR_MS;
 
-/// Most events per multi-row INSERT (a power of two, see [`statement_sized`]): 17 parameters
+/// Most events per multi-row INSERT (a power of two, see [`statement_sized`]): 18 parameters
 /// each stays far below SQLite's 32,766 and Postgres's 65,535 bound parameters.
 const INSERT_ROWS: usize = 256;
 /// How many chunk sizes [`statement_sized`] makes: 1, 2, 4, … [`INSERT_ROWS`].
@@ -275,7 +313,7 @@ fn statement_sized<T>(mut items: &[T]) -> impl Iterator<Item = &[T]> {
     })
 }
 
-const EVENT_COLUMNS: usize = 17;
+const EVENT_COLUMNS: usize = 18;
 
 /// Inserts `chunk` with one statement (`ON CONFLICT DO NOTHING`) and returns how many rows
 /// were new. One statement instead of one per event: each statement is a round trip to the
@@ -304,7 +342,7 @@ async fn insert_events(
         .rows_affected())
 }
 
-/// The event's 17 values, in the order of the INSERT's columns.
+/// The event's 18 values, in the order of the INSERT's columns.
 fn add_event<'q>(args: &mut AnyArguments<'q>, e: &'q UsageEvent) -> Result<(), BoxDynError> {
     args.add(e.id.as_str())?;
     args.add(e.user_id.as_str())?;
@@ -316,6 +354,7 @@ fn add_event<'q>(args: &mut AnyArguments<'q>, e: &'q UsageEvent) -> Result<(), B
     args.add(i(e.output_tokens))?;
     args.add(i(e.input_tokens.saturating_add(e.output_tokens)))?;
     args.add(i(e.cached_tokens))?;
+    args.add(i(e.quota_charged))?;
     args.add(e.status as i64)?;
     args.add(i(e.latency_ms))?;
     args.add(e.ttfb_ms.map(i))?;
@@ -346,8 +385,8 @@ fn build_insert_sql(backend: Backend, rows: usize) -> String {
     let mut sql = String::with_capacity(300 + rows * 110);
     sql.push_str(
         "INSERT INTO usage_events (id, user_id, key_id, model, endpoint, reasoning_effort, \
-         input_tokens, output_tokens, total_tokens, cached_tokens, status, latency_ms, \
-         ttfb_ms, settlement, deployment, error_code, created_at) VALUES ",
+         input_tokens, output_tokens, total_tokens, cached_tokens, quota_charged, status, \
+         latency_ms, ttfb_ms, settlement, deployment, error_code, created_at) VALUES ",
     );
     for row in 0..rows {
         sql.push_str(if row == 0 { "(" } else { ", (" });
@@ -466,6 +505,8 @@ impl UsageStore<'_> {
                     input_tokens: e.input_tokens,
                     output_tokens: e.output_tokens,
                     total_tokens: total,
+                    cached_tokens: e.cached_tokens,
+                    quota_charged: e.quota_charged,
                 });
                 paid.extend(e.breakdown.as_ref());
             }
@@ -482,6 +523,8 @@ impl UsageStore<'_> {
                 .bind(i(t.input_tokens))
                 .bind(i(t.output_tokens))
                 .bind(i(t.total_tokens))
+                .bind(i(t.cached_tokens))
+                .bind(i(t.quota_charged))
                 .execute(&mut *tx)
                 .await?;
         }
@@ -599,12 +642,14 @@ impl UsageStore<'_> {
         Ok(rows
             .into_iter()
             .map(|r| {
-                let t = UsageTotals::from_sums(
+                let t = UsageTotals::from_sums([
                     r.requests,
                     r.input_tokens,
                     r.output_tokens,
                     r.total_tokens,
-                );
+                    r.cached_tokens,
+                    r.quota_charged,
+                ]);
                 (r.bucket, t)
             })
             .collect())

@@ -89,6 +89,12 @@ impl Admitted {
         Err(ApiError::invalid("invalid_json", why))
     }
 
+    /// The model's quota weights as this request found them (every token counts 1 for
+    /// requests without a model: tools, listings).
+    pub fn weights(&self) -> gateway_core::pricing::Weights {
+        self.model.as_ref().map(|m| m.weights).unwrap_or_default()
+    }
+
     /// Input tokens to reserve: the estimate, except for token counting, which is free.
     pub fn reserved_input(&self) -> u64 {
         if self.endpoint == Endpoint::CountTokens {

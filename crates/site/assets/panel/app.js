@@ -506,6 +506,11 @@ function usageChart(buckets, hourly) {
     el('figcaption', { class: 'legend' }, el('span', { class: 'in' }, 'Input tokens'), el('span', { class: 'out' }, 'Output tokens')));
 }
 
+/** A quota weight as `×1.5`: up to six decimals, no trailing zeros. */
+function weight(w) {
+  return typeof w === 'number' ? `×${Number(w.toFixed(6))}` : '—';
+}
+
 async function usagePage() {
   const params = new URLSearchParams(location.search);
   const period = ['1h', '24h', '7d', '30d'].includes(params.get('period')) ? params.get('period') : '7d';
@@ -524,6 +529,7 @@ async function usagePage() {
   const hourly = Array.isArray(u.hourly);
   page('Usage', seg,
     el('section', { class: 'grid', 'aria-label': 'Summary' },
+      stat('Quota charged', fmt(s.quotaCharged), 'sum-charged'),
       stat('Requests', fmt(s.requests), 'sum-requests'),
       stat('Input tokens', fmt(s.inputTokens), 'sum-input'),
       stat('Output tokens', fmt(s.outputTokens), 'sum-output'),
@@ -533,11 +539,15 @@ async function usagePage() {
     el('section', { class: 'card', 'aria-labelledby': 'chart-h' }, el('h2', { id: 'chart-h' }, hourly ? 'Tokens per hour' : 'Tokens per day'),
       el('div', { id: 'chart-box' })),
     el('section', { class: 'card', 'aria-labelledby': 'model-h' }, el('h2', { id: 'model-h' }, 'By model'),
-      table('Models', ['Model', 'Requests', 'Input', 'Output', 'Total'],
-        (u.byModel || []).map((m) => [el('code', {}, m.model), fmt(m.requests), fmt(m.inputTokens), fmt(m.outputTokens), fmt(m.totalTokens)]), [1, 2, 3, 4])),
+      table('Models', ['Model', 'Quota', 'Requests', 'Input', 'Cached', 'Output', 'Total'],
+        (u.byModel || []).map((m) => [el('code', {}, m.model), fmt(m.quotaCharged), fmt(m.requests), fmt(m.inputTokens), fmt(m.cachedTokens), fmt(m.outputTokens), fmt(m.totalTokens)]), [1, 2, 3, 4, 5, 6], 'by-model')),
     el('section', { class: 'card', 'aria-labelledby': 'recent-h' }, el('h2', { id: 'recent-h' }, 'Recent requests'),
-      table('Requests', ['Time', 'Model', 'Effort', 'Input', 'Output', 'Total'],
-        (u.recentRequests || []).map((r) => [when(r.createdAt), el('code', {}, r.model), r.reasoningEffort || '—', fmt(r.inputTokens), fmt(r.outputTokens), fmt(r.totalTokens)]), [3, 4, 5])));
+      table('Requests', ['Time', 'Model', 'Effort', 'Quota', 'Input', 'Cached', 'Output', 'Total'],
+        (u.recentRequests || []).map((r) => [when(r.createdAt), el('code', {}, r.model), r.reasoningEffort || '—', fmt(r.quotaCharged), fmt(r.inputTokens), fmt(r.cachedTokens), fmt(r.outputTokens), fmt(r.totalTokens)]), [3, 4, 5, 6, 7])),
+    el('section', { class: 'card', 'aria-labelledby': 'prices-h' }, el('h2', { id: 'prices-h' }, 'Model prices'),
+      el('p', { class: 'muted small' }, 'Quota tokens charged per token of each model. A request costs its uncached input, cached input and output tokens at these rates, rounded up once.'),
+      table('Model prices', ['Model', 'Input', 'Cached input', 'Output'],
+        (u.models || []).map((m) => [el('code', {}, m.id), weight(m.inputWeight), weight(m.cachedInputWeight), weight(m.outputWeight)]), [1, 2, 3], 'model-prices')));
   // Drawn once the page is in place, so the chart takes the width it really has.
   document.getElementById('chart-box').replaceChildren(usageChart(hourly ? u.hourly : (u.daily || []), hourly));
   main.dataset.shownPeriod = u.period;

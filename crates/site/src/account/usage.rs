@@ -67,6 +67,10 @@ struct Totals {
     input_tokens: u64,
     output_tokens: u64,
     total_tokens: u64,
+    /// The part of the input read from providers' caches.
+    cached_tokens: u64,
+    /// Quota tokens charged for these tokens at their models' weights.
+    quota_charged: u64,
 }
 
 impl From<&UsageTotals> for Totals {
@@ -76,6 +80,8 @@ impl From<&UsageTotals> for Totals {
             input_tokens: t.input_tokens,
             output_tokens: t.output_tokens,
             total_tokens: t.total_tokens,
+            cached_tokens: t.cached_tokens,
+            quota_charged: t.quota_charged,
         }
     }
 }
@@ -118,6 +124,8 @@ struct Recent<'a> {
     input_tokens: u64,
     output_tokens: u64,
     total_tokens: u64,
+    cached_tokens: u64,
+    quota_charged: u64,
     created_at: String,
 }
 
@@ -130,6 +138,8 @@ impl<'a> From<&'a RecentEvent> for Recent<'a> {
             input_tokens: e.input_tokens,
             output_tokens: e.output_tokens,
             total_tokens: e.total_tokens,
+            cached_tokens: e.cached_tokens,
+            quota_charged: e.quota_charged,
             created_at: iso(e.created_at),
         }
     }
@@ -188,8 +198,9 @@ pub fn report_json(report: &UsageReport, from: i64, now: i64) -> Report<'_> {
         .map(|(m, t)| (m.as_str(), t))
         .collect();
     by_model.sort_by(|a, b| {
-        b.1.total_tokens
-            .cmp(&a.1.total_tokens)
+        b.1.quota_charged
+            .cmp(&a.1.quota_charged)
+            .then(b.1.total_tokens.cmp(&a.1.total_tokens))
             .then(b.1.requests.cmp(&a.1.requests))
             .then(a.0.cmp(b.0))
     });
@@ -221,6 +232,18 @@ struct UsageAnswer<'a> {
     quota_lots: Vec<LotView<'a>>,
     #[serde(flatten)]
     report: Report<'a>,
+    models: Vec<ModelWeights<'a>>,
+}
+
+/// A configured model's quota weights (quota tokens per input, output and cached input
+/// token), in file order: the usage page's price list.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ModelWeights<'a> {
+    id: &'a str,
+    input_weight: f64,
+    output_weight: f64,
+    cached_input_weight: f64,
 }
 
 pub(super) async fn usage(
@@ -253,6 +276,19 @@ pub(super) async fn usage(
         quota,
         quota_lots: views::all(&lots),
         report: report_json(&report, from, now),
+        models: cfg
+            .models
+            .iter()
+            .map(|m| {
+                let (input_weight, output_weight, cached_input_weight) = m.weights.as_f64();
+                ModelWeights {
+                    id: &m.id,
+                    input_weight,
+                    output_weight,
+                    cached_input_weight,
+                }
+            })
+            .collect(),
     })
     .into_response())
 }
@@ -287,6 +323,8 @@ mod tests {
             input_tokens: i,
             output_tokens: o,
             total_tokens: i + o,
+            cached_tokens: 0,
+            quota_charged: 2 * (i + o),
         };
         let mut report = UsageReport::default();
         report.daily.insert(day, t(2, 11, 6));
@@ -300,6 +338,8 @@ mod tests {
             input_tokens: 15,
             output_tokens: 5,
             total_tokens: 20,
+            cached_tokens: 3,
+            quota_charged: 41,
             created_at: now - 1,
         });
         report.last_call = Some(now - 1);
@@ -307,7 +347,7 @@ mod tests {
         assert_eq!(
             v["summary"],
             json!({"requests": 4, "inputTokens": 41, "outputTokens": 17, "totalTokens": 58,
-                   "lastApiCall": iso(now - 1)})
+                   "cachedTokens": 0, "quotaCharged": 116, "lastApiCall": iso(now - 1)})
         );
         let days: Vec<&str> = v["daily"]
             .as_array()
