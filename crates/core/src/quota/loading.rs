@@ -47,23 +47,7 @@ impl Shared {
         user_id: &str,
         now: i64,
     ) -> Result<(), LoadError> {
-        let (spend, lots) = self
-            .read_balance(db, user_id, now)
-            .await
-            .map_err(LoadError::Db)?;
-        self.hint_from(user_id, &spend, &lots, now);
-        let k = account_keys(&self.prefix, user_id);
-        let mut inv = self.load.prepare_invoke();
-        for key in &k {
-            inv.key(key);
-        }
-        inv.arg(ACCOUNT_TTL_SECS).arg(spend.len());
-        push_balance(&mut inv, &spend, &lots);
-        let mut conn = self.conn();
-        self.guarded("load", inv.invoke_async::<i64>(&mut conn))
-            .await
-            .map_err(LoadError::Redis)?;
-        Ok(())
+        self.write_account(db, user_id, now, None).await
     }
 
     /// Overwrites an account in Redis with the database's balance, keeping the reservations
@@ -75,25 +59,41 @@ impl Shared {
         released: &[String],
         now: i64,
     ) -> Result<(), LoadError> {
+        self.write_account(db, user_id, now, Some(released)).await
+    }
+
+    /// Reads the account's balance from the database and hands it to the load script, or to the
+    /// reload script when `released` names reservations to drop.
+    async fn write_account(
+        &self,
+        db: &Db,
+        user_id: &str,
+        now: i64,
+        released: Option<&[String]>,
+    ) -> Result<(), LoadError> {
         let (spend, lots) = self
             .read_balance(db, user_id, now)
             .await
             .map_err(LoadError::Db)?;
         self.hint_from(user_id, &spend, &lots, now);
-        let k = account_keys(&self.prefix, user_id);
-        let mut inv = self.reload.prepare_invoke();
-        for key in &k {
+        let (script, what) = match released {
+            None => (&self.load, "load"),
+            Some(_) => (&self.reload, "reload"),
+        };
+        let mut inv = script.prepare_invoke();
+        for key in &account_keys(&self.prefix, user_id) {
             inv.key(key);
         }
-        inv.arg(ACCOUNT_TTL_SECS)
-            .arg(spend.len())
-            .arg(released.len());
-        for id in released {
-            inv.arg(id);
+        inv.arg(ACCOUNT_TTL_SECS).arg(spend.len());
+        if let Some(released) = released {
+            inv.arg(released.len());
+            for id in released {
+                inv.arg(id);
+            }
         }
         push_balance(&mut inv, &spend, &lots);
         let mut conn = self.conn();
-        self.guarded("reload", inv.invoke_async::<i64>(&mut conn))
+        self.guarded(what, inv.invoke_async::<i64>(&mut conn))
             .await
             .map_err(LoadError::Redis)?;
         Ok(())
