@@ -10,6 +10,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use common::config::ROOMY_SIGN_IN;
 use common::site::{signed_in, Browser, Reply};
 use common::*;
 use gateway_core::storage::usage::UsageTotals;
@@ -21,19 +22,10 @@ use serde_json::{json, Value};
 /// Header overrides for `Browser::post_with`.
 type Headers<'a> = &'a [(&'a str, &'a str)];
 
-/// Generous sign-in limits so only the tests that mean to meet a limit do.
-const ROOMY: &str = "\n[limits]\nrequest_code_per_hour = 1000\n";
-
+/// A gateway with generous sign-in limits (only the tests that mean to meet a limit do) and
+/// `extra_toml`.
 fn gateway_with(extra_toml: &str) -> (Mock, Gateway) {
-    let mock = Mock::start(&[]);
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: format!("{ROOMY}{extra_toml}"),
-            ..Options::default()
-        },
-    );
-    (mock, gw)
+    config::start_with_toml(&format!("{ROOMY_SIGN_IN}{extra_toml}"))
 }
 
 fn now_s() -> u64 {
@@ -1117,7 +1109,7 @@ async fn missing_key_pepper_is_named() {
     let gw = Gateway::start(
         &mock,
         Options {
-            extra_toml: ROOMY.to_string(),
+            extra_toml: ROOMY_SIGN_IN.to_string(),
             pepper: false,
             ..Options::default()
         },
@@ -1371,14 +1363,8 @@ async fn storage_failures_are_named_not_explained() {
 #[tokio::test]
 async fn instances_share_sessions_revocations_and_rotation_budget() {
     let mock = Mock::start(&[]);
-    let extra = format!("{ROOMY}\n[keys]\nrotations_per_hour = 3\n");
-    let a = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: extra.clone(),
-            ..Options::default()
-        },
-    );
+    let extra = format!("{ROOMY_SIGN_IN}\n[keys]\nrotations_per_hour = 3\n");
+    let a = Gateway::start(&mock, Options::with_toml(extra.clone()));
     let b_gw = Gateway::start(
         &mock,
         Options {

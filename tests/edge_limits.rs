@@ -14,18 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
 fn options(limits: &str, extra: &str) -> Options {
-    let mut o = Options {
-        extra_toml: format!("{extra}\n[server.limits]\n{limits}\n"),
-        ..Options::default()
-    };
-    if let Ok(url) = std::env::var("GATEWAY_TEST_REDIS") {
-        o.redis_url = Some(url);
-        o.env.push((
-            "GATEWAY_REDIS_PREFIX".into(),
-            format!("test:{}:", gateway_core::util::random_base62(12)),
-        ));
-    }
-    o
+    Options::with_toml(format!("{extra}\n[server.limits]\n{limits}\n")).on_test_redis()
 }
 
 fn host(base: &str) -> String {
@@ -297,21 +286,16 @@ async fn slow_body_is_cut() {
 }
 
 /// No weekly allowance and no lots: a key with nothing left.
-const NO_QUOTA: &str = r#"
-[quota.tiers.beginner]
-weekly_tokens = 0
-weekly_requests = 0
-requests_per_minute = 0
-input_tokens_per_minute = 0
-output_tokens_per_minute = 0
-"#;
+fn no_quota() -> String {
+    config::uncapped_tier("beginner", 0, 0)
+}
 
 /// A key with no quota left announcing a 32 MiB body is answered 429 without the body being
 /// read: the client waits for `100 Continue`, sends nothing, and still gets its answer at once.
 #[tokio::test]
 async fn a_key_without_quota_is_refused_before_its_big_body() {
     let mock = Mock::start(&[]);
-    let gw = Gateway::start(&mock, options("", NO_QUOTA));
+    let gw = Gateway::start(&mock, options("", &no_quota()));
     let key = gw.user_with_key("broke@example.com", &[]);
     // A small request is refused by the reservation itself (and, with Redis, teaches this
     // instance that the key has nothing left).

@@ -108,13 +108,7 @@ fn start(cases: &[(&str, &str)]) -> Replay {
              upstream_model = \"replay:{name}@{chunking}#{i}\"\nmax_output_tokens = 64000\n"
         ));
     }
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: toml,
-            ..Default::default()
-        },
-    );
+    let gw = Gateway::start(&mock, Options::with_toml(toml));
     let key = gw.user_with_key(
         "replay@example.com",
         &["--rpm", "9000", "--itpm", "90000000", "--otpm", "90000000"],

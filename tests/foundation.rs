@@ -381,13 +381,7 @@ async fn five_megabyte_body_arrives_intact() {
 async fn expect_continue_and_too_large() {
     use std::io::{Read, Write};
     let mock = Mock::start(&[]);
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: String::new(),
-            ..Options::default()
-        },
-    );
+    let gw = Gateway::start(&mock, Options::default());
     let key = gw.user_with_key("expect@example.com", &[]);
     let addr = gw.api.trim_start_matches("http://").to_string();
     let body = br#"{"model":"mock-gpt","messages":[{"role":"user","content":"hi"}]}"#;

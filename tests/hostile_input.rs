@@ -482,13 +482,7 @@ upstream_model = "midstream-error"
 async fn cut_bodies_and_midstream_errors_are_recorded_as_upstream_errors() {
     use common::*;
     let mock = Mock::start(&["--chunks", "6"]);
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: FAILING_MODELS.into(),
-            ..Options::default()
-        },
-    );
+    let gw = Gateway::start(&mock, Options::with_toml(FAILING_MODELS));
     let key = gw.user_with_key("cuts@example.com", &[]);
     let c = client();
     let post = |path: &str, body: Value| c.post(gw.url(path)).bearer_auth(&key).json(&body).send();

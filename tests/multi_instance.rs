@@ -21,34 +21,19 @@ use redis::AsyncCommands;
 use serde_json::{json, Value};
 
 /// Weekly allowance of exactly ten requests (tokens plentiful), no per-minute caps.
-const TEN_REQUESTS: &str = r#"
-[quota.tiers.beginner]
-weekly_tokens = 100000000
-weekly_requests = 10
-requests_per_minute = 0
-input_tokens_per_minute = 0
-output_tokens_per_minute = 0
-"#;
+fn ten_requests() -> String {
+    config::uncapped_tier("beginner", 100000000, 10)
+}
 
 /// Only lots pay and nothing is capped per minute, so a lot grant sets the balance exactly.
-const LOTS_ONLY: &str = r#"
-[quota.tiers.beginner]
-weekly_tokens = 0
-weekly_requests = 0
-requests_per_minute = 0
-input_tokens_per_minute = 0
-output_tokens_per_minute = 0
-"#;
+fn lots_only() -> String {
+    config::uncapped_tier("beginner", 0, 0)
+}
 
 /// Plenty of everything; keys get their own per-minute limits.
-const ROOMY: &str = r#"
-[quota.tiers.beginner]
-weekly_tokens = 100000000
-weekly_requests = 0
-requests_per_minute = 0
-input_tokens_per_minute = 0
-output_tokens_per_minute = 0
-"#;
+fn roomy() -> String {
+    config::uncapped_tier("beginner", 100000000, 0)
+}
 
 /// The shared store two instances use: the test Redis (under a fresh prefix) or a private
 /// cluster.
@@ -172,7 +157,7 @@ async fn inside_one_minute(margin: Duration) {
 }
 
 async fn exactly_ten_of_fifty(store: Store) {
-    let p = pair(&store, TEN_REQUESTS);
+    let p = pair(&store, &ten_requests());
     let key = p.a.user_with_key("ten@example.com", &[]);
     let mut tasks = Vec::new();
     for i in 0..50 {
@@ -214,7 +199,7 @@ async fn exactly_ten_of_fifty(store: Store) {
 }
 
 async fn per_key_limit_across_instances(store: Store) {
-    let p = pair(&store, ROOMY);
+    let p = pair(&store, &roomy());
     let key = p.a.user_with_key("rpm@example.com", &["--rpm", "8"]);
     inside_one_minute(Duration::from_secs(20)).await;
     let mut statuses = Vec::new();
@@ -234,7 +219,7 @@ async fn per_key_limit_across_instances(store: Store) {
 }
 
 async fn revocation_and_suspension_across_instances(store: Store) {
-    let p = pair(&store, ROOMY);
+    let p = pair(&store, &roomy());
     let key = p.a.user_with_key("revoke@example.com", &[]);
     assert_eq!(send(&p.b, &key).await.0, 200);
     let keys =
@@ -257,7 +242,7 @@ async fn revocation_and_suspension_across_instances(store: Store) {
 }
 
 async fn lot_usable_on_the_other_instance(store: Store) {
-    let p = pair(&store, LOTS_ONLY);
+    let p = pair(&store, &lots_only());
     let key = p.a.user_with_key("lot@example.com", &[]);
     assert_eq!(
         send(&p.b, &key).await,
@@ -267,16 +252,7 @@ async fn lot_usable_on_the_other_instance(store: Store) {
         send(&p.a, &key).await,
         (429, "insufficient_quota".to_string())
     );
-    p.a.admin_json(&[
-        "lot",
-        "grant",
-        "--email",
-        "lot@example.com",
-        "--type",
-        "token",
-        "--amount",
-        "100000",
-    ]);
+    lots::grant_tokens(&p.a, "lot@example.com", 100_000);
     // The lot feed polls every 250 ms; a key refused for want of quota is refused without
     // asking Redis for two seconds after its last refusal.
     let waited = until_status(&p.b, &key, 200, Duration::from_secs(4)).await;
@@ -292,16 +268,6 @@ async fn redis_lot(store: &Store, prefix: &str, user_id: &str, lot_id: &str) -> 
         .await
         .expect("hget");
     v.and_then(|s| s.split(',').nth(1).and_then(|n| n.parse().ok()))
-}
-
-async fn db_lot(gw: &Gateway, user_id: &str) -> u64 {
-    let db = gw.db().await;
-    let lots = db
-        .quota()
-        .lots(user_id, gateway_core::util::now_ms())
-        .await
-        .expect("lots");
-    lots.iter().map(|l| l.remaining).sum()
 }
 
 /// Redis forgets everything this pair keeps there: `FLUSHALL` on the private cluster, the
@@ -320,23 +286,10 @@ async fn lose_redis_state(store: &Store, prefix: &str) {
 }
 
 async fn reconciled_after_redis_loses_its_state(store: Store) {
-    let p = pair(&store, LOTS_ONLY);
+    let p = pair(&store, &lots_only());
     let email = "reload@example.com";
-    let user = p.a.admin_json(&["user", "create", "--email", email]);
-    let user_id = user["id"].as_str().expect("user id").to_string();
-    let key = p.a.admin_json(&["key", "create", "--email", email])["secret"]
-        .as_str()
-        .expect("secret")
-        .to_string();
-    let granted = p.a.admin_json(&[
-        "lot", "grant", "--email", email, "--type", "token", "--amount", "100000",
-    ]);
-    let lot_id = granted["id"]
-        .as_str()
-        .or(granted["lot"]["id"].as_str())
-        .unwrap_or_else(|| panic!("lot id in {granted}"))
-        .to_string();
-    tokio::time::sleep(Duration::from_millis(600)).await; // lot feed
+    let (user_id, key) = p.a.user_and_key(email);
+    let lot_id = lots::lot_id(&lots::grant_tokens_and_wait(&p.a, email, 100_000).await);
     for i in 0..6 {
         let gw = if i % 2 == 0 { &p.a } else { &p.b };
         assert_eq!(send(gw, &key).await.0, 200);
@@ -349,7 +302,7 @@ async fn reconciled_after_redis_loses_its_state(store: Store) {
         .await
         .expect("hkeys");
     assert!(held.iter().any(|id| id.starts_with("L:")), "{held:?}");
-    let before = db_lot(&p.a, &user_id).await;
+    let before = lots::lots_remaining(&p.a, &user_id).await;
     assert!(before < 100_000, "usage was paid from the lot: {before}");
 
     // (A lease renewal may load the account again at once: nothing to assert in between.)
@@ -361,7 +314,7 @@ async fn reconciled_after_redis_loses_its_state(store: Store) {
     // Redis and the database agree once the settlements are written.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let in_db = db_lot(&p.a, &user_id).await;
+        let in_db = lots::lots_remaining(&p.a, &user_id).await;
         let in_redis = redis_lot(&store, &p.prefix, &user_id, &lot_id).await;
         if in_redis == Some(in_db) && in_db < before {
             break;

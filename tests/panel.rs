@@ -12,11 +12,10 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::config::ROOMY_SIGN_IN;
 use common::smtp::SmtpSink;
 use common::*;
 use serde_json::{json, Value};
-
-const ROOMY: &str = "\n[limits]\nrequest_code_per_hour = 1000\n";
 
 const PAYMENT: &str = r#"
 [payment]
@@ -46,13 +45,7 @@ fn header(r: &reqwest::Response, name: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_assets_headers_and_qr() {
     let mock = Mock::start(&[]);
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: ROOMY.into(),
-            ..Options::default()
-        },
-    );
+    let gw = Gateway::start(&mock, Options::with_toml(ROOMY_SIGN_IN));
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -315,7 +308,7 @@ async fn panel_in_headless_chromium() {
                 "transport = \"smtp\"\nsmtp_url = \"{}\"\nfrom = \"Gateway <no-reply@example.test>\"",
                 sink.url()
             )),
-            extra_toml: format!("{ROOMY}{PAYMENT}"),
+            extra_toml: format!("{ROOMY_SIGN_IN}{PAYMENT}"),
             ..Options::default()
         },
     );

@@ -47,18 +47,6 @@ impl Orders for Browser {
     }
 }
 
-fn start(extra: &str) -> (Mock, Gateway) {
-    let mock = Mock::start(&[]);
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: extra.to_string(),
-            ..Options::default()
-        },
-    );
-    (mock, gw)
-}
-
 fn item(id: &str, kind: &str, amount: i64, description: &str) -> Value {
     json!({
         "transactionID": id,
@@ -155,7 +143,7 @@ fn is_code(s: &str, body_len: usize) -> bool {
 
 #[tokio::test]
 async fn signed_out_orders_have_the_exact_empty_shape() {
-    let (_mock, gw) = start(PAY);
+    let (_mock, gw) = config::start_with_toml(PAY);
     let mut b = Browser::new(&gw);
     let v = b.get("/api/payment/orders").await.ok_json();
     assert_eq!(
@@ -181,7 +169,7 @@ async fn signed_out_orders_have_the_exact_empty_shape() {
 
 #[tokio::test]
 async fn orders_for_packages_and_custom_quantities() {
-    let (_mock, gw) = start(PAY);
+    let (_mock, gw) = config::start_with_toml(PAY);
     let mut b = signed_in(&gw, "buyer@example.com").await;
 
     let v = b.get("/api/payment/orders").await.ok_json();
@@ -331,7 +319,7 @@ request_code_per_hour = 1000
 max_pending_orders = 10
 orders_per_hour = 2
 "#;
-    let (_mock, gw) = start(extra);
+    let (_mock, gw) = config::start_with_toml(extra);
     let mut b = signed_in(&gw, "cheap@example.com").await;
     for kind in ["token", "request"] {
         let (status, code) = b
@@ -371,7 +359,7 @@ orders_per_hour = 2
 
 #[tokio::test]
 async fn a_match_pays_the_order_and_grants_its_lot_and_tier() {
-    let (_mock, gw) = start(PAY);
+    let (_mock, gw) = config::start_with_toml(PAY);
     let email = "payer@example.com";
     let key = gw.user_with_key(email, &[]);
     let call = || async {
@@ -468,7 +456,7 @@ async fn a_match_pays_the_order_and_grants_its_lot_and_tier() {
 
 #[tokio::test]
 async fn twenty_concurrent_duplicates_grant_one_lot() {
-    let (_mock, gw) = start(PAY);
+    let (_mock, gw) = config::start_with_toml(PAY);
     let email = "race@example.com";
     let mut b = signed_in(&gw, email).await;
     let order = b.order(json!({"packageId": "steady-100m"})).await.ok_json()["order"].clone();
@@ -510,7 +498,7 @@ async fn twenty_concurrent_duplicates_grant_one_lot() {
 
 #[tokio::test]
 async fn webhook_refuses_bad_secrets_large_bodies_and_bad_schemas() {
-    let (_mock, gw) = start(PAY);
+    let (_mock, gw) = config::start_with_toml(PAY);
     let mut b = signed_in(&gw, "guard@example.com").await;
     let order = b.order(json!({"packageId": "steady-100m"})).await.ok_json()["order"].clone();
     let code = order["paymentCode"].as_str().expect("code").to_string();
@@ -605,7 +593,7 @@ async fn webhook_refuses_bad_secrets_large_bodies_and_bad_schemas() {
 
 #[tokio::test]
 async fn ignored_unmatched_and_amount_mismatch() {
-    let (_mock, gw) = start(PAY);
+    let (_mock, gw) = config::start_with_toml(PAY);
     let email = "items@example.com";
     let mut b = signed_in(&gw, email).await;
     let order = b
@@ -670,7 +658,7 @@ async fn ignored_unmatched_and_amount_mismatch() {
 #[tokio::test]
 async fn pending_orders_expire() {
     let extra = PAY.replace("lot_days = 30\n", "lot_days = 30\norder_ttl_seconds = 1\n");
-    let (_mock, gw) = start(&extra);
+    let (_mock, gw) = config::start_with_toml(&extra);
     let email = "late@example.com";
     let mut b = signed_in(&gw, email).await;
     let order = b.order(json!({"packageId": "steady-100m"})).await.ok_json()["order"].clone();
@@ -708,7 +696,7 @@ async fn pending_orders_expire() {
 
 #[tokio::test]
 async fn owners_cancel_pending_orders_and_late_transfers_stay_unmatched() {
-    let (_mock, gw) = start(PAY);
+    let (_mock, gw) = config::start_with_toml(PAY);
     let email = "cancel@example.com";
     let mut b = signed_in(&gw, email).await;
     let order = b.order(json!({"packageId": "steady-100m"})).await.ok_json()["order"].clone();
@@ -814,7 +802,7 @@ async fn owners_cancel_pending_orders_and_late_transfers_stay_unmatched() {
 
 #[tokio::test]
 async fn personal_code_tops_up_tokens() {
-    let (_mock, gw) = start(PAY);
+    let (_mock, gw) = config::start_with_toml(PAY);
     let email = "topup@example.com";
     let mut b = signed_in(&gw, email).await;
     let personal = b.get("/api/payment/orders").await.ok_json()["paymentCode"]
@@ -878,7 +866,7 @@ async fn personal_code_tops_up_tokens() {
 
 #[tokio::test]
 async fn operators_list_and_credit_by_hand() {
-    let (_mock, gw) = start(PAY);
+    let (_mock, gw) = config::start_with_toml(PAY);
     let email = "ops@example.com";
     let mut b = signed_in(&gw, email).await;
     let order = b
@@ -1015,7 +1003,7 @@ async fn terms_of_service_are_rendered_safely_and_reread() {
     )
     .expect("write tos");
     let extra = format!("\n[content]\ntos_path = \"{}\"\n", path.display());
-    let (_mock, gw) = start(&extra);
+    let (_mock, gw) = config::start_with_toml(&extra);
     let get = || async {
         let r = client()
             .get(gw.site_url("/api/content/tos"))
@@ -1070,7 +1058,7 @@ async fn terms_of_service_are_rendered_safely_and_reread() {
 
 #[tokio::test]
 async fn a_storage_failure_stores_nothing_and_the_retry_grants_once() {
-    let (_mock, gw) = start(PAY);
+    let (_mock, gw) = config::start_with_toml(PAY);
     let email = "retry@example.com";
     let mut b = signed_in(&gw, email).await;
     let order = b.order(json!({"packageId": "steady-100m"})).await.ok_json()["order"].clone();
@@ -1116,7 +1104,7 @@ async fn a_storage_failure_stores_nothing_and_the_retry_grants_once() {
 async fn the_private_beta_gate_applies_to_payments() {
     let extra =
         format!("{PAY}\n[auth]\nprivate_beta = true\nbeta_allowlist = [\"beta@example.com\"]\n");
-    let (_mock, gw) = start(&extra);
+    let (_mock, gw) = config::start_with_toml(&extra);
     let mut b = signed_in(&gw, "beta@example.com").await;
     b.get("/api/payment/orders").await.ok_json();
     // The address leaves the allowlist; the live config reload takes it from there.

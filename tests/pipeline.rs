@@ -41,13 +41,7 @@ fn chat(model: &str) -> Value {
 #[tokio::test]
 async fn every_endpoint_in_both_styles() {
     let mock = Mock::start(&[]);
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: tools_toml(),
-            ..Options::default()
-        },
-    );
+    let gw = Gateway::start(&mock, Options::with_toml(tools_toml()));
     let key = gw.user_with_key("all@example.com", &[]);
     let c = client();
 
@@ -223,13 +217,7 @@ max_output_tokens = 50
 [quota.tiers.beginner]
 weekly_tokens = 3000
 "#;
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: extra.into(),
-            ..Options::default()
-        },
-    );
+    let gw = Gateway::start(&mock, Options::with_toml(extra));
     let key = gw.user_with_key("checks@example.com", &[]);
     gw.admin_json(&[
         "user",
@@ -393,13 +381,7 @@ id = "renamed"
 provider = "mock"
 upstream_model = "upstream-name"
 "#;
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: extra.into(),
-            ..Options::default()
-        },
-    );
+    let gw = Gateway::start(&mock, Options::with_toml(extra));
     let key = gw.user_with_key("usage@example.com", &[]);
 
     post(&gw, "/v1/chat/completions", &key, chat("mock-gpt"))
@@ -615,13 +597,7 @@ id = "broken"
 provider = "mock"
 upstream_model = "midstream-error"
 "#;
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: extra.into(),
-            ..Options::default()
-        },
-    );
+    let gw = Gateway::start(&mock, Options::with_toml(extra));
     let key = gw.user_with_key("cutter@example.com", &[]);
     let mut s = chat("cutter");
     s["stream"] = json!(true);
@@ -670,13 +646,7 @@ provider = "mock-quiet"
 "#,
         mock.url()
     );
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: extra,
-            ..Options::default()
-        },
-    );
+    let gw = Gateway::start(&mock, Options::with_toml(extra));
     let key = gw.user_with_key("quiet@example.com", &[]);
     let mut s = chat("quiet-gpt");
     s["stream"] = json!(true);
@@ -723,13 +693,7 @@ id = "flaky"
 provider = "mock"
 upstream_model = "flaky-fail500"
 "#;
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: extra.into(),
-            ..Options::default()
-        },
-    );
+    let gw = Gateway::start(&mock, Options::with_toml(extra));
     let key = gw.user_with_key("route@example.com", &[]);
     for _ in 0..6 {
         let r = post(&gw, "/v1/chat/completions", &key, chat("balanced")).await;

@@ -225,10 +225,7 @@ async fn a_provider_behind_tls_answers_as_over_plain_http() {
     let plain = Mock::start(&[]);
     let gw = Gateway::start(
         &plain,
-        Options {
-            extra_toml: providers_toml(&tls.url(), Some(&ca), &other_ca),
-            ..Default::default()
-        },
+        Options::with_toml(providers_toml(&tls.url(), Some(&ca), &other_ca)),
     );
     let key = gw.user_with_key("tls@example.com", &[]);
 

@@ -9,20 +9,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::{json, Value};
 
-/// No weekly allowance and no per-minute caps: only lots pay, so a test controls the balance
-/// exactly with `lot grant`.
-const LOTS_ONLY: &str = r#"
-[quota]
-reservation_timeout_seconds = 5
-
-[quota.tiers.beginner]
-weekly_tokens = 0
-weekly_requests = 0
-requests_per_minute = 0
-input_tokens_per_minute = 0
-output_tokens_per_minute = 0
-"#;
-
 /// A model whose tokens cost more than one quota token each: the mock's answer (25 input
 /// tokens, 5 of them cached, and 24 output tokens) costs 20 × 2 + 5 × 0.5 + 24 × 3 = 114.5,
 /// charged as 115.
@@ -62,24 +48,14 @@ const WEIGHTED: Rates = Rates {
     charge: 115,
 };
 
-/// Only lots pay, with the weighted model configured too.
-fn lots_only() -> String {
-    format!("{LOTS_ONLY}{WEIGHTED_MODEL}")
+/// Only lots pay (a test controls the balance exactly with `lot grant`), with the weighted
+/// model configured too.
+fn lots_only_weighted() -> String {
+    format!("{}{WEIGHTED_MODEL}", config::lots_only())
 }
 
 fn redis_options(extra: &str) -> Options {
-    let mut o = Options {
-        extra_toml: extra.to_string(),
-        ..Options::default()
-    };
-    if let Ok(url) = std::env::var("GATEWAY_TEST_REDIS") {
-        o.redis_url = Some(url);
-        o.env.push((
-            "GATEWAY_REDIS_PREFIX".into(),
-            format!("test:{}:", gateway_core::util::random_base62(12)),
-        ));
-    }
-    o
+    Options::with_toml(extra).on_test_redis()
 }
 
 fn body(max_tokens: u64) -> Value {
@@ -141,17 +117,6 @@ async fn fire(
     out
 }
 
-async fn lot_remaining(gw: &Gateway, email: &str) -> u64 {
-    let db = gw.db().await;
-    let user = db.users().find_by_email(email).await.unwrap().unwrap();
-    let lots = db
-        .quota()
-        .lots(&user.id, gateway_core::util::now_ms())
-        .await
-        .unwrap();
-    lots.iter().map(|l| l.remaining).sum()
-}
-
 /// Fifty concurrent requests against a lot for exactly ten reservations at `rates`: ten pass,
 /// forty are refused, and the lot loses exactly ten charges.
 async fn exactly_ten_of_fifty(gateways: &[&Gateway], mock: &Mock, email: &str, rates: Rates) {
@@ -159,17 +124,7 @@ async fn exactly_ten_of_fifty(gateways: &[&Gateway], mock: &Mock, email: &str, r
     let key = gw.user_with_key(email, &[]);
     let served_before = mock.served().await;
     let per_request = estimate(gw, &key).await * rates.input_weight + 100 * rates.output_weight;
-    gw.admin_json(&[
-        "lot",
-        "grant",
-        "--email",
-        email,
-        "--type",
-        "token",
-        "--amount",
-        &(10 * per_request).to_string(),
-    ]);
-    tokio::time::sleep(Duration::from_millis(600)).await; // lot feed
+    lots::grant_tokens_and_wait(gw, email, 10 * per_request).await;
     let urls: Vec<String> = gateways.iter().map(|g| g.api.clone()).collect();
     let results = fire(urls, &key, 50, rates.model, 100).await;
     let ok = results.iter().filter(|(s, _)| *s == 200).count();
@@ -180,15 +135,7 @@ async fn exactly_ten_of_fifty(gateways: &[&Gateway], mock: &Mock, email: &str, r
     assert_eq!((ok, refused), (10, 40), "{results:?}");
     assert_eq!(mock.served().await - served_before, 10);
     // 10 chat events plus the count_tokens call that measured the estimate, of this account.
-    let user_id = gw
-        .db()
-        .await
-        .users()
-        .find_by_email(email)
-        .await
-        .unwrap()
-        .unwrap()
-        .id;
+    let user_id = gw.user_id(email).await;
     let mut events = Vec::new();
     for _ in 0..200 {
         events = gw.usage_events().await;
@@ -215,7 +162,7 @@ async fn exactly_ten_of_fifty(gateways: &[&Gateway], mock: &Mock, email: &str, r
     }
     // The balance in the database is the lot minus exactly what was recorded.
     assert_eq!(
-        lot_remaining(gw, email).await,
+        lots::lots_remaining_of(gw, email).await,
         10 * per_request - 10 * rates.charge
     );
 }
@@ -224,7 +171,7 @@ async fn exactly_ten_of_fifty(gateways: &[&Gateway], mock: &Mock, email: &str, r
 async fn fifty_parallel_requests_against_an_allowance_for_ten() {
     for rates in [UNWEIGHTED, WEIGHTED] {
         let mock = Mock::start(&["--latency-ms", "800"]);
-        let gw = Gateway::start(&mock, redis_options(&lots_only()));
+        let gw = Gateway::start(&mock, redis_options(&lots_only_weighted()));
         exactly_ten_of_fifty(&[&gw], &mock, "ten@example.com", rates).await;
     }
 }
@@ -240,8 +187,8 @@ async fn two_instances_share_one_balance() {
     // Long enough that all fifty reserve before the first settles, however busy the host: a
     // settlement frees the difference between reservation and charge for a late request.
     let mock = Mock::start(&["--latency-ms", "2000"]);
-    let a = Gateway::start(&mock, redis_options(&lots_only()));
-    let mut opts = redis_options(&lots_only());
+    let a = Gateway::start(&mock, redis_options(&lots_only_weighted()));
+    let mut opts = redis_options(&lots_only_weighted());
     opts.database_url = Some(a.database_url.clone());
     opts.env = a.env.clone();
     let b = Gateway::start(&mock, opts);
@@ -250,16 +197,7 @@ async fn two_instances_share_one_balance() {
 
     // Revocation and suspension reach the other instance within a second.
     let key = a.user_with_key("both@example.com", &[]);
-    a.admin_json(&[
-        "lot",
-        "grant",
-        "--email",
-        "both@example.com",
-        "--type",
-        "token",
-        "--amount",
-        "100000",
-    ]);
+    lots::grant_tokens(&a, "both@example.com", 100_000);
     let ok = |g: &Gateway| {
         let url = g.url("/v1/chat/completions");
         let key = key.clone();
@@ -360,22 +298,12 @@ async fn requests_per_minute_and_retry_after() {
 #[tokio::test]
 async fn kill_during_a_stream_releases_the_reservation() {
     let mock = Mock::start(&["--chunks", "40", "--chunk-delay-ms", "100"]);
-    let mut gw = Gateway::start(&mock, redis_options(LOTS_ONLY));
+    let mut gw = Gateway::start(&mock, redis_options(&config::lots_only()));
     let email = "crash@example.com";
     let key = gw.user_with_key(email, &[]);
     let r_est = estimate(&gw, &key).await;
     let lot = 2 * (r_est + 1000);
-    gw.admin_json(&[
-        "lot",
-        "grant",
-        "--email",
-        email,
-        "--type",
-        "token",
-        "--amount",
-        &lot.to_string(),
-    ]);
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    lots::grant_tokens_and_wait(&gw, email, lot).await;
 
     let mut s = body(1000);
     s["stream"] = json!(true);
@@ -407,7 +335,7 @@ async fn kill_during_a_stream_releases_the_reservation() {
         tokio::time::sleep(Duration::from_millis(5500)).await;
     }
     // Nothing was charged for the killed stream and its reservation is gone: the whole lot fits.
-    assert_eq!(lot_remaining(&gw, email).await, lot);
+    assert_eq!(lots::lots_remaining_of(&gw, email).await, lot);
     let r = client()
         .post(gw.url("/v1/chat/completions"))
         .bearer_auth(&key)
@@ -418,13 +346,13 @@ async fn kill_during_a_stream_releases_the_reservation() {
     assert_eq!(r.status(), 200, "{:?}", r.text().await);
     // The killed stream is recorded from the usage journal as interrupted (nothing charged), so
     // the count of events does not say when this request's settlement is written: wait for it.
-    let mut remaining = lot_remaining(&gw, email).await;
+    let mut remaining = lots::lots_remaining_of(&gw, email).await;
     for _ in 0..200 {
         if remaining == lot - 49 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
-        remaining = lot_remaining(&gw, email).await;
+        remaining = lots::lots_remaining_of(&gw, email).await;
     }
     assert_eq!(remaining, lot - 49);
     let events = gw.usage_events().await;

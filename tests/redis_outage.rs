@@ -14,19 +14,6 @@ use common::*;
 use redis::AsyncCommands;
 use serde_json::{json, Value};
 
-/// Only lots pay and nothing is capped per minute, so a lot grant sets the balance exactly.
-const LOTS_ONLY: &str = r#"
-[quota]
-reservation_timeout_seconds = 5
-
-[quota.tiers.beginner]
-weekly_tokens = 0
-weekly_requests = 0
-requests_per_minute = 0
-input_tokens_per_minute = 0
-output_tokens_per_minute = 0
-"#;
-
 /// Far above anything the gateway needs when healthy, far below the hangs this guards against.
 const ANSWER_DEADLINE: Duration = Duration::from_millis(1500);
 
@@ -47,7 +34,8 @@ async fn setup(policy: &str, lot: u64, mock_args: &[&str]) -> Setup {
     let gw = Gateway::start(
         &mock,
         Options {
-            extra_toml: LOTS_ONLY.into(),
+            // Only lots pay and nothing is capped per minute: a lot grant sets the balance.
+            extra_toml: config::lots_only(),
             redis_url: Some(redis.url()),
             // Above the default (50 ms): the suite shares two cores with builds, and one slow
             // answer must not send a healthy request to the outage policy here.
@@ -57,27 +45,8 @@ async fn setup(policy: &str, lot: u64, mock_args: &[&str]) -> Setup {
         },
     );
     let email = "outage@example.com";
-    let user = gw.admin_json(&["user", "create", "--email", email]);
-    let user_id = user["id"].as_str().expect("user id").to_string();
-    let key = gw.admin_json(&["key", "create", "--email", email])["secret"]
-        .as_str()
-        .expect("secret")
-        .to_string();
-    let granted = gw.admin_json(&[
-        "lot",
-        "grant",
-        "--email",
-        email,
-        "--type",
-        "token",
-        "--amount",
-        &lot.to_string(),
-    ]);
-    let lot_id = granted["id"]
-        .as_str()
-        .or(granted["lot"]["id"].as_str())
-        .unwrap_or_else(|| panic!("lot id in {granted}"))
-        .to_string();
+    let (user_id, key) = gw.user_and_key(email);
+    let lot_id = lots::lot_id(&lots::grant_tokens(&gw, email, lot));
     Setup {
         redis,
         gw,
@@ -124,16 +93,6 @@ async fn estimate(gw: &Gateway, key: &str) -> u64 {
     v["input_tokens"].as_u64().expect("input_tokens")
 }
 
-async fn db_lot_remaining(gw: &Gateway, user_id: &str) -> u64 {
-    let db = gw.db().await;
-    let lots = db
-        .quota()
-        .lots(user_id, gateway_core::util::now_ms())
-        .await
-        .expect("lots");
-    lots.iter().map(|l| l.remaining).sum()
-}
-
 /// The lot's remaining tokens as Redis holds them (`None`: the account is not in Redis).
 async fn redis_lot_remaining(s: &Setup) -> Option<u64> {
     let mut c = s.redis.conn().await;
@@ -172,7 +131,7 @@ async fn redis_down_serves_from_process_quota_then_reconciles() {
     s.gw.wait_usage(2).await;
     assert_eq!(
         redis_lot_remaining(&s).await,
-        Some(db_lot_remaining(&s.gw, &s.user_id).await)
+        Some(lots::lots_remaining(&s.gw, &s.user_id).await)
     );
 
     // Redis dies. Every request is answered at once, from the in-process engine.
@@ -193,7 +152,7 @@ async fn redis_down_serves_from_process_quota_then_reconciles() {
 
     // The in-process engine enforces the real balance: a reservation one token over what the
     // database says is left is refused, one that fits exactly is served.
-    let left = db_lot_remaining(&s.gw, &s.user_id).await;
+    let left = lots::lots_remaining(&s.gw, &s.user_id).await;
     assert!(
         left < lot - 14,
         "outage usage was paid from the lot: {left}"
@@ -222,7 +181,7 @@ async fn redis_down_serves_from_process_quota_then_reconciles() {
     let (status, v, _) = timed(&s.gw, &s.key, "/v1/chat/completions", &chat(50)).await;
     assert_eq!(status, 200, "{v}");
     s.gw.wait_usage(served + 1).await;
-    let after = db_lot_remaining(&s.gw, &s.user_id).await;
+    let after = lots::lots_remaining(&s.gw, &s.user_id).await;
     assert!(after < left);
     assert_eq!(redis_lot_remaining(&s).await, Some(after));
 }
@@ -241,7 +200,7 @@ async fn a_frozen_redis_costs_requests_only_their_deadline() {
         assert!(took < ANSWER_DEADLINE, "request {i} took {took:?}");
     }
     s.gw.wait_usage(7).await;
-    let left = db_lot_remaining(&s.gw, &s.user_id).await;
+    let left = lots::lots_remaining(&s.gw, &s.user_id).await;
 
     // It answers again: the account is reconciled (Redis kept its stale copy) within ~1 s.
     s.redis.freeze(false);
@@ -260,7 +219,7 @@ async fn a_frozen_redis_costs_requests_only_their_deadline() {
     s.gw.wait_usage(8).await;
     assert_eq!(
         redis_lot_remaining(&s).await,
-        Some(db_lot_remaining(&s.gw, &s.user_id).await)
+        Some(lots::lots_remaining(&s.gw, &s.user_id).await)
     );
 }
 
@@ -340,7 +299,7 @@ async fn redis_down_refuses_with_503_then_recovers_within_a_second() {
     let events = s.gw.wait_usage(2).await;
     assert_eq!(
         redis_lot_remaining(&s).await,
-        Some(db_lot_remaining(&s.gw, &s.user_id).await),
+        Some(lots::lots_remaining(&s.gw, &s.user_id).await),
         "events {events:?}\nlog {}",
         s.gw.log()
     );

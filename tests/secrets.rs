@@ -270,13 +270,7 @@ async fn stored_seed(gw: &Gateway, email: &str) -> Option<String> {
 #[tokio::test]
 async fn totp_seeds_are_sealed_and_codes_work_once() {
     let mock = Mock::start(&[]);
-    let mut gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: "\n[limits]\nrequest_code_per_hour = 1000\n".to_string(),
-            ..Options::default()
-        },
-    );
+    let mut gw = Gateway::start(&mock, Options::with_toml(config::ROOMY_SIGN_IN));
     let email = "once@example.com";
     let mut b = signed_in(&gw, email).await;
     let v = b

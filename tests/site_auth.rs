@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::config::ROOMY_SIGN_IN;
 use common::site::{Browser, ORIGIN};
 use common::smtp::SmtpSink;
 use common::*;
@@ -98,21 +99,6 @@ fn wrong(code: &str) -> String {
     )
 }
 
-fn gateway_with(extra_toml: &str) -> (Mock, Gateway) {
-    let mock = Mock::start(&[]);
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: extra_toml.to_string(),
-            ..Options::default()
-        },
-    );
-    (mock, gw)
-}
-
-/// Generous limits so only the rate-limit test meets them.
-const ROOMY: &str = "\n[limits]\nrequest_code_per_hour = 1000\n";
-
 async fn session_rows(db: &Db, email: &str) -> i64 {
     use sqlx::Row;
     sqlx::query(
@@ -136,7 +122,7 @@ fn now_s() -> u64 {
 
 #[tokio::test]
 async fn code_flow_signs_in_and_out() {
-    let (_mock, gw) = gateway_with(ROOMY);
+    let (_mock, gw) = config::start_with_toml(ROOMY_SIGN_IN);
     let mut b = Browser::new(&gw);
 
     let r = b.get("/api/auth/session").await;
@@ -302,7 +288,7 @@ async fn code_flow_signs_in_and_out() {
 
 #[tokio::test]
 async fn magic_link_needs_a_post() {
-    let (_mock, gw) = gateway_with(ROOMY);
+    let (_mock, gw) = config::start_with_toml(ROOMY_SIGN_IN);
     let email = "linker@example.com";
     let mut asker = Browser::new(&gw);
     asker
@@ -405,8 +391,8 @@ async fn magic_link_needs_a_post() {
 
 #[tokio::test]
 async fn codes_and_links_expire() {
-    let (_mock, gw) = gateway_with(&format!(
-        "{ROOMY}\n[auth]\ncode_ttl_seconds = 1\nlink_ttl_seconds = 1\n"
+    let (_mock, gw) = config::start_with_toml(&format!(
+        "{ROOMY_SIGN_IN}\n[auth]\ncode_ttl_seconds = 1\nlink_ttl_seconds = 1\n"
     ));
     let email = "late@example.com";
     let mut b = Browser::new(&gw);
@@ -434,7 +420,7 @@ async fn codes_and_links_expire() {
 
 #[tokio::test]
 async fn five_wrong_codes_lock_the_challenge() {
-    let (_mock, gw) = gateway_with(ROOMY);
+    let (_mock, gw) = config::start_with_toml(ROOMY_SIGN_IN);
     let email = "guesser@example.com";
     let mut b = Browser::new(&gw);
     b.post("/api/auth/request-code", &request_body(email))
@@ -463,7 +449,7 @@ async fn five_wrong_codes_lock_the_challenge() {
 
 #[tokio::test]
 async fn resend_replaces_code_and_link() {
-    let (_mock, gw) = gateway_with(ROOMY);
+    let (_mock, gw) = config::start_with_toml(ROOMY_SIGN_IN);
     let email = "again@example.com";
     let mut b = Browser::new(&gw);
 
@@ -519,7 +505,7 @@ type GateCase = (Value, Vec<(&'static str, &'static str)>, u16, &'static str);
 
 #[tokio::test]
 async fn request_gates_and_rate_limits() {
-    let (_mock, gw) = gateway_with(
+    let (_mock, gw) = config::start_with_toml(
         r#"
 [auth]
 blocked_domains = ["blocked.example"]
@@ -706,7 +692,7 @@ async fn captcha_is_verified() {
         &mock,
         Options {
             extra_toml: format!(
-                "{ROOMY}\n[auth]\ncaptcha_required = true\ncaptcha_verify_url = \"{url}\"\n\
+                "{ROOMY_SIGN_IN}\n[auth]\ncaptcha_required = true\ncaptcha_verify_url = \"{url}\"\n\
                  captcha_site_key = \"site-key-1\"\n"
             ),
             env: vec![("GATEWAY_CAPTCHA_SECRET".into(), "captcha-secret".into())],
@@ -800,10 +786,7 @@ async fn missing_configuration_is_named() {
 
     let no_captcha = Gateway::start(
         &mock,
-        Options {
-            extra_toml: "\n[auth]\ncaptcha_required = true\n".into(),
-            ..Options::default()
-        },
+        Options::with_toml("\n[auth]\ncaptcha_required = true\n"),
     );
     let (s, c) = Browser::new(&no_captcha)
         .post("/api/auth/request-code", &email)
@@ -827,7 +810,7 @@ fn wrong_totp(secret: &str) -> String {
 
 #[tokio::test]
 async fn two_factor_is_required_when_on() {
-    let (_mock, gw) = gateway_with(ROOMY);
+    let (_mock, gw) = config::start_with_toml(ROOMY_SIGN_IN);
     let email = "careful@example.com";
     let mut b = Browser::new(&gw);
     sign_in(&gw, &mut b, email).await;
@@ -922,7 +905,7 @@ async fn https_origin_gets_host_prefixed_secure_cookies() {
         &mock,
         Options {
             site_origin: Some(origin.into()),
-            extra_toml: ROOMY.into(),
+            extra_toml: ROOMY_SIGN_IN.into(),
             ..Options::default()
         },
     );
@@ -975,7 +958,7 @@ async fn https_origin_gets_host_prefixed_secure_cookies() {
 
 #[tokio::test]
 async fn sessions_end_when_idle_or_expired() {
-    let (_mock, gw) = gateway_with(ROOMY);
+    let (_mock, gw) = config::start_with_toml(ROOMY_SIGN_IN);
     let db = gw.db().await;
     let email = "sleepy@example.com";
     let mut b = Browser::new(&gw);
@@ -1021,7 +1004,7 @@ async fn smtp_delivery_end_to_end() {
                 "transport = \"smtp\"\nsmtp_url = \"{}\"\nfrom = \"Gateway <no-reply@example.test>\"",
                 sink.url()
             )),
-            extra_toml: ROOMY.into(),
+            extra_toml: ROOMY_SIGN_IN.into(),
             ..Options::default()
         },
     );

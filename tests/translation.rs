@@ -580,13 +580,7 @@ async fn messages_stream_from_openai_model() {
 #[tokio::test]
 async fn provider_errors_in_the_client_style() {
     let mock = Mock::start(&[]);
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: FAILING_MODELS.into(),
-            ..Options::default()
-        },
-    );
+    let gw = Gateway::start(&mock, Options::with_toml(FAILING_MODELS));
     let key = gw.user_with_key("errors@example.com", &[]);
 
     // OpenAI clients get the OpenAI error shape with the provider's status.
@@ -665,13 +659,7 @@ async fn provider_errors_in_the_client_style() {
 #[tokio::test]
 async fn midstream_errors_and_cuts_in_the_client_style() {
     let mock = Mock::start(&["--chunks", "6"]);
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: FAILING_MODELS.into(),
-            ..Options::default()
-        },
-    );
+    let gw = Gateway::start(&mock, Options::with_toml(FAILING_MODELS));
     let key = gw.user_with_key("midstream@example.com", &[]);
 
     // Anthropic `error` event -> an OpenAI error chunk, then [DONE].
@@ -894,13 +882,7 @@ deployments = [
   { provider = "mock", upstream_model = "mock-gpt", weight = 1 },
 ]
 "#;
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: extra.into(),
-            ..Options::default()
-        },
-    );
+    let gw = Gateway::start(&mock, Options::with_toml(extra));
     let key = gw.user_with_key("hybrid@example.com", &[]);
     // Chat: translated for the Anthropic deployment, native for the OpenAI one.
     let r = post(&gw, "/v1/chat/completions", &key, &chat("hybrid")).await;

@@ -11,18 +11,9 @@ use common::*;
 use gateway_site::twofactor;
 use serde_json::{json, Value};
 
-const ROOMY: &str = "\n[limits]\nrequest_code_per_hour = 1000\n";
-
+/// A gateway with generous sign-in limits.
 fn gateway() -> (Mock, Gateway) {
-    let mock = Mock::start(&[]);
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: ROOMY.to_string(),
-            ..Options::default()
-        },
-    );
-    (mock, gw)
+    config::start_with_toml(config::ROOMY_SIGN_IN)
 }
 
 fn now_s() -> u64 {

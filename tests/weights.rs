@@ -11,20 +11,10 @@ use std::time::Duration;
 use common::*;
 use serde_json::{json, Value};
 
-/// Only lots pay and no per-minute caps, plus weighted models. The mock reports 25 input tokens
-/// (5 of them cached) and 24 output tokens in OpenAI style; in Anthropic style 25 uncached
-/// input tokens, 5 cache reads and 24 output tokens.
-const WEIGHTED: &str = r#"
-[quota]
-reservation_timeout_seconds = 5
-
-[quota.tiers.beginner]
-weekly_tokens = 0
-weekly_requests = 0
-requests_per_minute = 0
-input_tokens_per_minute = 0
-output_tokens_per_minute = 0
-
+/// Weighted models. The mock reports 25 input tokens (5 of them cached) and 24 output tokens in
+/// OpenAI style; in Anthropic style 25 uncached input tokens, 5 cache reads and 24 output
+/// tokens.
+const WEIGHTED_MODELS: &str = r#"
 [[models]]
 id = "gpt-weighted"
 provider = "mock"
@@ -60,45 +50,9 @@ const CLAUDE_CHARGE: u64 = 125;
 /// The same answer at the default weights: 25 + 24.
 const UNWEIGHTED_CHARGE: u64 = 49;
 
+/// Only lots pay and no per-minute caps, plus the weighted models; on the test Redis when set.
 fn options() -> Options {
-    let mut o = Options {
-        extra_toml: WEIGHTED.to_string(),
-        ..Options::default()
-    };
-    if let Ok(url) = std::env::var("GATEWAY_TEST_REDIS") {
-        o.redis_url = Some(url);
-        o.env.push((
-            "GATEWAY_REDIS_PREFIX".into(),
-            format!("test:{}:", gateway_core::util::random_base62(12)),
-        ));
-    }
-    o
-}
-
-async fn lot_remaining(gw: &Gateway, email: &str) -> u64 {
-    let db = gw.db().await;
-    let user = db.users().find_by_email(email).await.unwrap().unwrap();
-    let lots = db
-        .quota()
-        .lots(&user.id, gateway_core::util::now_ms())
-        .await
-        .unwrap();
-    lots.iter().map(|l| l.remaining).sum()
-}
-
-/// Grants a token lot and waits for the engines to see it.
-async fn grant(gw: &Gateway, email: &str, amount: u64) {
-    gw.admin_json(&[
-        "lot",
-        "grant",
-        "--email",
-        email,
-        "--type",
-        "token",
-        "--amount",
-        &amount.to_string(),
-    ]);
-    tokio::time::sleep(Duration::from_millis(600)).await; // lot feed
+    Options::with_toml(format!("{}{WEIGHTED_MODELS}", config::lots_only())).on_test_redis()
 }
 
 /// One call; the whole answer is read (a stream to its end). Returns the status and body.
@@ -162,7 +116,7 @@ async fn a_weighted_model_drains_lots_at_its_rate_in_every_style() {
     let email = "weights@example.com";
     let key = gw.user_with_key(email, &[]);
     let lot = 100_000;
-    grant(&gw, email, lot).await;
+    lots::grant_tokens_and_wait(&gw, email, lot).await;
 
     // (path, body, what the answer costs)
     let cases = [
@@ -219,7 +173,11 @@ async fn a_weighted_model_drains_lots_at_its_rate_in_every_style() {
         let e = &events[n];
         assert_eq!(e["output_tokens"], 24, "{what}");
         assert_eq!(e["cached_tokens"], 5, "{what}");
-        assert_eq!(lot_remaining(&gw, email).await, lot - spent, "{what}");
+        assert_eq!(
+            lots::lots_remaining_of(&gw, email).await,
+            lot - spent,
+            "{what}"
+        );
     }
 
     // The usage API: each recent request and the summary carry the charge beside raw tokens.
@@ -360,7 +318,7 @@ async fn a_lot_covers_exactly_the_weighted_reservation() {
     let reserve = 2 * estimate(&gw, &key, "gpt-weighted").await + 300;
 
     // One token short: refused before anything reaches the provider.
-    grant(&gw, email, reserve - 1).await;
+    lots::grant_tokens_and_wait(&gw, email, reserve - 1).await;
     let (status, text) = call(
         &gw,
         &key,
@@ -373,7 +331,7 @@ async fn a_lot_covers_exactly_the_weighted_reservation() {
     assert_eq!(mock.served().await, 0);
 
     // Exactly the weighted reservation: admitted, and settled at the weighted usage.
-    grant(&gw, email, 1).await;
+    lots::grant_tokens_and_wait(&gw, email, 1).await;
     let (status, text) = call(
         &gw,
         &key,
@@ -383,7 +341,10 @@ async fn a_lot_covers_exactly_the_weighted_reservation() {
     .await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(last_charge(&gw, 1).await, GPT_CHARGE as i64);
-    assert_eq!(lot_remaining(&gw, email).await, reserve - GPT_CHARGE);
+    assert_eq!(
+        lots::lots_remaining_of(&gw, email).await,
+        reserve - GPT_CHARGE
+    );
 
     // What is left no longer covers a weighted reservation, though it would cover the same
     // request at the default weights.
@@ -404,7 +365,7 @@ async fn a_lot_covers_exactly_the_weighted_reservation() {
         [GPT_CHARGE as i64, UNWEIGHTED_CHARGE as i64]
     );
     assert_eq!(
-        lot_remaining(&gw, email).await,
+        lots::lots_remaining_of(&gw, email).await,
         reserve - GPT_CHARGE - UNWEIGHTED_CHARGE
     );
 }
@@ -415,7 +376,7 @@ async fn a_reload_reprices_the_next_request_never_one_in_flight() {
     let gw = Gateway::start(&mock, options());
     let email = "reload@example.com";
     let key = gw.user_with_key(email, &[]);
-    grant(&gw, email, 100_000).await;
+    lots::grant_tokens_and_wait(&gw, email, 100_000).await;
 
     // A request admitted at input weight 2, held by the provider for 3 seconds.
     let in_flight = {
@@ -496,7 +457,10 @@ async fn a_reload_reprices_the_next_request_never_one_in_flight() {
     .await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(charges(&gw, 2).await, [GPT_CHARGE as i64, 155]);
-    assert_eq!(lot_remaining(&gw, email).await, 100_000 - GPT_CHARGE - 155);
+    assert_eq!(
+        lots::lots_remaining_of(&gw, email).await,
+        100_000 - GPT_CHARGE - 155
+    );
 }
 
 #[tokio::test]

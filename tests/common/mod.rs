@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod config;
+pub mod lots;
 pub mod private_redis;
 pub mod redis_cluster;
 pub mod site;
@@ -481,6 +483,29 @@ impl Gateway {
         args.extend_from_slice(key_args);
         let key = self.admin_json(&args);
         key["secret"].as_str().expect("secret").to_string()
+    }
+
+    /// Creates a user and a key; returns the user's id and the key's secret.
+    pub fn user_and_key(&self, email: &str) -> (String, String) {
+        let user = self.admin_json(&["user", "create", "--email", email]);
+        let user_id = user["id"].as_str().expect("user id").to_string();
+        let key = self.admin_json(&["key", "create", "--email", email])["secret"]
+            .as_str()
+            .expect("secret")
+            .to_string();
+        (user_id, key)
+    }
+
+    /// The id of the account with `email`, from the database.
+    pub async fn user_id(&self, email: &str) -> String {
+        self.db()
+            .await
+            .users()
+            .find_by_email(email)
+            .await
+            .expect("query")
+            .expect("user")
+            .id
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -1,0 +1,57 @@
+//! Quota lots: granting them through the admin CLI and reading what is left of them in the
+//! database.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::Gateway;
+
+/// How long a granted lot takes to reach the quota engines (the lot feed polls every 250 ms).
+pub const LOT_FEED: Duration = Duration::from_millis(600);
+
+/// Grants `email` a token lot of `amount` with `gateway lot grant`; returns the command's JSON.
+pub fn grant_tokens(gw: &Gateway, email: &str, amount: u64) -> Value {
+    gw.admin_json(&[
+        "lot",
+        "grant",
+        "--email",
+        email,
+        "--type",
+        "token",
+        "--amount",
+        &amount.to_string(),
+    ])
+}
+
+/// [`grant_tokens`], then waits until the quota engines have seen the lot.
+pub async fn grant_tokens_and_wait(gw: &Gateway, email: &str, amount: u64) -> Value {
+    let granted = grant_tokens(gw, email, amount);
+    tokio::time::sleep(LOT_FEED).await;
+    granted
+}
+
+/// The id of the lot in a `lot grant` answer.
+pub fn lot_id(granted: &Value) -> String {
+    granted["id"]
+        .as_str()
+        .or(granted["lot"]["id"].as_str())
+        .unwrap_or_else(|| panic!("lot id in {granted}"))
+        .to_string()
+}
+
+/// The tokens left in all of user `user_id`'s lots, as the database holds them.
+pub async fn lots_remaining(gw: &Gateway, user_id: &str) -> u64 {
+    let db = gw.db().await;
+    let lots = db
+        .quota()
+        .lots(user_id, gateway_core::util::now_ms())
+        .await
+        .expect("lots");
+    lots.iter().map(|l| l.remaining).sum()
+}
+
+/// [`lots_remaining`] of the account with `email`.
+pub async fn lots_remaining_of(gw: &Gateway, email: &str) -> u64 {
+    lots_remaining(gw, &gw.user_id(email).await).await
+}
