@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::config::ROOMY_SIGN_IN;
-use common::site::{signed_in, Browser, Reply};
+use common::site::{
+    now_s, request_two_factor, signed_in, two_factor_with_code, wrong_totp, Browser, Reply,
+};
 use common::*;
 use gateway_core::storage::usage::UsageTotals;
 use gateway_core::storage::UsageEvent;
@@ -28,13 +30,6 @@ fn gateway_with(extra_toml: &str) -> (Mock, Gateway) {
     config::start_with_toml(&format!("{ROOMY_SIGN_IN}{extra_toml}"))
 }
 
-fn now_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs()
-}
-
 /// A developer-API chat request with `key`; returns (status, error code or "").
 async fn dev_chat(gw: &Gateway, key: &str, body: Value) -> (u16, String) {
     let r = client()
@@ -44,12 +39,7 @@ async fn dev_chat(gw: &Gateway, key: &str, body: Value) -> (u16, String) {
         .send()
         .await
         .expect("request");
-    let status = r.status().as_u16();
-    let v: Value = r.json().await.unwrap_or(Value::Null);
-    (
-        status,
-        v["error"]["code"].as_str().unwrap_or("").to_string(),
-    )
+    api::status_and_code(r).await
 }
 
 fn hello(model: &str) -> Value {
@@ -917,10 +907,7 @@ async fn two_factor_on_and_off() {
 
     // Enrolment: the secret and its otpauth URL, once; on after a code of it confirms it (with
     // the previous step's code, so this step's stays unused for the sign-in below).
-    let v = b
-        .post("/api/account/security", &json!({"twoFactorEnabled": true}))
-        .await
-        .ok_json();
+    let v = request_two_factor(&mut b).await;
     assert_eq!(v["security"]["twoFactorEnabled"], json!(false));
     assert_eq!(v["security"]["twoFactorPending"], json!(true));
     let secret = v["security"]["totpSecret"]
@@ -933,13 +920,7 @@ async fn two_factor_on_and_off() {
         "{url}"
     );
     let confirm = twofactor::code_at(&secret, now_s() - 30).expect("code");
-    let v = b
-        .post(
-            "/api/account/security",
-            &json!({"twoFactorEnabled": true, "twoFactorCode": confirm}),
-        )
-        .await
-        .ok_json();
+    let v = two_factor_with_code(&mut b, true, &confirm).await.ok_json();
     assert_eq!(v["security"], json!({"twoFactorEnabled": true}));
     assert_eq!(v["recoveryCodes"].as_array().map(Vec::len), Some(10));
     let v = b.get("/api/account/security").await.ok_json();
@@ -947,10 +928,7 @@ async fn two_factor_on_and_off() {
         v["security"],
         json!({"twoFactorEnabled": true, "twoFactorPending": false, "recoveryCodesLeft": 10})
     );
-    let v = b
-        .post("/api/account/security", &json!({"twoFactorEnabled": true}))
-        .await
-        .ok_json();
+    let v = request_two_factor(&mut b).await;
     assert_eq!(
         v,
         json!({"ok": true, "security": {"twoFactorEnabled": true}})
@@ -972,21 +950,8 @@ async fn two_factor_on_and_off() {
         .await
         .error();
     assert_eq!((s, c.as_str()), (401, "two_factor_code_required"));
-    let valid: Vec<String> = [now_s() - 30, now_s(), now_s() + 30]
-        .iter()
-        .map(|t| twofactor::code_at(&secret, *t).expect("code"))
-        .collect();
-    let wrong = (0..1_000_000u32)
-        .map(|n| format!("{n:06}"))
-        .find(|c| !valid.contains(c))
-        .expect("wrong code");
-    let (s, c) = b
-        .post(
-            "/api/account/security",
-            &json!({"twoFactorEnabled": false, "twoFactorCode": wrong}),
-        )
-        .await
-        .error();
+    let wrong = wrong_totp(&secret);
+    let (s, c) = two_factor_with_code(&mut b, false, &wrong).await.error();
     assert_eq!((s, c.as_str()), (400, "invalid_code"));
     assert_eq!(
         b.get("/api/account/security").await.ok_json()["security"]["twoFactorEnabled"],
@@ -994,13 +959,7 @@ async fn two_factor_on_and_off() {
     );
     // The sign-in above used this step's code; a code is accepted once, so the next step's.
     let code = twofactor::code_at(&secret, now_s() + 30).expect("code");
-    let v = b
-        .post(
-            "/api/account/security",
-            &json!({"twoFactorEnabled": false, "twoFactorCode": code}),
-        )
-        .await
-        .ok_json();
+    let v = two_factor_with_code(&mut b, false, &code).await.ok_json();
     assert_eq!(
         v,
         json!({"ok": true, "security": {"twoFactorEnabled": false}})
@@ -1009,40 +968,20 @@ async fn two_factor_on_and_off() {
     assert_eq!(r.status, 200, "{}", r.text);
 
     // Guessing is bounded: five tries an hour, then even the right code waits.
-    let v = b
-        .post("/api/account/security", &json!({"twoFactorEnabled": true}))
-        .await
-        .ok_json();
+    let v = request_two_factor(&mut b).await;
     let secret = v["security"]["totpSecret"]
         .as_str()
         .expect("secret")
         .to_string();
     let confirm = twofactor::code_at(&secret, now_s() - 30).expect("code");
-    b.post(
-        "/api/account/security",
-        &json!({"twoFactorEnabled": true, "twoFactorCode": confirm}),
-    )
-    .await
-    .ok_json();
+    two_factor_with_code(&mut b, true, &confirm).await.ok_json();
     // Two codes tried above, three more now; the sixth is refused unchecked.
     for _ in 0..3 {
-        let (s, c) = b
-            .post(
-                "/api/account/security",
-                &json!({"twoFactorEnabled": false, "twoFactorCode": "abcdef"}),
-            )
-            .await
-            .error();
+        let (s, c) = two_factor_with_code(&mut b, false, "abcdef").await.error();
         assert_eq!((s, c.as_str()), (400, "invalid_code"));
     }
     let code = twofactor::code_at(&secret, now_s()).expect("code");
-    let (s, c) = b
-        .post(
-            "/api/account/security",
-            &json!({"twoFactorEnabled": false, "twoFactorCode": code}),
-        )
-        .await
-        .error();
+    let (s, c) = two_factor_with_code(&mut b, false, &code).await.error();
     assert_eq!((s, c.as_str()), (429, "too_many_attempts"));
 }
 

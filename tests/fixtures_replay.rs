@@ -809,8 +809,7 @@ async fn an_echoed_provider_credential_is_masked_in_relayed_errors() {
 
 #[tokio::test]
 async fn official_sdks_read_the_replayed_answers() {
-    let Ok(python) = std::env::var("GATEWAY_TEST_PYTHON") else {
-        eprintln!("GATEWAY_TEST_PYTHON not set (scripts/test sets it); skipping the SDK test");
+    let Some(python) = sdk::python() else {
         return;
     };
     // The models tests/sdk/sdk_replay.py expects, in order.
@@ -825,15 +824,5 @@ async fn official_sdks_read_the_replayed_answers() {
         ("openai/error_401", "whole"),
         ("anthropic/messages_stream_overloaded", "awkward"),
     ]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/sdk_replay.py");
-    let out = std::process::Command::new(python)
-        .args([script, &r.gw.api, &r.key])
-        .output()
-        .expect("python");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    sdk::run_script(&python, "sdk_replay.py", &[&r.gw.api, &r.key]);
 }

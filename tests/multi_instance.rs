@@ -122,12 +122,7 @@ async fn send(gw: &Gateway, key: &str) -> (u16, String) {
         .send()
         .await
         .expect("an answer");
-    let status = r.status().as_u16();
-    let v: Value = r.json().await.unwrap_or(Value::Null);
-    (
-        status,
-        v["error"]["code"].as_str().unwrap_or("").to_string(),
-    )
+    api::status_and_code(r).await
 }
 
 /// Sends until `gw` answers `want`; panics after `limit`. Returns how long it took.
@@ -172,12 +167,7 @@ async fn exactly_ten_of_fifty(store: Store) {
                 .send()
                 .await
                 .expect("an answer");
-            let status = r.status().as_u16();
-            let v: Value = r.json().await.unwrap_or(Value::Null);
-            (
-                status,
-                v["error"]["code"].as_str().unwrap_or("").to_string(),
-            )
+            api::status_and_code(r).await
         }));
     }
     let mut results = Vec::new();

@@ -117,20 +117,6 @@ async fn count(gw: &Gateway, sql: &str) -> i64 {
         .expect("n")
 }
 
-async fn lots_of(gw: &Gateway, email: &str) -> Vec<gateway_core::domain::Lot> {
-    let db = gw.db().await;
-    let user = db
-        .users()
-        .find_by_email(email)
-        .await
-        .expect("user")
-        .expect("exists");
-    db.quota()
-        .lots(&user.id, gateway_core::util::now_ms())
-        .await
-        .expect("lots")
-}
-
 fn is_code(s: &str, body_len: usize) -> bool {
     s.len() == 2 + body_len
         && s.starts_with("GW")
@@ -354,7 +340,7 @@ orders_per_hour = 2
     .await;
     assert_eq!(statuses(&v), ["unmatched"]);
     assert_eq!(v["processed"][0]["paymentCode"], json!(personal));
-    assert!(lots_of(&gw, "cheap@example.com").await.is_empty());
+    assert!(lots::lots_of(&gw, "cheap@example.com").await.is_empty());
 }
 
 #[tokio::test]
@@ -445,7 +431,7 @@ async fn a_match_pays_the_order_and_grants_its_lot_and_tier() {
     .await;
     assert_eq!(statuses(&v), ["unmatched"]);
     assert_eq!(v["processed"][0]["orderId"], order["id"]);
-    assert_eq!(lots_of(&gw, email).await.len(), 1);
+    assert_eq!(lots::lots_of(&gw, email).await.len(), 1);
     let raw = count(
         &gw,
         "SELECT CAST(COUNT(*) AS BIGINT) FROM payment_transactions WHERE raw LIKE '%CT DEN:12345%'",
@@ -474,7 +460,7 @@ async fn twenty_concurrent_duplicates_grant_one_lot() {
     want.push("matched".into());
     want.sort();
     assert_eq!(all, want);
-    let lots = lots_of(&gw, email).await;
+    let lots = lots::lots_of(&gw, email).await;
     assert_eq!(lots.len(), 1);
     assert_eq!(lots[0].amount, 100_000_000);
 
@@ -493,7 +479,7 @@ async fn twenty_concurrent_duplicates_grant_one_lot() {
         9,
         "{all:?}"
     );
-    assert_eq!(lots_of(&gw, email).await.len(), 2);
+    assert_eq!(lots::lots_of(&gw, email).await.len(), 2);
 }
 
 #[tokio::test]
@@ -640,7 +626,7 @@ async fn ignored_unmatched_and_amount_mismatch() {
     )
     .await;
     assert_eq!(statuses(&v), ["matched"]);
-    let lots = lots_of(&gw, email).await;
+    let lots = lots::lots_of(&gw, email).await;
     assert_eq!(lots.len(), 1);
     assert_eq!(lots[0].kind, gateway_core::domain::LotKind::Request);
     assert_eq!(lots[0].amount, 10_000);
@@ -680,7 +666,7 @@ async fn pending_orders_expire() {
     .await;
     assert_eq!(statuses(&v), ["unmatched"]);
     assert_eq!(v["processed"][0]["orderId"], order["id"]);
-    assert!(lots_of(&gw, email).await.is_empty());
+    assert!(lots::lots_of(&gw, email).await.is_empty());
     let id = order["id"].as_str().expect("id");
     let c = gw.admin_json(&[
         "payment",
@@ -691,7 +677,7 @@ async fn pending_orders_expire() {
         id,
     ]);
     assert_eq!(c["order"]["paymentStatus"], "paid");
-    assert_eq!(lots_of(&gw, email).await.len(), 1);
+    assert_eq!(lots::lots_of(&gw, email).await.len(), 1);
 }
 
 #[tokio::test]
@@ -755,7 +741,7 @@ async fn owners_cancel_pending_orders_and_late_transfers_stay_unmatched() {
     .await;
     assert_eq!(statuses(&v), ["unmatched"]);
     assert_eq!(v["processed"][0]["orderId"], json!(id));
-    assert!(lots_of(&gw, email).await.is_empty());
+    assert!(lots::lots_of(&gw, email).await.is_empty());
     let listed = b.get("/api/payment/orders").await.ok_json();
     let stored = listed["orders"]
         .as_array()
@@ -776,7 +762,7 @@ async fn owners_cancel_pending_orders_and_late_transfers_stay_unmatched() {
         &id,
     ]);
     assert_eq!(c["order"]["paymentStatus"], "paid");
-    assert_eq!(lots_of(&gw, email).await.len(), 1);
+    assert_eq!(lots::lots_of(&gw, email).await.len(), 1);
 
     // A paid order cannot be cancelled.
     let first_pending = listed["orders"][0]["id"].as_str().expect("id").to_string();
@@ -826,7 +812,7 @@ async fn personal_code_tops_up_tokens() {
         .as_str()
         .expect("order")
         .to_string();
-    let lots = lots_of(&gw, email).await;
+    let lots = lots::lots_of(&gw, email).await;
     assert_eq!(lots.len(), 1);
     assert_eq!(lots[0].amount, 12_345_000);
     assert_eq!(lots[0].tier, None);
@@ -861,7 +847,7 @@ async fn personal_code_tops_up_tokens() {
     )
     .await;
     assert_eq!(statuses(&v), ["unmatched"]);
-    assert_eq!(lots_of(&gw, email).await.len(), 2);
+    assert_eq!(lots::lots_of(&gw, email).await.len(), 2);
 }
 
 #[tokio::test]
@@ -985,7 +971,7 @@ async fn operators_list_and_credit_by_hand() {
         &order_id,
     ]);
     assert!(!ok && err.contains("credited"), "{err}");
-    assert_eq!(lots_of(&gw, email).await.len(), 1);
+    assert_eq!(lots::lots_of(&gw, email).await.len(), 1);
     let v = b.get("/api/payment/orders").await.ok_json();
     assert_eq!(v["orders"][0]["paymentStatus"], "paid");
     assert_eq!(v["quotaLots"][0]["tier"], "tryharder");
@@ -1097,7 +1083,7 @@ async fn a_storage_failure_stores_nothing_and_the_retry_grants_once() {
     // The sender retries: matched once, then duplicate.
     assert_eq!(statuses(&hook(&gw, &body).await), ["matched"]);
     assert_eq!(statuses(&hook(&gw, &body).await), ["duplicate"]);
-    assert_eq!(lots_of(&gw, email).await.len(), 1);
+    assert_eq!(lots::lots_of(&gw, email).await.len(), 1);
 }
 
 #[tokio::test]

@@ -270,15 +270,7 @@ weekly_tokens = 3000
         code(post(&gw, "/v1/chat/completions", &allow, chat("mock-gpt")).await).await,
         (403, "model_not_allowed".into())
     );
-    let v: Value = client()
-        .get(gw.url("/v1/models"))
-        .bearer_auth(&allow)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = api::get_json(gw.url("/v1/models"), &allow).await;
     assert_eq!(v["data"].as_array().unwrap().len(), 1);
 
     // Per-key maximums.
@@ -725,22 +717,11 @@ upstream_model = "flaky-fail500"
 
 #[tokio::test]
 async fn official_sdks() {
-    let Ok(python) = std::env::var("GATEWAY_TEST_PYTHON") else {
-        eprintln!("GATEWAY_TEST_PYTHON not set (scripts/test sets it); skipping the SDK test");
+    let Some(python) = sdk::python() else {
         return;
     };
     let mock = Mock::start(&[]);
     let gw = Gateway::start(&mock, Options::default());
     let key = gw.user_with_key("sdk@example.com", &[]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/sdk_clients.py");
-    let out = std::process::Command::new(python)
-        .args([script, &gw.api, &key, "native"])
-        .output()
-        .expect("python");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    sdk::run_script(&python, "sdk_clients.py", &[&gw.api, &key, "native"]);
 }

@@ -105,9 +105,7 @@ async fn fire(
                 .send()
                 .await
                 .unwrap();
-            let s = r.status().as_u16();
-            let v: Value = r.json().await.unwrap_or(Value::Null);
-            (s, v["error"]["code"].as_str().unwrap_or("").to_string())
+            api::status_and_code(r).await
         }));
     }
     let mut out = Vec::new();
@@ -409,13 +407,7 @@ requests_per_minute = 600
     // The active tryharder lot lifts the effective tier: its per-minute defaults apply.
     assert_eq!(r.headers()["x-ratelimit-limit-requests"], "600");
     gw.wait_usage(1).await;
-    let db = gw.db().await;
-    let user = db.users().find_by_email(email).await.unwrap().unwrap();
-    let lots = db
-        .quota()
-        .lots(&user.id, gateway_core::util::now_ms())
-        .await
-        .unwrap();
+    let lots = lots::lots_of(&gw, email).await;
     let rem = |id: &Value| {
         lots.iter()
             .find(|l| l.id == id.as_str().unwrap())

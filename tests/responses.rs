@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::api::event_tokens;
 use common::*;
 use serde_json::{json, Value};
 
@@ -204,14 +205,6 @@ fn types(events: &[Value]) -> Vec<&str> {
     events.iter().filter_map(|e| e["type"].as_str()).collect()
 }
 
-fn tokens(e: &Value) -> (i64, i64, i64) {
-    (
-        e["input_tokens"].as_i64().unwrap(),
-        e["output_tokens"].as_i64().unwrap(),
-        e["cached_tokens"].as_i64().unwrap(),
-    )
-}
-
 /// Codex's request on an Anthropic-style model and on a chat-only OpenAI-style one: whole and
 /// streamed, text and tools, with what the provider received and the usage each answer reports.
 #[tokio::test]
@@ -363,7 +356,7 @@ async fn responses_on_messages_and_chat_only_providers() {
             .unwrap()
             .starts_with("mock-anthropic/");
         let want = if anthropic { (30, 24, 5) } else { (25, 24, 5) };
-        assert_eq!(tokens(e), want, "{e}");
+        assert_eq!(event_tokens(e), want, "{e}");
     }
 }
 
@@ -432,13 +425,7 @@ async fn responses_refusals_and_errors_in_the_client_style() {
 }
 
 async fn lot_remaining(gw: &Gateway, email: &str, lot_id: &str) -> u64 {
-    let db = gw.db().await;
-    let user = db.users().find_by_email(email).await.unwrap().unwrap();
-    let lots = db
-        .quota()
-        .lots(&user.id, gateway_core::util::now_ms())
-        .await
-        .unwrap();
+    let lots = lots::lots_of(gw, email).await;
     lots.iter().find(|l| l.id == lot_id).unwrap().remaining
 }
 

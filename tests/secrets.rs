@@ -11,18 +11,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::site::{latest_code, signed_in, Browser};
+use common::site::{
+    latest_code, now_s, recovery_codes, request_two_factor, signed_in, two_factor_with_code,
+    Browser,
+};
 use common::*;
 use gateway_site::twofactor;
 use serde_json::json;
 use sqlx::Row;
-
-fn now_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs()
-}
 
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path)
@@ -186,28 +182,14 @@ async fn trace_logs_hold_no_secrets() {
         .ok_json();
     let rotated = v["secret"].as_str().expect("secret").to_string();
     assert_eq!(chat_status(&gw.api, &rotated, "mock-gpt").await, 200);
-    let v = b
-        .post("/api/account/security", &json!({"twoFactorEnabled": true}))
-        .await
-        .ok_json();
+    let v = request_two_factor(&mut b).await;
     let seed = v["security"]["totpSecret"]
         .as_str()
         .expect("seed")
         .to_string();
     let confirm = twofactor::code_at(&seed, now_s() - 30).expect("totp");
-    let v = b
-        .post(
-            "/api/account/security",
-            &json!({"twoFactorEnabled": true, "twoFactorCode": confirm}),
-        )
-        .await
-        .ok_json();
-    let recovery: Vec<String> = v["recoveryCodes"]
-        .as_array()
-        .expect("recovery codes")
-        .iter()
-        .map(|c| c.as_str().expect("code").to_string())
-        .collect();
+    let v = two_factor_with_code(&mut b, true, &confirm).await.ok_json();
+    let recovery = recovery_codes(&v);
     let totp = twofactor::code_at(&seed, now_s()).expect("totp");
     let r = Browser::new(&gw)
         .sign_in_with(&gw, email, Some(&totp))
@@ -273,22 +255,14 @@ async fn totp_seeds_are_sealed_and_codes_work_once() {
     let mut gw = Gateway::start(&mock, Options::with_toml(config::ROOMY_SIGN_IN));
     let email = "once@example.com";
     let mut b = signed_in(&gw, email).await;
-    let v = b
-        .post("/api/account/security", &json!({"twoFactorEnabled": true}))
-        .await
-        .ok_json();
+    let v = request_two_factor(&mut b).await;
     let seed = v["security"]["totpSecret"]
         .as_str()
         .expect("seed")
         .to_string();
     // Confirmed with the previous step's code, so this step's is still unused below.
     let confirm = twofactor::code_at(&seed, now_s() - 30).expect("code");
-    b.post(
-        "/api/account/security",
-        &json!({"twoFactorEnabled": true, "twoFactorCode": confirm}),
-    )
-    .await
-    .ok_json();
+    two_factor_with_code(&mut b, true, &confirm).await.ok_json();
     let stored = stored_seed(&gw, email).await.expect("stored seed");
     assert!(
         stored.starts_with("v1.") && !stored.contains(&seed),

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::config::ROOMY_SIGN_IN;
-use common::site::{Browser, ORIGIN};
+use common::site::{now_s, outbox_mails, wrong_totp, Browser, ORIGIN};
 use common::smtp::SmtpSink;
 use common::*;
 use gateway_core::storage::Db;
@@ -50,20 +50,9 @@ fn parse_mail(raw: &str, origin: &str) -> Mail {
 
 /// Every `.eml` in the outbox addressed to `email`, oldest first.
 fn mails_to(gw: &Gateway, email: &str) -> Vec<Mail> {
-    let Ok(entries) = std::fs::read_dir(gw.outbox()) else {
-        return vec![];
-    };
-    let mut names: Vec<_> = entries
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "eml"))
-        .collect();
-    names.sort();
-    names
+    outbox_mails(gw, email)
         .iter()
-        .map(|p| std::fs::read_to_string(p).expect("read eml"))
-        .filter(|raw| raw.contains(&format!("\r\nTo: {email}\r\n")))
-        .map(|raw| parse_mail(&raw, ORIGIN))
+        .map(|raw| parse_mail(raw, ORIGIN))
         .collect()
 }
 
@@ -111,13 +100,6 @@ async fn session_rows(db: &Db, email: &str) -> i64 {
     .expect("count")
     .try_get("n")
     .expect("n")
-}
-
-fn now_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs()
 }
 
 #[tokio::test]
@@ -793,19 +775,6 @@ async fn missing_configuration_is_named() {
         .await
         .error();
     assert_eq!((s, c.as_str()), (503, "captcha_not_configured"));
-}
-
-/// A 6-digit code that is none of the codes valid around now.
-fn wrong_totp(secret: &str) -> String {
-    let now = now_s();
-    let valid: Vec<String> = [now - 30, now, now + 30]
-        .iter()
-        .map(|t| twofactor::code_at(secret, *t).expect("code"))
-        .collect();
-    (0..1_000_000u32)
-        .map(|n| format!("{n:06}"))
-        .find(|c| !valid.contains(c))
-        .expect("a wrong code")
 }
 
 #[tokio::test]

@@ -9,6 +9,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::api::event_tokens;
 use common::*;
 use serde_json::{json, Value};
 
@@ -195,14 +196,6 @@ async fn last_upstream(mock: &Mock) -> (String, Value, Value) {
     )
 }
 
-fn tokens(e: &Value) -> (i64, i64, i64) {
-    (
-        e["input_tokens"].as_i64().unwrap(),
-        e["output_tokens"].as_i64().unwrap(),
-        e["cached_tokens"].as_i64().unwrap(),
-    )
-}
-
 #[tokio::test]
 async fn chat_client_on_anthropic_model() {
     let mock = Mock::start(&[]);
@@ -299,7 +292,7 @@ async fn chat_client_on_anthropic_model() {
         assert_eq!(e["endpoint"], "chat_completions");
         assert_eq!(e["status"], 200);
         assert_eq!(e["settlement"], "provider:complete");
-        assert_eq!(tokens(e), (30, 24, 5), "{e}");
+        assert_eq!(event_tokens(e), (30, 24, 5), "{e}");
     }
     assert_eq!(events[0]["deployment"], "mock-anthropic/claude-mock");
     assert_eq!(events[1]["deployment"], "mock-anthropic/tools");
@@ -395,7 +388,7 @@ async fn chat_stream_from_anthropic_model() {
     assert_eq!(events.len(), 3, "{events:?}");
     for e in &events {
         assert_eq!(e["settlement"], "provider:complete");
-        assert_eq!(tokens(e), (30, 24, 5), "{e}");
+        assert_eq!(event_tokens(e), (30, 24, 5), "{e}");
     }
 }
 
@@ -472,7 +465,7 @@ async fn messages_client_on_openai_model() {
     for e in &events {
         assert_eq!(e["endpoint"], "messages");
         assert_eq!(e["settlement"], "provider:complete");
-        assert_eq!(tokens(e), (25, 24, 5), "{e}");
+        assert_eq!(event_tokens(e), (25, 24, 5), "{e}");
     }
     assert_eq!(events[3]["deployment"], "mock/tools");
 }
@@ -573,7 +566,7 @@ async fn messages_stream_from_openai_model() {
     assert_eq!(usage.len(), 2, "{usage:?}");
     for e in &usage {
         assert_eq!(e["settlement"], "provider:complete");
-        assert_eq!(tokens(e), (25, 24, 5), "{e}");
+        assert_eq!(event_tokens(e), (25, 24, 5), "{e}");
     }
 }
 
@@ -631,7 +624,7 @@ async fn provider_errors_in_the_client_style() {
     assert_eq!(events.len(), 4, "{events:?}");
     for e in &events {
         assert_eq!(e["error_code"], "provider_error", "{e}");
-        assert_eq!(tokens(e), (0, 0, 0), "{e}");
+        assert_eq!(event_tokens(e), (0, 0, 0), "{e}");
     }
 
     // A request the translation cannot express is refused before anything is reserved.
@@ -741,7 +734,7 @@ async fn midstream_errors_and_cuts_in_the_client_style() {
     assert!(events[0]["error_code"].is_string(), "{:?}", events[0]);
     // The provider's message_start said 1 output token, but the stream ended with an error
     // before its final usage: at least the delivered text is charged.
-    let (input, output, cached) = tokens(&events[0]);
+    let (input, output, cached) = event_tokens(&events[0]);
     assert_eq!((input, cached), (30, 5));
     assert!(output > 1, "delivered text counted: {output}");
     assert_eq!(events[1]["settlement"], "counted:upstream_error");
@@ -867,7 +860,11 @@ async fn count_tokens_in_both_styles() {
     assert_eq!(events.len(), 3);
     for e in &events[1..] {
         assert_eq!(e["endpoint"], "count_tokens");
-        assert_eq!(tokens(e), (0, 0, 0), "a local count costs no tokens: {e}");
+        assert_eq!(
+            event_tokens(e),
+            (0, 0, 0),
+            "a local count costs no tokens: {e}"
+        );
     }
 }
 
@@ -902,23 +899,12 @@ deployments = [
 
 #[tokio::test]
 async fn official_sdks_across_styles() {
-    let Ok(python) = std::env::var("GATEWAY_TEST_PYTHON") else {
-        eprintln!("GATEWAY_TEST_PYTHON not set (scripts/test sets it); skipping the SDK test");
+    let Some(python) = sdk::python() else {
         return;
     };
     let mock = Mock::start(&[]);
     let gw = Gateway::start(&mock, Options::default());
     let key = gw.user_with_key("sdk-cross@example.com", &[]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/sdk_clients.py");
-    let out = std::process::Command::new(python)
-        .args([script, &gw.api, &key, "cross"])
-        .output()
-        .expect("python");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    print!("{}", String::from_utf8_lossy(&out.stdout));
+    let printed = sdk::run_script(&python, "sdk_clients.py", &[&gw.api, &key, "cross"]);
+    print!("{printed}");
 }

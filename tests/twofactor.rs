@@ -6,46 +6,22 @@
 
 mod common;
 
-use common::site::{signed_in, Browser};
+use common::site::{
+    now_s, recovery_codes, request_two_factor, security, signed_in, two_factor_with_code,
+    wrong_totp, Browser,
+};
 use common::*;
 use gateway_site::twofactor;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// A gateway with generous sign-in limits.
 fn gateway() -> (Mock, Gateway) {
     config::start_with_toml(config::ROOMY_SIGN_IN)
 }
 
-fn now_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs()
-}
-
-/// A 6-digit code that is none of the codes of `secret` valid around now.
-fn wrong_totp(secret: &str) -> String {
-    let now = now_s();
-    let valid: Vec<String> = [now - 30, now, now + 30]
-        .iter()
-        .map(|t| twofactor::code_at(secret, *t).expect("code"))
-        .collect();
-    (0..1_000_000u32)
-        .map(|n| format!("{n:06}"))
-        .find(|c| !valid.contains(c))
-        .expect("a wrong code")
-}
-
-async fn security(b: &mut Browser) -> Value {
-    b.get("/api/account/security").await.ok_json()["security"].clone()
-}
-
 /// Starts an enrolment; returns the pending secret after checking the answer's shape.
 async fn start(b: &mut Browser) -> String {
-    let v = b
-        .post("/api/account/security", &json!({"twoFactorEnabled": true}))
-        .await
-        .ok_json();
+    let v = request_two_factor(b).await;
     let sec = v["security"].as_object().expect("security");
     assert_eq!(sec["twoFactorEnabled"], json!(false), "{v}");
     assert_eq!(sec["twoFactorPending"], json!(true), "{v}");
@@ -65,26 +41,14 @@ async fn start(b: &mut Browser) -> String {
 async fn enrol(b: &mut Browser) -> (String, Vec<String>) {
     let secret = start(b).await;
     let code = twofactor::code_at(&secret, now_s() - 30).expect("code");
-    let v = b
-        .post(
-            "/api/account/security",
-            &json!({"twoFactorEnabled": true, "twoFactorCode": code}),
-        )
-        .await
-        .ok_json();
+    let v = two_factor_with_code(b, true, &code).await.ok_json();
     assert_eq!(v["security"], json!({"twoFactorEnabled": true}), "{v}");
     assert_eq!(
         v.as_object().map(|o| o.len()),
         Some(3),
         "ok, security, recoveryCodes: {v}"
     );
-    let codes: Vec<String> = v["recoveryCodes"]
-        .as_array()
-        .expect("recoveryCodes")
-        .iter()
-        .map(|c| c.as_str().expect("code").to_string())
-        .collect();
-    (secret, codes)
+    (secret, recovery_codes(&v))
 }
 
 /// Signs in a fresh browser with `two_factor`; returns `(status, code)` of an error or
@@ -96,17 +60,6 @@ async fn sign_in(gw: &Gateway, email: &str, two_factor: Option<&str>) -> (u16, S
     } else {
         r.error()
     }
-}
-
-async fn user_id(gw: &Gateway, email: &str) -> String {
-    gw.db()
-        .await
-        .users()
-        .find_by_email(email)
-        .await
-        .expect("query")
-        .expect("user")
-        .id
 }
 
 /// `(totp_secret, totp_pending_secret)` as stored.
@@ -140,20 +93,14 @@ async fn enrolment_is_pending_until_a_code_confirms_it() {
     let (_mock, gw) = gateway();
     let email = "enrol@example.com";
     let mut b = signed_in(&gw, email).await;
-    let id = user_id(&gw, email).await;
+    let id = gw.user_id(email).await;
     assert_eq!(
         security(&mut b).await,
         json!({"twoFactorEnabled": false, "twoFactorPending": false})
     );
 
     // Nothing pending: a code confirms nothing.
-    let (s, c) = b
-        .post(
-            "/api/account/security",
-            &json!({"twoFactorEnabled": true, "twoFactorCode": "123456"}),
-        )
-        .await
-        .error();
+    let (s, c) = two_factor_with_code(&mut b, true, "123456").await.error();
     assert_eq!((s, c.as_str()), (400, "invalid_body"));
     for body in [
         json!({"twoFactorEnabled": true, "twoFactorCode": 123456}),
@@ -187,20 +134,10 @@ async fn enrolment_is_pending_until_a_code_confirms_it() {
         .map(|t| twofactor::code_at(&second, *t).expect("code"))
         .collect();
     if !new_valid.contains(&old) {
-        let (s, c) = b
-            .post(
-                "/api/account/security",
-                &json!({"twoFactorEnabled": true, "twoFactorCode": old}),
-            )
-            .await
-            .error();
+        let (s, c) = two_factor_with_code(&mut b, true, &old).await.error();
         assert_eq!((s, c.as_str()), (400, "invalid_code"));
     }
-    let (s, c) = b
-        .post(
-            "/api/account/security",
-            &json!({"twoFactorEnabled": true, "twoFactorCode": wrong_totp(&second)}),
-        )
+    let (s, c) = two_factor_with_code(&mut b, true, &wrong_totp(&second))
         .await
         .error();
     assert_eq!((s, c.as_str()), (400, "invalid_code"));
@@ -208,20 +145,9 @@ async fn enrolment_is_pending_until_a_code_confirms_it() {
 
     // Confirmed by a code of the pending secret: on, with ten recovery codes shown once.
     let code = twofactor::code_at(&second, now_s()).expect("code");
-    let v = b
-        .post(
-            "/api/account/security",
-            &json!({"twoFactorEnabled": true, "twoFactorCode": code}),
-        )
-        .await
-        .ok_json();
+    let v = two_factor_with_code(&mut b, true, &code).await.ok_json();
     assert_eq!(v["security"], json!({"twoFactorEnabled": true}));
-    let codes: Vec<&str> = v["recoveryCodes"]
-        .as_array()
-        .expect("recoveryCodes")
-        .iter()
-        .map(|c| c.as_str().expect("string"))
-        .collect();
+    let codes = recovery_codes(&v);
     assert_eq!(codes.len(), 10);
     let mut distinct = codes.clone();
     distinct.sort_unstable();
@@ -261,10 +187,7 @@ async fn enrolment_is_pending_until_a_code_confirms_it() {
         (400, "invalid_code".to_string())
     );
     // Asking to turn it on while on changes nothing and shows no secret or codes.
-    let v = b
-        .post("/api/account/security", &json!({"twoFactorEnabled": true}))
-        .await
-        .ok_json();
+    let v = request_two_factor(&mut b).await;
     assert_eq!(
         v,
         json!({"ok": true, "security": {"twoFactorEnabled": true}})
@@ -342,18 +265,8 @@ async fn sign_in_takes_a_totp_code_once_or_an_unused_recovery_code() {
         )
         .await
         .ok_json();
-    let mut names: Vec<_> = std::fs::read_dir(gw.outbox())
-        .expect("outbox")
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "eml"))
-        .collect();
-    names.sort();
-    let mail = names
-        .iter()
-        .rev()
-        .map(|p| std::fs::read_to_string(p).expect("mail"))
-        .find(|raw| raw.contains(&format!("\r\nTo: {email}\r\n")))
+    let mail = common::site::outbox_mails(&gw, email)
+        .pop()
         .expect("the sign-in mail");
     let token = mail
         .split("verify-link?token=")
@@ -381,7 +294,7 @@ async fn turning_off_needs_a_valid_code() {
     let (_mock, gw) = gateway();
     let email = "off@example.com";
     let mut b = signed_in(&gw, email).await;
-    let id = user_id(&gw, email).await;
+    let id = gw.user_id(email).await;
 
     // A pending enrolment is dropped without a code.
     start(&mut b).await;
@@ -394,13 +307,7 @@ async fn turning_off_needs_a_valid_code() {
         json!({"ok": true, "security": {"twoFactorEnabled": false}})
     );
     assert_eq!(stored_seeds(&gw, &id).await, (None, None));
-    let (s, c) = b
-        .post(
-            "/api/account/security",
-            &json!({"twoFactorEnabled": true, "twoFactorCode": "123456"}),
-        )
-        .await
-        .error();
+    let (s, c) = two_factor_with_code(&mut b, true, "123456").await.error();
     assert_eq!(
         (s, c.as_str()),
         (400, "invalid_body"),
@@ -433,11 +340,7 @@ async fn turning_off_needs_a_valid_code() {
     assert_eq!(security(&mut b).await["twoFactorEnabled"], json!(true));
 
     // An unused recovery code turns it off; seed and codes are gone.
-    let v = b
-        .post(
-            "/api/account/security",
-            &json!({"twoFactorEnabled": false, "twoFactorCode": codes[5]}),
-        )
+    let v = two_factor_with_code(&mut b, false, &codes[5])
         .await
         .ok_json();
     assert_eq!(
@@ -452,26 +355,14 @@ async fn turning_off_needs_a_valid_code() {
     let (secret, _) = enrol(&mut b).await;
     let code = twofactor::code_at(&secret, now_s()).expect("code");
     assert_eq!(sign_in(&gw, email, Some(&code)).await, (200, String::new()));
-    let (s, c) = b
-        .post(
-            "/api/account/security",
-            &json!({"twoFactorEnabled": false, "twoFactorCode": code}),
-        )
-        .await
-        .error();
+    let (s, c) = two_factor_with_code(&mut b, false, &code).await.error();
     assert_eq!(
         (s, c.as_str()),
         (400, "invalid_code"),
         "a replayed TOTP code"
     );
     let next = twofactor::code_at(&secret, now_s() + 30).expect("code");
-    let v = b
-        .post(
-            "/api/account/security",
-            &json!({"twoFactorEnabled": false, "twoFactorCode": next}),
-        )
-        .await
-        .ok_json();
+    let v = two_factor_with_code(&mut b, false, &next).await.ok_json();
     assert_eq!(v["security"], json!({"twoFactorEnabled": false}));
 }
 
@@ -481,7 +372,7 @@ async fn operators_reset_two_factor_with_the_cli() {
     let on = "locked-out@example.com";
     let mut b = signed_in(&gw, on).await;
     enrol(&mut b).await;
-    let on_id = user_id(&gw, on).await;
+    let on_id = gw.user_id(on).await;
     assert_eq!(stored_recovery_hashes(&gw, &on_id).await.len(), 10);
     assert_eq!(
         sign_in(&gw, on, None).await,
@@ -504,7 +395,7 @@ async fn operators_reset_two_factor_with_the_cli() {
     let mut p = signed_in(&gw, pending).await;
     start(&mut p).await;
     gw.admin_json(&["user", "reset-2fa", "--email", pending]);
-    let p_id = user_id(&gw, pending).await;
+    let p_id = gw.user_id(pending).await;
     assert_eq!(stored_seeds(&gw, &p_id).await, (None, None));
     assert_eq!(security(&mut p).await["twoFactorPending"], json!(false));
 

@@ -267,15 +267,7 @@ async fn model_info_shows_each_models_weights() {
     let mock = Mock::start(&[]);
     let gw = Gateway::start(&mock, options());
     let key = gw.user_with_key("info@example.com", &[]);
-    let v: Value = client()
-        .get(gw.url("/v1/model/info"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = api::get_json(gw.url("/v1/model/info"), &key).await;
     let weights = |id: &str| {
         v["data"]
             .as_array()
@@ -417,15 +409,7 @@ async fn a_reload_reprices_the_next_request_never_one_in_flight() {
     std::fs::write(&gw.config_path, reloaded).unwrap();
     let mut live = false;
     for _ in 0..100 {
-        let v: Value = client()
-            .get(gw.url("/v1/model/info"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = api::get_json(gw.url("/v1/model/info"), &key).await;
         let input = v["data"]
             .as_array()
             .and_then(|d| d.iter().find(|m| m["id"] == "gpt-slow-weighted"))

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use gateway_core::domain::Lot;
 use serde_json::Value;
 
 use super::Gateway;
@@ -40,18 +41,27 @@ pub fn lot_id(granted: &Value) -> String {
         .to_string()
 }
 
-/// The tokens left in all of user `user_id`'s lots, as the database holds them.
-pub async fn lots_remaining(gw: &Gateway, user_id: &str) -> u64 {
-    let db = gw.db().await;
-    let lots = db
+/// User `user_id`'s lots as the database holds them (those not expired).
+pub async fn lots(gw: &Gateway, user_id: &str) -> Vec<Lot> {
+    gw.db()
+        .await
         .quota()
         .lots(user_id, gateway_core::util::now_ms())
         .await
-        .expect("lots");
-    lots.iter().map(|l| l.remaining).sum()
+        .expect("lots")
+}
+
+/// [`lots`] of the account with `email`.
+pub async fn lots_of(gw: &Gateway, email: &str) -> Vec<Lot> {
+    lots(gw, &gw.user_id(email).await).await
+}
+
+/// The tokens left in all of user `user_id`'s lots, as the database holds them.
+pub async fn lots_remaining(gw: &Gateway, user_id: &str) -> u64 {
+    lots(gw, user_id).await.iter().map(|l| l.remaining).sum()
 }
 
 /// [`lots_remaining`] of the account with `email`.
 pub async fn lots_remaining_of(gw: &Gateway, email: &str) -> u64 {
-    lots_remaining(gw, &gw.user_id(email).await).await
+    lots_of(gw, email).await.iter().map(|l| l.remaining).sum()
 }

@@ -4,10 +4,12 @@
 
 #![allow(dead_code)]
 
+pub mod api;
 pub mod config;
 pub mod lots;
 pub mod private_redis;
 pub mod redis_cluster;
+pub mod sdk;
 pub mod site;
 pub mod smtp;
 

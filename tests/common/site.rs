@@ -1,11 +1,13 @@
 //! A browser for the site listener: a cookie jar kept by hand (so tests see every
 //! `Set-Cookie`), the site's `Origin` on every mutation, the session's CSRF token once signed
-//! in, and sign-in through the real email-code flow (the code read from the outbox).
+//! in, and sign-in through the real email-code flow (the code read from the outbox). Also the
+//! two-factor steps of the account's security settings and the TOTP codes they take.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use gateway_site::twofactor;
 use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 
@@ -254,10 +256,12 @@ pub async fn signed_in(gw: &Gateway, email: &str) -> Browser {
     b
 }
 
-/// The code of the newest sign-in mail to `email` in the outbox.
-pub fn latest_code(gw: &Gateway, email: &str) -> String {
-    let mut names: Vec<_> = std::fs::read_dir(gw.outbox())
-        .expect("outbox")
+/// Every mail to `email` in the outbox, raw and oldest first (none when nothing was sent).
+pub fn outbox_mails(gw: &Gateway, email: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(gw.outbox()) else {
+        return vec![];
+    };
+    let mut names: Vec<_> = entries
         .filter_map(|e| e.ok())
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "eml"))
@@ -265,9 +269,15 @@ pub fn latest_code(gw: &Gateway, email: &str) -> String {
     names.sort();
     names
         .iter()
-        .rev()
         .map(|p| std::fs::read_to_string(p).expect("read eml"))
-        .find(|raw| raw.contains(&format!("\r\nTo: {email}\r\n")))
+        .filter(|raw| raw.contains(&format!("\r\nTo: {email}\r\n")))
+        .collect()
+}
+
+/// The code of the newest sign-in mail to `email` in the outbox.
+pub fn latest_code(gw: &Gateway, email: &str) -> String {
+    outbox_mails(gw, email)
+        .pop()
         .and_then(|raw| {
             raw.split("\r\n")
                 .map(str::trim)
@@ -275,4 +285,59 @@ pub fn latest_code(gw: &Gateway, email: &str) -> String {
                 .map(str::to_string)
         })
         .unwrap_or_else(|| panic!("no sign-in mail with a code to {email}"))
+}
+
+/// Seconds since the Unix epoch (a TOTP code changes every 30 of them).
+pub fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+}
+
+/// A 6-digit code that is none of `secret`'s TOTP codes valid around now (the previous, the
+/// current and the next time step).
+pub fn wrong_totp(secret: &str) -> String {
+    let now = now_s();
+    let valid: Vec<String> = [now - 30, now, now + 30]
+        .iter()
+        .map(|t| twofactor::code_at(secret, *t).expect("code"))
+        .collect();
+    (0..1_000_000u32)
+        .map(|n| format!("{n:06}"))
+        .find(|c| !valid.contains(c))
+        .expect("a wrong code")
+}
+
+/// The `security` object of `GET /api/account/security`, after checking the answer is `ok`.
+pub async fn security(b: &mut Browser) -> Value {
+    b.get("/api/account/security").await.ok_json()["security"].clone()
+}
+
+/// Asks to turn two-factor on (`{"twoFactorEnabled": true}`, no code): the answer, checked
+/// `ok`. When off, it starts an enrolment whose pending secret is `security.totpSecret`.
+pub async fn request_two_factor(b: &mut Browser) -> Value {
+    b.post("/api/account/security", &json!({"twoFactorEnabled": true}))
+        .await
+        .ok_json()
+}
+
+/// Sends `{"twoFactorEnabled": enabled, "twoFactorCode": code}`: confirms a pending enrolment
+/// (`true`) or turns two-factor off (`false`). The answer, unchecked.
+pub async fn two_factor_with_code(b: &mut Browser, enabled: bool, code: &str) -> Reply {
+    b.post(
+        "/api/account/security",
+        &json!({"twoFactorEnabled": enabled, "twoFactorCode": code}),
+    )
+    .await
+}
+
+/// The recovery codes of the answer that confirmed an enrolment.
+pub fn recovery_codes(v: &Value) -> Vec<String> {
+    v["recoveryCodes"]
+        .as_array()
+        .expect("recoveryCodes")
+        .iter()
+        .map(|c| c.as_str().expect("code").to_string())
+        .collect()
 }
