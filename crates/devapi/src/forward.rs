@@ -288,7 +288,7 @@ fn client_header(
     let (mut parts, ()) = http::Response::new(()).into_parts();
     parts.status = http::StatusCode::from_u16(status).ok()?;
     // The rate-limit headers first: the map comes with their names already hashed.
-    parts.headers = reply.rate.header_map();
+    parts.headers = crate::rate_headers::map(reply.rate);
     let headers = &mut parts.headers;
     // The provider's headers and at most 3 more of the gateway's own: the request id, the
     // content type and the length (or chunking).
