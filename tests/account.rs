@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::config::ROOMY_SIGN_IN;
 use common::site::{
-    now_s, request_two_factor, signed_in, two_factor_with_code, wrong_totp, Browser, Reply,
+    now_s, request_two_factor, signed_in, two_factor_with_code, two_factor_without_code,
+    wrong_totp, Browser, Reply,
 };
 use common::*;
 use gateway_core::storage::usage::UsageTotals;
@@ -481,18 +482,7 @@ async fn profile_shows_user_and_quota() {
 
     // Operator changes show up: manual tier, unlimited, a lot with an entitlement tier.
     gw.admin_json(&["user", "set-tier", "--email", email, "--tier", "steady"]);
-    gw.admin_json(&[
-        "lot",
-        "grant",
-        "--email",
-        email,
-        "--type",
-        "token",
-        "--amount",
-        "5000",
-        "--tier",
-        "persistent",
-    ]);
+    lots::grant_lot(&gw, email, "token", 5000, &["--tier", "persistent"]);
     let v = b.get("/api/account/profile").await.ok_json();
     assert_eq!(v["user"]["quotaTier"], json!("steady"));
     assert_eq!(v["quota"]["manualTier"], json!("steady"));
@@ -893,10 +883,7 @@ async fn two_factor_on_and_off() {
         assert_eq!((s, c.as_str()), (400, "invalid_body"), "{body}");
     }
     // Turning off while off changes nothing and needs no code.
-    let v = b
-        .post("/api/account/security", &json!({"twoFactorEnabled": false}))
-        .await
-        .ok_json();
+    let v = two_factor_without_code(&mut b, false).await.ok_json();
     assert_eq!(
         v,
         json!({"ok": true, "security": {"twoFactorEnabled": false}})
@@ -942,10 +929,7 @@ async fn two_factor_on_and_off() {
     assert_eq!(r.status, 200, "{}", r.text);
 
     // Off: needs a valid code.
-    let (s, c) = b
-        .post("/api/account/security", &json!({"twoFactorEnabled": false}))
-        .await
-        .error();
+    let (s, c) = two_factor_without_code(&mut b, false).await.error();
     assert_eq!((s, c.as_str()), (401, "two_factor_code_required"));
     let wrong = wrong_totp(&secret);
     let (s, c) = two_factor_with_code(&mut b, false, &wrong).await.error();
@@ -1102,10 +1086,7 @@ async fn private_beta_closes_on_reload() {
         .await
         .error();
     assert_eq!((s, c.as_str()), (403, "private_beta_only"));
-    let (s, c) = b
-        .post("/api/account/security", &json!({"twoFactorEnabled": true}))
-        .await
-        .error();
+    let (s, c) = two_factor_without_code(&mut b, true).await.error();
     assert_eq!((s, c.as_str()), (403, "private_beta_only"));
 }
 
@@ -1264,9 +1245,7 @@ async fn storage_failures_are_named_not_explained() {
         )
         .await;
     }
-    let r = b
-        .post("/api/account/security", &json!({"twoFactorEnabled": true}))
-        .await;
+    let r = two_factor_without_code(&mut b, true).await;
     assert_hidden_failure(&gw, &r, "security_update_failed");
 
     exec(&gw, "DROP TABLE usage_rollup").await;

@@ -114,8 +114,13 @@ fn chat() -> Value {
 
 /// One chat request: (status, error code or "").
 async fn send(gw: &Gateway, key: &str) -> (u16, String) {
+    send_to(gw.url("/v1/chat/completions"), key).await
+}
+
+/// [`send`] to the chat completions URL `url`.
+async fn send_to(url: String, key: &str) -> (u16, String) {
     let r = client()
-        .post(gw.url("/v1/chat/completions"))
+        .post(url)
         .bearer_auth(key)
         .json(&chat())
         .timeout(Duration::from_secs(30))
@@ -159,27 +164,14 @@ async fn exactly_ten_of_fifty(store: Store) {
         let url = if i % 2 == 0 { p.a.url("") } else { p.b.url("") };
         let key = key.clone();
         tasks.push(tokio::spawn(async move {
-            let r = client()
-                .post(format!("{url}/v1/chat/completions"))
-                .bearer_auth(key)
-                .json(&chat())
-                .timeout(Duration::from_secs(30))
-                .send()
-                .await
-                .expect("an answer");
-            api::status_and_code(r).await
+            send_to(format!("{url}/v1/chat/completions"), &key).await
         }));
     }
     let mut results = Vec::new();
     for t in tasks {
         results.push(t.await.expect("request task"));
     }
-    let ok = results.iter().filter(|(s, _)| *s == 200).count();
-    let refused = results
-        .iter()
-        .filter(|(s, c)| *s == 429 && c == "insufficient_quota")
-        .count();
-    assert_eq!((ok, refused), (10, 40), "{results:?}");
+    assert_eq!(api::served_and_refused(&results), (10, 40), "{results:?}");
     assert_eq!(p.mock.served().await, 10);
     let events = p.a.wait_usage(10).await;
     assert_eq!(events.len(), 10, "{events:?}");

@@ -125,12 +125,7 @@ async fn exactly_ten_of_fifty(gateways: &[&Gateway], mock: &Mock, email: &str, r
     lots::grant_tokens_and_wait(gw, email, 10 * per_request).await;
     let urls: Vec<String> = gateways.iter().map(|g| g.api.clone()).collect();
     let results = fire(urls, &key, 50, rates.model, 100).await;
-    let ok = results.iter().filter(|(s, _)| *s == 200).count();
-    let refused = results
-        .iter()
-        .filter(|(s, c)| *s == 429 && c == "insufficient_quota")
-        .count();
-    assert_eq!((ok, refused), (10, 40), "{results:?}");
+    assert_eq!(api::served_and_refused(&results), (10, 40), "{results:?}");
     assert_eq!(mock.served().await - served_before, 10);
     // 10 chat events plus the count_tokens call that measured the estimate, of this account.
     let user_id = gw.user_id(email).await;
@@ -377,23 +372,14 @@ requests_per_minute = 600
     let gw = Gateway::start(&mock, redis_options(extra));
     let email = "lots@example.com";
     let key = gw.user_with_key(email, &[]);
-    let late = gw.admin_json(&[
-        "lot", "grant", "--email", email, "--type", "token", "--amount", "1000", "--days", "10",
-    ]);
-    let soon = gw.admin_json(&[
-        "lot",
-        "grant",
-        "--email",
+    let late = lots::grant_lot(&gw, email, "token", 1000, &["--days", "10"]);
+    let soon = lots::grant_lot(
+        &gw,
         email,
-        "--type",
         "token",
-        "--amount",
-        "1000",
-        "--days",
-        "2",
-        "--tier",
-        "tryharder",
-    ]);
+        1000,
+        &["--days", "2", "--tier", "tryharder"],
+    );
     assert_eq!(soon["type"], "token");
     tokio::time::sleep(Duration::from_millis(600)).await;
     let r = client()
@@ -443,17 +429,8 @@ weekly_requests = 2
         2,
         "{results:?}"
     );
-    gw.admin_json(&[
-        "lot",
-        "grant",
-        "--email",
-        "req@example.com",
-        "--type",
-        "request",
-        "--amount",
-        "1",
-    ]);
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    lots::grant_lot(&gw, "req@example.com", "request", 1, &[]);
+    tokio::time::sleep(lots::LOT_FEED).await;
     let results = fire(vec![gw.api.clone()], &key, 3, "mock-gpt", 10).await;
     assert_eq!(
         results.iter().filter(|(s, _)| *s == 200).count(),

@@ -16,14 +16,7 @@ const ANSWER: &str = "Hello from the mock provider.";
 
 /// Style A: Bearer key. Style B paths get `x-api-key` and a version header.
 async fn post(gw: &Gateway, path: &str, key: &str, body: &Value) -> reqwest::Response {
-    let req = client().post(gw.url(path)).json(body);
-    let req = if path.starts_with("/v1/messages") || path.starts_with("/alt") {
-        req.header("x-api-key", key)
-            .header("anthropic-version", "2023-06-01")
-    } else {
-        req.bearer_auth(key)
-    };
-    req.send().await.expect("request")
+    api::post_in_style(gw, path, key, body).await
 }
 
 /// The mock's record of the last request it served: path and JSON body.
@@ -438,9 +431,7 @@ async fn translated_paths_charge_the_provider_usage() {
     let gw = Gateway::start(&mock, options(&mock, extra));
     let email = "charged@example.com";
     let key = gw.user_with_key(email, &[]);
-    let lot = gw.admin_json(&[
-        "lot", "grant", "--email", email, "--type", "token", "--amount", "100000", "--days", "5",
-    ]);
+    let lot = lots::grant_lot(&gw, email, "token", 100_000, &["--days", "5"]);
     let lot_id = lot["id"].as_str().unwrap();
 
     let plain = |model: &str| json!({"model": model, "input": "hi", "max_output_tokens": 50});

@@ -91,17 +91,9 @@ fn streamed(mut body: Value) -> Value {
     body
 }
 
-/// Style A: Bearer key. Style B paths get `x-api-key` and a version header, as the Anthropic SDK
-/// sends them.
+/// Style A: Bearer key. Style B paths get `x-api-key` and a version header.
 async fn post(gw: &Gateway, path: &str, key: &str, body: &Value) -> reqwest::Response {
-    let req = client().post(gw.url(path)).json(body);
-    let req = if path.starts_with("/v1/messages") || path.starts_with("/alt") {
-        req.header("x-api-key", key)
-            .header("anthropic-version", "2023-06-01")
-    } else {
-        req.bearer_auth(key)
-    };
-    req.send().await.expect("request")
+    api::post_in_style(gw, path, key, body).await
 }
 
 fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {

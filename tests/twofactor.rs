@@ -8,7 +8,7 @@ mod common;
 
 use common::site::{
     now_s, recovery_codes, request_two_factor, security, signed_in, two_factor_with_code,
-    wrong_totp, Browser,
+    two_factor_without_code, wrong_totp, Browser,
 };
 use common::*;
 use gateway_site::twofactor;
@@ -298,10 +298,7 @@ async fn turning_off_needs_a_valid_code() {
 
     // A pending enrolment is dropped without a code.
     start(&mut b).await;
-    let v = b
-        .post("/api/account/security", &json!({"twoFactorEnabled": false}))
-        .await
-        .ok_json();
+    let v = two_factor_without_code(&mut b, false).await.ok_json();
     assert_eq!(
         v,
         json!({"ok": true, "security": {"twoFactorEnabled": false}})

@@ -68,6 +68,11 @@ async fn call(gw: &Gateway, key: &str, path: &str, body: Value) -> (u16, String)
     (r.status().as_u16(), r.text().await.unwrap_or_default())
 }
 
+/// A whole (not streamed) chat completion from `model`; the status and body.
+async fn complete(gw: &Gateway, key: &str, model: &str) -> (u16, String) {
+    call(gw, key, "/v1/chat/completions", chat(model, false)).await
+}
+
 fn chat(model: &str, stream: bool) -> Value {
     let mut b = json!({"model": model, "max_tokens": 100,
                        "messages": [{"role": "user", "content": "weigh me"}]});
@@ -311,26 +316,14 @@ async fn a_lot_covers_exactly_the_weighted_reservation() {
 
     // One token short: refused before anything reaches the provider.
     lots::grant_tokens_and_wait(&gw, email, reserve - 1).await;
-    let (status, text) = call(
-        &gw,
-        &key,
-        "/v1/chat/completions",
-        chat("gpt-weighted", false),
-    )
-    .await;
+    let (status, text) = complete(&gw, &key, "gpt-weighted").await;
     assert_eq!(status, 429, "{text}");
     assert!(text.contains("insufficient_quota"), "{text}");
     assert_eq!(mock.served().await, 0);
 
     // Exactly the weighted reservation: admitted, and settled at the weighted usage.
     lots::grant_tokens_and_wait(&gw, email, 1).await;
-    let (status, text) = call(
-        &gw,
-        &key,
-        "/v1/chat/completions",
-        chat("gpt-weighted", false),
-    )
-    .await;
+    let (status, text) = complete(&gw, &key, "gpt-weighted").await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(last_charge(&gw, 1).await, GPT_CHARGE as i64);
     assert_eq!(
@@ -340,17 +333,11 @@ async fn a_lot_covers_exactly_the_weighted_reservation() {
 
     // What is left no longer covers a weighted reservation, though it would cover the same
     // request at the default weights.
-    let (status, _) = call(
-        &gw,
-        &key,
-        "/v1/chat/completions",
-        chat("gpt-weighted", false),
-    )
-    .await;
+    let (status, _) = complete(&gw, &key, "gpt-weighted").await;
     assert_eq!(status, 429);
     let unweighted = estimate(&gw, &key, "mock-gpt").await + 100;
     assert!(reserve - GPT_CHARGE >= unweighted);
-    let (status, text) = call(&gw, &key, "/v1/chat/completions", chat("mock-gpt", false)).await;
+    let (status, text) = complete(&gw, &key, "mock-gpt").await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(
         charges(&gw, 2).await,
@@ -432,13 +419,7 @@ async fn a_reload_reprices_the_next_request_never_one_in_flight() {
     assert_eq!(last_charge(&gw, 1).await, GPT_CHARGE as i64);
 
     // The next one pays the new input weight: 20 × 4 + 5 × 0.5 + 24 × 3 = 154.5.
-    let (status, text) = call(
-        &gw,
-        &key,
-        "/v1/chat/completions",
-        chat("gpt-slow-weighted", false),
-    )
-    .await;
+    let (status, text) = complete(&gw, &key, "gpt-slow-weighted").await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(charges(&gw, 2).await, [GPT_CHARGE as i64, 155]);
     assert_eq!(

@@ -11,18 +11,20 @@ use super::Gateway;
 /// How long a granted lot takes to reach the quota engines (the lot feed polls every 250 ms).
 pub const LOT_FEED: Duration = Duration::from_millis(600);
 
+/// Grants `email` a lot of `amount` of `kind` (`token` or `request`) with `gateway lot grant`
+/// and its `extra` arguments (`--days`, `--tier`); returns the command's JSON.
+pub fn grant_lot(gw: &Gateway, email: &str, kind: &str, amount: u64, extra: &[&str]) -> Value {
+    let amount = amount.to_string();
+    let mut args = vec![
+        "lot", "grant", "--email", email, "--type", kind, "--amount", &amount,
+    ];
+    args.extend_from_slice(extra);
+    gw.admin_json(&args)
+}
+
 /// Grants `email` a token lot of `amount` with `gateway lot grant`; returns the command's JSON.
 pub fn grant_tokens(gw: &Gateway, email: &str, amount: u64) -> Value {
-    gw.admin_json(&[
-        "lot",
-        "grant",
-        "--email",
-        email,
-        "--type",
-        "token",
-        "--amount",
-        &amount.to_string(),
-    ])
+    grant_lot(gw, email, "token", amount, &[])
 }
 
 /// [`grant_tokens`], then waits until the quota engines have seen the lot.

@@ -317,9 +317,16 @@ pub async fn security(b: &mut Browser) -> Value {
 /// Asks to turn two-factor on (`{"twoFactorEnabled": true}`, no code): the answer, checked
 /// `ok`. When off, it starts an enrolment whose pending secret is `security.totpSecret`.
 pub async fn request_two_factor(b: &mut Browser) -> Value {
-    b.post("/api/account/security", &json!({"twoFactorEnabled": true}))
-        .await
-        .ok_json()
+    two_factor_without_code(b, true).await.ok_json()
+}
+
+/// Sends `{"twoFactorEnabled": enabled}` with no code. The answer, unchecked.
+pub async fn two_factor_without_code(b: &mut Browser, enabled: bool) -> Reply {
+    b.post(
+        "/api/account/security",
+        &json!({ "twoFactorEnabled": enabled }),
+    )
+    .await
 }
 
 /// Sends `{"twoFactorEnabled": enabled, "twoFactorCode": code}`: confirms a pending enrolment
