@@ -58,6 +58,7 @@ pub fn start_mock(args: &[&str]) -> (Child, String) {
 pub struct Gw {
     pub child: Child,
     pub api: String,
+    pub site: String,
     pub admin: String,
 }
 
@@ -87,6 +88,7 @@ pub fn start_gateway(binary: &Path, config: &Path, log: &Path, env: &[(&str, &st
     };
     Gw {
         api: format!("http://{}", field("api=")),
+        site: format!("http://{}", field("site=")),
         admin: format!("http://{}", field("admin=")),
         child,
     }

@@ -288,7 +288,7 @@ fn client_header(
     let (mut parts, ()) = http::Response::new(()).into_parts();
     parts.status = http::StatusCode::from_u16(status).ok()?;
     // The rate-limit headers first: the map comes with their names already hashed.
-    parts.headers = reply.rate.header_map();
+    parts.headers = crate::rate_headers::map(reply.rate);
     let headers = &mut parts.headers;
     // The provider's headers and at most 3 more of the gateway's own: the request id, the
     // content type and the length (or chunking).
@@ -409,7 +409,10 @@ pub struct Reply<'a> {
     pub rate: &'a gateway_core::quota::RateView,
 }
 
-/// Forwards `adm` to the first target that answers and relays the response.
+/// Forwards `adm` to the first target that answers and relays the response. The steps: find a
+/// deployment that answers ([`connect`]), turn away a refused credential, send the client's
+/// header unless the answer is held, relay the body, hand over what the client is still owed,
+/// then close both sides and say how it ended.
 pub async fn forward(
     state: &SharedApiState,
     session: &mut Session,
@@ -421,197 +424,320 @@ pub async fn forward(
     if attempts.targets.is_empty() {
         return Err(ApiError::RoutingUnavailable);
     }
-    let Answer {
-        mut ex,
-        target,
-        crossing,
-        scores,
-        _outstanding: outstanding,
-    } = Box::pin(connect(state, session, adm, attempts, reply.request_id)).await?;
-    flight.set_deployment(target.label());
-    let mut status = ex.status();
-    if sanitize::refuses_operator(status) {
-        let body = ex.read_all(ERROR_BODY_LIMIT).await.unwrap_or_default();
-        state.upstreams.finish(ex).await;
-        let p = &target.provider;
-        return Err(sanitize::operator_refused(
-            &p.name,
-            status,
-            &body,
-            p.api_key.as_deref(),
-        ));
+    let answer = Box::pin(connect(state, session, adm, attempts, reply.request_id)).await?;
+    flight.set_deployment(answer.target.label());
+    if sanitize::refuses_operator(answer.ex.status()) {
+        return Err(refused(state, answer).await);
     }
-    let client = ClientSide::of(adm, reply.style_b);
-    let mut shaper = Shaper::new(crossing, client, status, content_type(&ex));
-    flight.watch_stream(shaper.tracker());
+    let (mut relay, outstanding) = Relay::new(state, adm, reply, answer, flight);
 
     session.as_downstream_mut().set_abort_on_close(true);
-    // Bytes of a length-delimited relayed body still owed to the client.
-    let mut owed: Option<usize> = None;
-    if !shaper.holds_header() {
-        // A body relayed byte for byte keeps the provider's length: Pingora then sends the
-        // header and the whole body in one write, with no chunk framing.
-        let length = if shaper.is_plain() {
-            relayed_length(&ex)
-        } else {
-            None
-        };
-        owed = length;
-        let header = ex
-            .header()
-            .and_then(|up| client_header(up, status, shaper.content_type(), length, reply));
-        let Some(header) = header else {
-            state.upstreams.abort(ex).await;
-            return Err(ApiError::ServerError);
-        };
-        if session.write_response_header(header, false).await.is_err() {
-            state.upstreams.abort(ex).await;
-            return Ok(Outcome {
-                status,
-                reason: Reason::ClientDisconnect,
-                error_code: None,
-            });
-        }
-        flight.mark_first_byte();
+    if let Err(early) = relay.send_header(session, flight).await {
+        return relay.give_up(early).await;
     }
-
-    let drain_cut = crate::settle::drain_cut();
-    tokio::pin!(drain_cut);
-    // Why the provider's answer broke off, when it did.
-    let mut cut: Option<Failure> = None;
-    let reason = loop {
-        tokio::select! {
-            chunk = ex.next_chunk() => {
-                let (out, after) = match chunk {
-                    Ok(Some(bytes)) => coalesce(&mut ex, &mut shaper, flight.tracker_mut(), bytes),
-                    Ok(None) => (Bytes::new(), After::End),
-                    Err(e) => (Bytes::new(), After::Failed(e)),
-                };
-                if !out.is_empty() {
-                    let sent = out.len();
-                    if matches!(after, After::End) && owed.is_none() {
-                        end_follows(session);
-                    }
-                    if session.write_response_body(Some(out), false).await.is_err() {
-                        break Reason::ClientDisconnect;
-                    }
-                    if let Some(left) = owed.as_mut() {
-                        *left = left.saturating_sub(sent);
-                        if *left == 0 {
-                            // All of it is with the client: done, without waiting for the
-                            // provider's end-of-body (the connection is pooled only if its
-                            // body was read to the end).
-                            break Reason::Complete;
-                        }
-                    }
-                }
-                match after {
-                    After::Open => {}
-                    After::End => break Reason::Complete,
-                    After::Failed(e) => {
-                        log::warn!(
-                            "deployment {} failed mid-response: {e} (request {})",
-                            target.label(),
-                            reply.request_id
-                        );
-                        cut = Failure::of_error(&e);
-                        break Reason::UpstreamError;
-                    }
-                }
-            }
-            gone = session.as_downstream_mut().read_body_or_idle(true) => {
-                if gone.is_err() {
-                    break Reason::ClientDisconnect;
-                }
-            }
-            () = &mut drain_cut => break Reason::Aborted,
-        }
-    };
+    let reason = relay.pump(session, flight).await;
 
     // The provider's part is over: the deployment's load drops before the client can see the
     // end of the answer (a client's next request then finds the count already down).
     drop(outstanding);
 
-    // What the client is still owed: the held answer whole, or the end of the stream.
-    let client_here = reason != Reason::ClientDisconnect;
-    if shaper.holds_header() && client_here {
-        let (client_status, body) = shaper.whole(reason);
-        let body = match client_status {
-            400.. => sanitize::mask_credential(body, target.provider.api_key.as_deref()),
-            _ => body,
+    relay.deliver_rest(session, flight, reason).await;
+    relay.read_kept_usage(flight, adm.endpoint.generates());
+    Ok(relay.close(session, flight, reason).await)
+}
+
+/// A provider refused the operator's credential (401/403): nothing of its answer is relayed,
+/// the client gets `provider_auth_failed` with any echo of the credential masked.
+async fn refused(state: &SharedApiState, answer: Answer) -> ApiError {
+    let Answer { mut ex, target, .. } = answer;
+    let status = ex.status();
+    let body = ex.read_all(ERROR_BODY_LIMIT).await.unwrap_or_default();
+    state.upstreams.finish(ex).await;
+    let p = &target.provider;
+    sanitize::operator_refused(&p.name, status, &body, p.api_key.as_deref())
+}
+
+/// Why the relay stopped before the client's header went out.
+enum Early {
+    /// The header could not be built from the provider's.
+    Unbuildable,
+    /// The client went away.
+    ClientGone,
+}
+
+/// One provider answer on its way to the client. The per-request pieces that other owners hold
+/// (the session, the in-flight settlement) are passed to each step rather than kept here, so
+/// each step says what it touches.
+struct Relay<'a> {
+    state: &'a SharedApiState,
+    reply: &'a Reply<'a>,
+    ex: Exchange,
+    target: Target,
+    /// Whether the answer still counts for the deployment's health (see [`Answer`]).
+    scores: bool,
+    shaper: Shaper,
+    /// The client's status: the provider's, or the translated one of an answer held whole.
+    status: u16,
+    /// Bytes of a length-delimited relayed body still owed to the client.
+    owed: Option<usize>,
+    /// Why the provider's answer broke off, when it did.
+    cut: Option<Failure>,
+}
+
+impl<'a> Relay<'a> {
+    /// Sets up the shaping for the client's style and starts watching the stream's usage. The
+    /// deployment's outstanding count is handed back separately: it is released as soon as the
+    /// provider's part is over, before the relay ends.
+    fn new(
+        state: &'a SharedApiState,
+        adm: &Admitted,
+        reply: &'a Reply<'a>,
+        answer: Answer,
+        flight: &mut InFlight,
+    ) -> (Relay<'a>, Outstanding) {
+        let Answer {
+            ex,
+            target,
+            crossing,
+            scores,
+            _outstanding: outstanding,
+        } = answer;
+        let status = ex.status();
+        let client = ClientSide::of(adm, reply.style_b);
+        let shaper = Shaper::new(crossing, client, status, content_type(&ex));
+        flight.watch_stream(shaper.tracker());
+        let relay = Relay {
+            state,
+            reply,
+            ex,
+            target,
+            scores,
+            shaper,
+            status,
+            owed: None,
+            cut: None,
         };
-        status = client_status;
-        let header = ex.header().and_then(|up| {
-            client_header(up, status, shaper.content_type(), Some(body.len()), reply)
+        (relay, outstanding)
+    }
+
+    /// Writes the client's header now, unless the answer is held whole (then it goes out with
+    /// the body in [`Relay::deliver_rest`]).
+    async fn send_header(
+        &mut self,
+        session: &mut Session,
+        flight: &mut InFlight,
+    ) -> Result<(), Early> {
+        if self.shaper.holds_header() {
+            return Ok(());
+        }
+        // A body relayed byte for byte keeps the provider's length: Pingora then sends the
+        // header and the whole body in one write, with no chunk framing.
+        let length = if self.shaper.is_plain() {
+            relayed_length(&self.ex)
+        } else {
+            None
+        };
+        self.owed = length;
+        let header = self.ex.header().and_then(|up| {
+            client_header(
+                up,
+                self.status,
+                self.shaper.content_type(),
+                length,
+                self.reply,
+            )
         });
-        if let Some(header) = header {
-            if session.write_response_header(header, false).await.is_ok() {
-                flight.mark_first_byte();
-                let _ = session.write_response_body(Some(body), false).await;
+        let header = header.ok_or(Early::Unbuildable)?;
+        if session.write_response_header(header, false).await.is_err() {
+            return Err(Early::ClientGone);
+        }
+        flight.mark_first_byte();
+        Ok(())
+    }
+
+    /// Ends a relay that stopped before its header went out.
+    async fn give_up(self, early: Early) -> Result<Outcome, ApiError> {
+        self.state.upstreams.abort(self.ex).await;
+        match early {
+            Early::Unbuildable => Err(ApiError::ServerError),
+            Early::ClientGone => Ok(Outcome {
+                status: self.status,
+                reason: Reason::ClientDisconnect,
+                error_code: None,
+            }),
+        }
+    }
+
+    /// Relays the provider's body until it ends, breaks off, the client leaves, or the shutdown
+    /// drain runs out; the client is watched all along so an abort is seen at once.
+    async fn pump(&mut self, session: &mut Session, flight: &mut InFlight) -> Reason {
+        let drain_cut = crate::settle::drain_cut();
+        tokio::pin!(drain_cut);
+        loop {
+            tokio::select! {
+                chunk = self.ex.next_chunk() => {
+                    if let Some(reason) = self.pass_on(session, flight, chunk).await {
+                        return reason;
+                    }
+                }
+                gone = session.as_downstream_mut().read_body_or_idle(true) => {
+                    if gone.is_err() {
+                        return Reason::ClientDisconnect;
+                    }
+                }
+                () = &mut drain_cut => return Reason::Aborted,
             }
         }
-    } else if !shaper.holds_header() {
-        let tail = shaper.end(reason, flight.tracker_mut());
-        if client_here && !tail.is_empty() {
-            if reason == Reason::Complete {
+    }
+
+    /// Passes one provider chunk, with whatever has already arrived behind it, to the client.
+    /// Returns how the relay ends when this chunk ends it.
+    async fn pass_on(
+        &mut self,
+        session: &mut Session,
+        flight: &mut InFlight,
+        chunk: Result<Option<Bytes>, UpstreamError>,
+    ) -> Option<Reason> {
+        let (out, after) = match chunk {
+            Ok(Some(bytes)) => {
+                coalesce(&mut self.ex, &mut self.shaper, flight.tracker_mut(), bytes)
+            }
+            Ok(None) => (Bytes::new(), After::End),
+            Err(e) => (Bytes::new(), After::Failed(e)),
+        };
+        if !out.is_empty() {
+            let sent = out.len();
+            if matches!(after, After::End) && self.owed.is_none() {
                 end_follows(session);
             }
-            let _ = session.write_response_body(Some(tail), false).await;
+            if session.write_response_body(Some(out), false).await.is_err() {
+                return Some(Reason::ClientDisconnect);
+            }
+            if let Some(left) = self.owed.as_mut() {
+                *left = left.saturating_sub(sent);
+                if *left == 0 {
+                    // All of it is with the client: done, without waiting for the provider's
+                    // end-of-body (the connection is pooled only if its body was read to the
+                    // end).
+                    return Some(Reason::Complete);
+                }
+            }
+        }
+        match after {
+            After::Open => None,
+            After::End => Some(Reason::Complete),
+            After::Failed(e) => {
+                log::warn!(
+                    "deployment {} failed mid-response: {e} (request {})",
+                    self.target.label(),
+                    self.reply.request_id
+                );
+                self.cut = Failure::of_error(&e);
+                Some(Reason::UpstreamError)
+            }
         }
     }
 
-    if let Some(body) = shaper.provider_body() {
-        let kind = shaper.usage_kind().unwrap_or(StreamKind::OpenAiChat);
-        flight.read_whole_answer(kind, body, adm.endpoint.generates());
-    }
-
-    let (reason, error_code) = match reason {
-        Reason::Complete => {
-            if scores {
-                state.routing.succeeded(&target, reply.request_id);
+    /// What the client is still owed once the provider's part is over: the held answer whole
+    /// (header and body, credential echoes masked), or the end of the stream.
+    async fn deliver_rest(&mut self, session: &mut Session, flight: &mut InFlight, reason: Reason) {
+        let client_here = reason != Reason::ClientDisconnect;
+        if self.shaper.holds_header() && client_here {
+            let (client_status, body) = self.shaper.whole(reason);
+            let body = match client_status {
+                400.. => sanitize::mask_credential(body, self.target.provider.api_key.as_deref()),
+                _ => body,
+            };
+            self.status = client_status;
+            let header = self.ex.header().and_then(|up| {
+                client_header(
+                    up,
+                    self.status,
+                    self.shaper.content_type(),
+                    Some(body.len()),
+                    self.reply,
+                )
+            });
+            if let Some(header) = header {
+                if session.write_response_header(header, false).await.is_ok() {
+                    flight.mark_first_byte();
+                    let _ = session.write_response_body(Some(body), false).await;
+                }
             }
-            state.upstreams.finish(ex).await;
-            let _ = session.write_response_body(None, true).await;
-            if status >= 400 {
-                (Reason::ProviderError, Some("provider_error"))
-            } else {
-                (Reason::Complete, None)
+        } else if !self.shaper.holds_header() {
+            let tail = self.shaper.end(reason, flight.tracker_mut());
+            if client_here && !tail.is_empty() {
+                if reason == Reason::Complete {
+                    end_follows(session);
+                }
+                let _ = session.write_response_body(Some(tail), false).await;
             }
         }
-        Reason::UpstreamError => {
-            state.upstreams.abort(ex).await;
-            if let Some(failure) = cut.filter(|_| scores) {
-                state
-                    .routing
-                    .failed(&target, failure, None, reply.request_id);
-            }
-            if shaper.is_plain() {
-                // A cut plain body cannot be marked as failed in-band: close the connection so
-                // the client sees the truncation.
-                session.as_downstream_mut().shutdown().await;
-            } else {
+    }
+
+    /// Reads the usage of an answer whose provider body was kept (a non-stream answer; a stream's
+    /// usage was watched on the way).
+    fn read_kept_usage(&self, flight: &mut InFlight, generates: bool) {
+        if let Some(body) = self.shaper.provider_body() {
+            let kind = self.shaper.usage_kind().unwrap_or(StreamKind::OpenAiChat);
+            flight.read_whole_answer(kind, body, generates);
+        }
+    }
+
+    /// Closes both sides according to how the relay ended: the provider's connection is pooled
+    /// only after a complete answer, the deployment is scored, and the client's answer is ended
+    /// (or, for a cut plain body, its connection closed). Says how the request ended, for
+    /// settlement.
+    async fn close(self, session: &mut Session, flight: &mut InFlight, reason: Reason) -> Outcome {
+        let (state, request_id) = (self.state, self.reply.request_id);
+        let (reason, error_code) = match reason {
+            Reason::Complete => {
+                if self.scores {
+                    state.routing.succeeded(&self.target, request_id);
+                }
+                state.upstreams.finish(self.ex).await;
                 let _ = session.write_response_body(None, true).await;
+                if self.status >= 400 {
+                    (Reason::ProviderError, Some("provider_error"))
+                } else {
+                    (Reason::Complete, None)
+                }
             }
-            (Reason::UpstreamError, Some("upstream_error"))
+            Reason::UpstreamError => {
+                state.upstreams.abort(self.ex).await;
+                if let Some(failure) = self.cut.filter(|_| self.scores) {
+                    state
+                        .routing
+                        .failed(&self.target, failure, None, request_id);
+                }
+                if self.shaper.is_plain() {
+                    // A cut plain body cannot be marked as failed in-band: close the connection
+                    // so the client sees the truncation.
+                    session.as_downstream_mut().shutdown().await;
+                } else {
+                    let _ = session.write_response_body(None, true).await;
+                }
+                (Reason::UpstreamError, Some("upstream_error"))
+            }
+            Reason::Aborted => {
+                // The shutdown drain ended: the answer was closed with an error (`deliver_rest`).
+                state.upstreams.abort(self.ex).await;
+                let _ = session.write_response_body(None, true).await;
+                (Reason::Aborted, Some("shutting_down"))
+            }
+            other => {
+                state.upstreams.abort(self.ex).await;
+                (other, Some("client_disconnect"))
+            }
+        };
+        if self.status >= 400 && reason == Reason::ProviderError {
+            // The provider refused before generating: nothing to charge beyond what it reported.
+            flight.waive_input_estimate();
         }
-        Reason::Aborted => {
-            // The shutdown drain ended: the answer was closed with an error (above).
-            state.upstreams.abort(ex).await;
-            let _ = session.write_response_body(None, true).await;
-            (Reason::Aborted, Some("shutting_down"))
+        Outcome {
+            status: self.status,
+            reason,
+            error_code,
         }
-        other => {
-            state.upstreams.abort(ex).await;
-            (other, Some("client_disconnect"))
-        }
-    };
-    if status >= 400 && reason == Reason::ProviderError {
-        // The provider refused before generating: nothing to charge beyond what it reported.
-        flight.waive_input_estimate();
     }
-    Ok(Outcome {
-        status,
-        reason,
-        error_code,
-    })
 }

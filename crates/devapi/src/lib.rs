@@ -24,6 +24,7 @@ pub mod local;
 pub mod pipeline;
 pub mod pool;
 pub mod query;
+pub mod rate_headers;
 pub mod ready;
 pub mod respond;
 pub mod route;

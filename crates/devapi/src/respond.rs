@@ -64,7 +64,7 @@ pub async fn error(
     request_id: &str,
     rate: &RateView,
 ) {
-    let mut extra = rate.headers();
+    let mut extra = crate::rate_headers::list(rate);
     if let ApiError::RateLimited {
         retry_after_secs, ..
     } = err

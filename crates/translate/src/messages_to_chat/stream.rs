@@ -123,36 +123,38 @@ impl StreamTranslator {
         )
     }
 
-    fn on_text(&mut self, text: &str, out: &mut Vec<Bytes>) {
+    /// Adds `delta` to the open block when it is of `kind`; otherwise closes the open block and
+    /// starts one of `kind` (`content_block`, built only then) for it.
+    fn extend_block(
+        &mut self,
+        kind: OpenKind,
+        content_block: impl FnOnce() -> Value,
+        delta: Value,
+        out: &mut Vec<Bytes>,
+    ) {
         let index = match &self.open {
-            Some(OpenBlock {
-                kind: OpenKind::Text,
-                index,
-            }) => *index,
-            _ => self.open_block(OpenKind::Text, json!({ "type": "text", "text": "" }), out),
+            Some(open) if open.kind == kind => open.index,
+            _ => self.open_block(kind, content_block(), out),
         };
-        out.push(Self::delta(
-            index,
+        out.push(Self::delta(index, delta));
+    }
+
+    fn on_text(&mut self, text: &str, out: &mut Vec<Bytes>) {
+        self.extend_block(
+            OpenKind::Text,
+            || json!({ "type": "text", "text": "" }),
             json!({ "type": "text_delta", "text": text }),
-        ));
+            out,
+        );
     }
 
     fn on_thinking(&mut self, text: &str, out: &mut Vec<Bytes>) {
-        let index = match &self.open {
-            Some(OpenBlock {
-                kind: OpenKind::Thinking,
-                index,
-            }) => *index,
-            _ => self.open_block(
-                OpenKind::Thinking,
-                json!({ "type": "thinking", "thinking": "", "signature": "" }),
-                out,
-            ),
-        };
-        out.push(Self::delta(
-            index,
+        self.extend_block(
+            OpenKind::Thinking,
+            || json!({ "type": "thinking", "thinking": "", "signature": "" }),
             json!({ "type": "thinking_delta", "thinking": text }),
-        ));
+            out,
+        );
     }
 
     fn on_tool_call(&mut self, call: &Value, out: &mut Vec<Bytes>) {
@@ -375,6 +377,27 @@ mod tests {
         (Some(name.to_string()), data)
     }
 
+    fn block_start(index: u64, block: Value) -> (Option<String>, Value) {
+        ev(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index, "content_block": block}),
+        )
+    }
+
+    fn block_delta(index: u64, delta: Value) -> (Option<String>, Value) {
+        ev(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": index, "delta": delta}),
+        )
+    }
+
+    fn block_stop(index: u64) -> (Option<String>, Value) {
+        ev(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        )
+    }
+
     fn feed(t: &mut StreamTranslator, chunks: &[String]) -> Vec<Bytes> {
         chunks.iter().flat_map(|c| t.on_event(None, c)).collect()
     }
@@ -392,49 +415,27 @@ mod tests {
                 "content": [], "stop_reason": null, "stop_sequence": null,
                 "usage": {"input_tokens": 0, "output_tokens": 0}}}),
             ),
-            ev(
-                "content_block_start",
-                json!({"type": "content_block_start", "index": 0,
-                "content_block": {"type": "text", "text": ""}}),
+            block_start(0, json!({"type": "text", "text": ""})),
+            block_delta(0, json!({"type": "text_delta", "text": "Let me"})),
+            block_delta(0, json!({"type": "text_delta", "text": " check."})),
+            block_stop(0),
+            block_start(
+                1,
+                json!({"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {}}),
             ),
-            ev(
-                "content_block_delta",
-                json!({"type": "content_block_delta", "index": 0,
-                "delta": {"type": "text_delta", "text": "Let me"}}),
+            block_delta(
+                1,
+                json!({"type": "input_json_delta", "partial_json": "{\"ci"}),
             ),
-            ev(
-                "content_block_delta",
-                json!({"type": "content_block_delta", "index": 0,
-                "delta": {"type": "text_delta", "text": " check."}}),
+            block_delta(
+                1,
+                json!({"type": "input_json_delta", "partial_json": "ty\": \"Par"}),
             ),
-            ev(
-                "content_block_stop",
-                json!({"type": "content_block_stop", "index": 0}),
+            block_delta(
+                1,
+                json!({"type": "input_json_delta", "partial_json": "is\"}"}),
             ),
-            ev(
-                "content_block_start",
-                json!({"type": "content_block_start", "index": 1,
-                "content_block": {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {}}}),
-            ),
-            ev(
-                "content_block_delta",
-                json!({"type": "content_block_delta", "index": 1,
-                "delta": {"type": "input_json_delta", "partial_json": "{\"ci"}}),
-            ),
-            ev(
-                "content_block_delta",
-                json!({"type": "content_block_delta", "index": 1,
-                "delta": {"type": "input_json_delta", "partial_json": "ty\": \"Par"}}),
-            ),
-            ev(
-                "content_block_delta",
-                json!({"type": "content_block_delta", "index": 1,
-                "delta": {"type": "input_json_delta", "partial_json": "is\"}"}}),
-            ),
-            ev(
-                "content_block_stop",
-                json!({"type": "content_block_stop", "index": 1}),
-            ),
+            block_stop(1),
             ev(
                 "message_delta",
                 json!({"type": "message_delta",
