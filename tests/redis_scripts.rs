@@ -465,7 +465,8 @@ async fn sweep_call(a: &mut Account, due: Option<&str>, user: &str, at: i64) -> 
 }
 
 /// One lease.lua call with no per-minute windows: (in-flight, unused, asked) tokens, one
-/// request asked for, and the settlements' token amounts. Returns the reply.
+/// request asked for, and the settlements' token amounts (one request each, paid as one sum).
+/// Returns the reply.
 async fn lease(
     a: &mut Account,
     now: i64,
@@ -482,10 +483,8 @@ async fn lease(
     inv.arg(NO_TIMEOUT).arg(3600).arg(4);
     inv.arg(kept.0).arg(0).arg(kept.1).arg(0);
     inv.arg(ask).arg(i64::from(ask > 0)).arg(10);
-    inv.arg(settled.len()).arg(0);
-    for tokens in settled {
-        inv.arg(*tokens).arg(1).arg(0).arg(0).arg(0);
-    }
+    inv.arg(settled.iter().sum::<i64>()).arg(settled.len());
+    inv.arg(0).arg(0);
     inv.invoke_async(&mut a.conn).await.unwrap()
 }
 
@@ -512,15 +511,13 @@ async fn a_lease_takes_a_quarter_at_most_and_a_drain_takes_it_back() {
     // account being drained, keeps nothing.
     let r = lease(&mut a, now + 100, (0, 210), 0, &[40]).await;
     assert_eq!(text(&r[0]), "exact");
-    let Value::Array(items) = &r[6] else {
+    let Value::Array(paid) = &r[6] else {
         panic!("settlements: {r:?}")
     };
-    let Value::Array(first) = &items[0] else {
-        panic!("breakdown: {items:?}")
-    };
     assert_eq!(
-        (text(&first[0]), text(&first[1])),
-        ("40".into(), "1".into())
+        paid.iter().map(text).collect::<Vec<_>>(),
+        ["40", "1", "0", "0"],
+        "paid from the allowance's room, nothing uncovered, no lots"
     );
     assert_eq!((a.meta("rt").await, a.meta("ft").await), (Some(0), Some(0)));
     assert_eq!(a.open().await, (0, 0), "the lease is gone");
@@ -529,5 +526,36 @@ async fn a_lease_takes_a_quarter_at_most_and_a_drain_takes_it_back() {
         a.reserve(now + 200, "big", 800, 1000, NO_TIMEOUT).await,
         Reply::Ok { .. }
     ));
+    a.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_lease_pays_its_settlements_as_one_sum_allowance_then_lots_then_the_rest() {
+    let Some(mut a) = Account::new().await else {
+        return;
+    };
+    let now = H * HOUR + 1_000;
+    a.load(&[]).await;
+    let expires = now + HOUR;
+    let _: () = a
+        .conn
+        .hset(&a.keys[3], "lot_a", format!("t,50,{expires},-1"))
+        .await
+        .unwrap();
+    // 1,100 tokens settled against 1,000 of allowance and a 50-token lot: the allowance's
+    // room, then the lot, then 50 that nothing covers (booked on the allowance all the same).
+    let r = lease(&mut a, now, (0, 0), 0, &[900, 200]).await;
+    let Value::Array(paid) = &r[6] else {
+        panic!("settlements: {r:?}")
+    };
+    assert_eq!(
+        paid.iter().map(text).collect::<Vec<_>>(),
+        ["1000", "2", "50", "0", "lot_a", "t", "50"]
+    );
+    assert_eq!(text(&r[3]), "1100", "the week's total counts all of it");
+    let lot: String = a.conn.hget(&a.keys[3], "lot_a").await.unwrap();
+    assert_eq!(lot, format!("t,0,{expires},-1"), "the lot is spent");
+    assert_eq!(a.meta("sa").await, Some(1050));
+    assert_eq!(a.meta("sl").await, Some(50));
     a.cleanup().await;
 }

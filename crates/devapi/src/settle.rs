@@ -363,9 +363,9 @@ pub fn new_event(user_id: &str, key_id: &str, model: &str, endpoint: &'static st
     }
 }
 
-/// Settles the reservation and records the event with its breakdown. In-process settlement is
-/// immediate; a Redis settlement runs on the storage runtime (it may be called from `Drop`),
-/// counted as pending so a flush waits for it.
+/// Settles the reservation and records the event with its breakdown once it is paid: at once in
+/// process, with the lease's next renewal when admitted against one, otherwise on the storage
+/// runtime (this may be called from `Drop`). Counted as pending so a flush waits for it.
 fn settle_and_record(
     state: &SharedApiState,
     r: Reservation,
@@ -373,22 +373,19 @@ fn settle_and_record(
     mut event: UsageEvent,
     admitted: Option<Hold>,
 ) {
-    let engine = state.quota.clone();
-    match engine.settle_now(r.ticket, used) {
-        Ok(b) => {
-            event.breakdown = Some(b);
-            state.usage.record(event, admitted);
-        }
-        Err(ticket) => {
-            let sink: UsageSink = state.usage.clone();
-            let pending = sink.begin_pending();
-            state.rt.spawn(async move {
-                let b = engine.settle(&ticket, used).await;
-                event.breakdown = Some(b);
-                sink.record(event, admitted);
-                drop(pending);
-            });
-        }
+    let sink: UsageSink = state.usage.clone();
+    let pending = state.quota.is_shared().then(|| sink.begin_pending());
+    let record = move |b| {
+        event.breakdown = Some(b);
+        sink.record(event, admitted);
+        drop(pending);
+    };
+    if let Err(later) = state.quota.settle_now(r.ticket, used, record) {
+        let engine = state.quota.clone();
+        state.rt.spawn(async move {
+            let b = engine.settle(&later.ticket, used).await;
+            (later.on_paid)(b);
+        });
     }
 }
 

@@ -4,8 +4,9 @@
 //! `L:<instance>`) carved atomically out of the account's balance, plus a chunk of each
 //! per-minute window the account's keys count in. Requests are admitted and settled here
 //! against it; every `FLUSH_EVERY` one `lease.lua` call per busy account pays what was settled
-//! (each settlement gets its own breakdown, allowance first then lots, as `settle.lua` gives),
-//! gives back what is not needed and carves the next share. Accounts are renewed concurrently,
+//! as one sum (split back per settlement in order, allowance first then lots, as paying each
+//! with `settle.lua` would: see `Paid`), gives back what is not needed and carves the next
+//! share. Settling never waits: the request's usage event is recorded once its share is known. Accounts are renewed concurrently,
 //! so on one Redis the calls of a round share one write on the connection.
 //!
 //! Exactness:
@@ -24,23 +25,20 @@
 //! of its traffic, doubled each time it runs out between renewals.
 
 use std::collections::HashMap;
-use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use redis::Value as RedisValue;
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::Notify;
 
 use super::limits::{WindowView, WINDOW_MS};
-use super::scripts::{account_keys, as_i64, as_string, breakdown, on_allowance, rate_key};
-use super::shared::{LoadError, Shared, Unreachable, ACCOUNT_TTL_SECS};
-use super::{RatePlan, RateView, Reservation, Ticket, Used};
-use crate::config::{QuotaConfig, TierLimits};
-use crate::domain::{Breakdown, Tier};
+use super::scripts::{account_keys, as_i64, as_string, on_allowance, rate_key, ACCOUNT_TTL_SECS};
+use super::{Later, OnPaid, RatePlan, RateView, Reservation, Ticket, Used};
+use crate::config::TierLimits;
+use crate::domain::{Breakdown, LotKind, Tier};
 use crate::identity::Identity;
 use crate::pricing::Weights;
-use crate::storage::Db;
 use crate::util::{now_ms, FastHash};
 
 /// How often busy accounts' settlements are paid and their leases renewed.
@@ -59,7 +57,7 @@ const HORIZON_MS: f64 = 500.0;
 /// The most requests one lease covers.
 const MAX_REQUESTS: f64 = 100_000.0;
 /// How long a request waits for a renewal in progress before it is reserved exactly.
-const WAIT_FOR_RENEWAL: Duration = Duration::from_millis(500);
+pub(super) const WAIT_FOR_RENEWAL: Duration = Duration::from_millis(500);
 /// How long a reservation refused while leases hold unused shares waits before asking again,
 /// and how often it asks.
 pub const DRAIN_WAIT: Duration = Duration::from_millis(RENEW_MS as u64 + 20);
@@ -80,14 +78,34 @@ struct Chunk {
     last_used: i64,
 }
 
-struct Pending {
-    ticket: Ticket,
-    used: Used,
-    done: oneshot::Sender<Breakdown>,
+/// A request settled against the lease, waiting for the renewal that pays it.
+pub(super) struct Pending {
+    pub(super) ticket: Ticket,
+    pub(super) used: Used,
+    on_paid: Option<OnPaid>,
+}
+
+impl Pending {
+    /// Hands the request its share of what the renewal paid.
+    pub(super) fn paid(mut self, b: Breakdown) {
+        if let Some(on_paid) = self.on_paid.take() {
+            on_paid(b);
+        }
+    }
+}
+
+impl Drop for Pending {
+    /// A settlement never paid (the lease went away with it) is still recorded, booked on
+    /// the allowance, so the usage record adds up and nothing waits for it forever.
+    fn drop(&mut self) {
+        if let Some(on_paid) = self.on_paid.take() {
+            on_paid(on_allowance(&self.ticket, self.used, now_ms()));
+        }
+    }
 }
 
 #[derive(Default)]
-struct Slot {
+pub(super) struct Slot {
     /// Tokens and requests the lease holds in Redis.
     held: [u64; 2],
     /// Held by admitted requests not settled yet.
@@ -97,7 +115,7 @@ struct Slot {
     pending_cost: [u64; 2],
     chunks: HashMap<String, Chunk>,
     exact_until: i64,
-    renewing: bool,
+    pub(super) renewing: bool,
     limits: TierLimits,
     unlimited: bool,
     /// What the next renewal must at least make room for (a request that did not fit).
@@ -133,13 +151,13 @@ impl Slot {
 }
 
 #[derive(Default)]
-struct Cell {
-    slot: Mutex<Slot>,
-    renewed: Notify,
+pub(super) struct Cell {
+    pub(super) slot: Mutex<Slot>,
+    pub(super) renewed: Notify,
 }
 
 /// What admission against the lease decided.
-enum Admit {
+pub(super) enum Admit {
     Granted(Box<Reservation>),
     /// Reserve this request on its own.
     Exact,
@@ -151,15 +169,14 @@ enum Admit {
 
 /// This instance's leases, by account.
 pub struct Leases {
-    id: String,
+    pub(super) id: String,
     cells: dashmap::DashMap<String, Arc<Cell>, FastHash>,
 }
 
 /// The arguments of one `lease.lua` call and what to do with its answer.
-struct Call {
-    keys: Vec<String>,
-    args: Vec<String>,
-    pending: Vec<Pending>,
+pub(super) struct Call {
+    pub(super) keys: Vec<String>,
+    pub(super) args: Vec<String>,
     /// Tokens and requests the lease keeps for admitted requests plus the unused part kept.
     kept: [u64; 2],
     scopes: Vec<String>,
@@ -175,7 +192,7 @@ impl Leases {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn admit(
+    pub(super) fn admit(
         &self,
         plan: &RatePlan,
         limits: &TierLimits,
@@ -279,26 +296,37 @@ impl Leases {
     }
 
     /// Moves a settled request from the lease's admitted ones to those the next renewal pays;
-    /// the breakdown arrives once it is paid.
-    fn settle(&self, t: &Ticket, used: Used) -> Option<oneshot::Receiver<Breakdown>> {
-        let cell = self.cells.get(&t.user_id)?.clone();
-        let (tx, rx) = oneshot::channel();
+    /// `on_paid` gets its breakdown once it is paid. Both come back when there is no lease.
+    pub(super) fn settle(&self, t: Ticket, used: Used, on_paid: OnPaid) -> Result<(), Later> {
+        let Some(cell) = self.cells.get(&t.user_id).map(|c| c.clone()) else {
+            return Err(Later {
+                ticket: Box::new(t),
+                on_paid,
+            });
+        };
         let mut s = cell.slot.lock();
         s.inflight[0] = s.inflight[0].saturating_sub(t.tokens);
         s.inflight[1] = s.inflight[1].saturating_sub(t.requests);
         s.pending_cost[0] += t.tokens;
         s.pending_cost[1] += t.requests;
         s.pending.push(Pending {
-            ticket: t.clone(),
+            ticket: t,
             used,
-            done: tx,
+            on_paid: Some(on_paid),
         });
-        Some(rx)
+        Ok(())
     }
 
-    /// Prepares one renewal of `user_id`'s lease; `None` when one is under way or there is no
-    /// lease. Admission waits until `finish` (the lease changes size in between).
-    fn begin(&self, prefix: &str, user_id: &str, timeout_ms: i64, now: i64) -> Option<Call> {
+    /// Prepares one renewal of `user_id`'s lease, with the settlements it pays; `None` when one
+    /// is under way or there is no lease. Admission waits until `finish` (the lease changes
+    /// size in between).
+    pub(super) fn begin(
+        &self,
+        prefix: &str,
+        user_id: &str,
+        timeout_ms: i64,
+        now: i64,
+    ) -> Option<(Call, Vec<Pending>)> {
         let cell = self.cells.get(user_id)?.clone();
         let mut guard = cell.slot.lock();
         let s = &mut *guard;
@@ -352,23 +380,33 @@ impl Leases {
                 }
             }
         };
-        let mut args: Vec<String> = Vec::with_capacity(20 + pending.len() * 5);
-        let mut items: Vec<String> = Vec::with_capacity(pending.len() * 5);
+        // The settlements are paid as one sum (split back per request from the answer, see
+        // `Paid`), and their token windows corrected once per window: the script's work does
+        // not grow with the traffic.
+        let mut settled = [0u64; 2];
+        let mut fixes: Vec<(&str, i64, [i64; 2])> = Vec::new();
         for p in &pending {
             let t = &p.ticket;
-            let w = if t.plan.itpm > 0 || t.plan.otpm > 0 {
-                index(rate_key(prefix, user_id, &t.plan.scope, t.minute))
-            } else {
-                0
-            };
-            items.extend([
-                t.charge(p.used).to_string(),
-                t.requests.to_string(),
-                w.to_string(),
-                (p.used.input_tokens as i64 - t.input_cost as i64).to_string(),
-                (p.used.output_tokens as i64 - t.output_cost as i64).to_string(),
-            ]);
+            settled[0] += t.charge(p.used);
+            settled[1] += t.requests;
+            if t.plan.itpm > 0 || t.plan.otpm > 0 {
+                let by = [
+                    p.used.input_tokens as i64 - t.input_cost as i64,
+                    p.used.output_tokens as i64 - t.output_cost as i64,
+                ];
+                let window = (t.plan.scope.as_str(), t.minute);
+                match fixes.iter_mut().find(|f| (f.0, f.1) == window) {
+                    Some(f) => (0..2).for_each(|d| f.2[d] += by[d]),
+                    None => fixes.push((window.0, window.1, by)),
+                }
+            }
         }
+        let mut items: Vec<String> = Vec::with_capacity(fixes.len() * 3);
+        for (scope, minute, by) in fixes.into_iter().filter(|f| f.2 != [0, 0]) {
+            items.push(index(rate_key(prefix, user_id, scope, minute)).to_string());
+            items.extend(by.map(|v| v.to_string()));
+        }
+        let mut args: Vec<String> = Vec::with_capacity(20 + items.len());
         s.chunks
             .retain(|_, c| now - c.last_used <= IDLE_MS || c.granted != [0; 3]);
         let mut scopes = Vec::new();
@@ -429,24 +467,26 @@ impl Leases {
             ask[0].to_string(),
             ask[1].to_string(),
             least.to_string(),
-            pending.len().to_string(),
+            settled[0].to_string(),
+            settled[1].to_string(),
+            (items.len() / 3).to_string(),
             scopes.len().to_string(),
         ]);
         args.extend(items);
         args.extend(scope_args);
-        Some(Call {
+        let call = Call {
             kept: [s.inflight[0] + free[0], s.inflight[1] + free[1]],
             keys,
             args,
-            pending,
             scopes,
             idle,
-        })
+        };
+        Some((call, pending))
     }
 
     /// Applies a renewal's answer: `granted` on top of what was kept (or, in `exact` mode,
     /// only what admitted requests hold), the scopes' new chunks, and lets admission go on.
-    fn finish(&self, user_id: &str, call: &Call, answer: Option<&Renewed>, now: i64) {
+    pub(super) fn finish(&self, user_id: &str, call: &Call, answer: Option<&Renewed>, now: i64) {
         let Some(cell) = self.cells.get(user_id).map(|c| c.clone()) else {
             return;
         };
@@ -488,7 +528,7 @@ impl Leases {
         }
     }
 
-    fn due(&self, now: i64) -> Vec<String> {
+    pub(super) fn due(&self, now: i64) -> Vec<String> {
         self.cells
             .iter()
             .filter(|e| e.value().slot.lock().due(now))
@@ -498,17 +538,17 @@ impl Leases {
 }
 
 /// A renewal's answer.
-struct Renewed {
+pub(super) struct Renewed {
     exact: bool,
     granted: [u64; 2],
-    weekly: u64,
-    top: Option<Tier>,
-    first: bool,
-    breakdowns: Vec<RedisValue>,
+    pub(super) weekly: u64,
+    pub(super) top: Option<Tier>,
+    pub(super) first: bool,
+    pub(super) paid: Paid,
     chunks: Vec<(Dims, Dims)>,
 }
 
-fn parse(reply: &[RedisValue]) -> Option<Renewed> {
+pub(super) fn parse(reply: &[RedisValue]) -> Option<Renewed> {
     let num = |i: usize| reply.get(i).and_then(as_i64).unwrap_or(0).max(0) as u64;
     let array = |i: usize| match reply.get(i) {
         Some(RedisValue::Array(a)) => a.clone(),
@@ -535,160 +575,163 @@ fn parse(reply: &[RedisValue]) -> Option<Renewed> {
             .and_then(|t| usize::try_from(t).ok())
             .and_then(|t| Tier::ALL.get(t).copied()),
         first: num(5) == 1,
-        breakdowns: array(6),
+        paid: Paid::read(&array(6)),
         chunks,
     })
 }
 
-impl Shared {
-    /// Admission against this instance's lease on the account. `None`: reserve the request on
-    /// its own (`reserve.lua`): the account is new here, drained, or its lease could not grow.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn reserve_leased(
-        &self,
-        db: &Db,
-        cfg: &QuotaConfig,
-        who: &Identity,
-        id: &str,
-        input: u64,
-        output: u64,
-        weights: Weights,
-    ) -> Option<Result<Reservation, Unreachable>> {
-        if !self.hints.contains_key(&who.user.id) {
-            // First sight on this instance: the exact path loads the account and its tier.
-            return None;
+/// What one renewal paid for all its settlements together: from the week's allowance (`room`),
+/// then lots soonest-expiring first, then what nothing covered, booked on the allowance all the
+/// same (`over`), per dimension (tokens, requests).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Paid {
+    room: [u64; 2],
+    lots: Vec<(String, LotKind, u64)>,
+    over: [u64; 2],
+}
+
+impl Paid {
+    /// From `lease.lua`'s answer: room tokens, room requests, uncovered tokens, uncovered
+    /// requests, then (lot id, kind, amount) triples.
+    fn read(items: &[RedisValue]) -> Paid {
+        let num = |i: usize| items.get(i).and_then(as_i64).unwrap_or(0).max(0) as u64;
+        let lots = items
+            .get(4..)
+            .unwrap_or_default()
+            .chunks_exact(3)
+            .map(|t| {
+                let kind = if as_string(&t[1]).as_deref() == Some("r") {
+                    LotKind::Request
+                } else {
+                    LotKind::Token
+                };
+                let id = as_string(&t[0]).unwrap_or_default();
+                (id, kind, as_i64(&t[2]).unwrap_or(0).max(0) as u64)
+            })
+            .collect();
+        Paid {
+            room: [num(0), num(1)],
+            lots,
+            over: [num(2), num(3)],
         }
-        let limits = *cfg.limits(self.tier_for(cfg, who));
-        let plan = RatePlan::for_key(who, &limits);
-        for _ in 0..3 {
-            match self
-                .leases
-                .admit(&plan, &limits, who, id, input, output, weights, now_ms())
-            {
-                Admit::Granted(r) => return Some(Ok(*r)),
-                Admit::Exact => return None,
-                Admit::Wait(cell) => {
-                    let mut renewed = pin!(cell.renewed.notified());
-                    renewed.as_mut().enable();
-                    if cell.slot.lock().renewing {
-                        let _ = tokio::time::timeout(WAIT_FOR_RENEWAL, renewed).await;
+    }
+
+    /// Each settlement's share, `amounts` being (tokens, requests) in the order they were
+    /// settled: what paying them one by one would have given each (allowance first, then
+    /// lots, then the uncovered rest on the allowance), since a sum paid in that order splits
+    /// at the same points.
+    pub(super) fn split(&self, user_id: &str, amounts: &[[u64; 2]], now: i64) -> Vec<Breakdown> {
+        let kinds = [LotKind::Token, LotKind::Request];
+        let mut room = self.room;
+        let mut over = self.over;
+        let mut lots: [Vec<(&str, u64)>; 2] = kinds.map(|kind| {
+            self.lots
+                .iter()
+                .filter(|l| l.1 == kind)
+                .map(|l| (l.0.as_str(), l.2))
+                .collect()
+        });
+        let mut next_lot = [0usize; 2];
+        amounts
+            .iter()
+            .map(|amount| {
+                let mut b = Breakdown {
+                    user_id: user_id.to_string(),
+                    at_ms: now,
+                    ..Breakdown::default()
+                };
+                for d in 0..2 {
+                    let mut need = amount[d];
+                    let from_room = need.min(room[d]);
+                    room[d] -= from_room;
+                    need -= from_room;
+                    let mut on_allowance = from_room;
+                    while need > 0 && next_lot[d] < lots[d].len() {
+                        let (id, left) = &mut lots[d][next_lot[d]];
+                        let n = need.min(*left);
+                        *left -= n;
+                        need -= n;
+                        if n > 0 {
+                            b.lots.push((id.to_string(), kinds[d], n));
+                        }
+                        if *left == 0 {
+                            next_lot[d] += 1;
+                        }
+                    }
+                    over[d] = over[d].saturating_sub(need);
+                    on_allowance += need;
+                    if d == 0 {
+                        b.allowance_tokens = on_allowance;
+                    } else {
+                        b.allowance_requests = on_allowance;
                     }
                 }
-                Admit::Renew => {
-                    let timeout_ms = cfg.reservation_timeout.as_millis() as i64;
-                    if let Err(e) = self.renew(db, &who.user.id, timeout_ms).await {
-                        return Some(Err(e));
-                    }
-                }
-            }
-        }
-        None
+                b
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Paid;
+    use crate::domain::LotKind;
+
+    fn lot(id: &str, kind: LotKind, n: u64) -> (String, LotKind, u64) {
+        (id.to_string(), kind, n)
     }
 
-    /// Settles a request admitted against a lease: paid with the lease's next renewal.
-    pub(super) async fn settle_leased(&self, db: &Db, t: &Ticket, used: Used) -> Breakdown {
-        let now = now_ms();
-        let Some(rx) = self.leases.settle(t, used) else {
-            // No lease here any more (cannot happen while the request is admitted): pay in
-            // process so the record still adds up.
-            return self.fallback.settle_loading(db, t, used, now).await;
+    #[test]
+    fn a_sum_paid_splits_as_if_each_settlement_had_been_paid_alone() {
+        // 100 tokens of allowance left, then lot a (50 tokens), lot b (30), then 20 uncovered;
+        // requests: 2 of allowance, then lot r (1).
+        let paid = Paid {
+            room: [100, 2],
+            lots: vec![
+                lot("a", LotKind::Token, 50),
+                lot("r", LotKind::Request, 1),
+                lot("b", LotKind::Token, 30),
+            ],
+            over: [20, 0],
         };
-        match rx.await {
-            Ok(b) => b,
-            Err(_) => on_allowance(t, used, now),
-        }
+        let b = paid.split("u", &[[60, 1], [70, 1], [70, 1]], 7);
+        let shares: Vec<_> = b
+            .iter()
+            .map(|b| (b.allowance_tokens, b.allowance_requests, b.lots.clone()))
+            .collect();
+        assert_eq!(
+            shares,
+            vec![
+                (60, 1, vec![]),
+                (40, 1, vec![lot("a", LotKind::Token, 30)]),
+                (
+                    20,
+                    0,
+                    vec![
+                        lot("a", LotKind::Token, 20),
+                        lot("b", LotKind::Token, 30),
+                        lot("r", LotKind::Request, 1),
+                    ]
+                ),
+            ]
+        );
+        assert!(b.iter().all(|b| b.user_id == "u" && b.at_ms == 7));
+        let total: u64 = b
+            .iter()
+            .map(|b| {
+                b.allowance_tokens
+                    + b.lots
+                        .iter()
+                        .filter(|l| l.1 == LotKind::Token)
+                        .map(|l| l.2)
+                        .sum::<u64>()
+            })
+            .sum();
+        assert_eq!(total, 200, "every token paid once");
     }
 
-    /// Renews every lease with something to do; run every `FLUSH_EVERY` by the keeper.
-    pub async fn renew_leases(&self, db: &Db, timeout_ms: i64) {
-        let due = self.leases.due(now_ms());
-        futures::future::join_all(due.iter().map(|u| async move {
-            if let Err(Unreachable(e)) = self.renew(db, u, timeout_ms).await {
-                log::warn!("{e}; lease of {u}");
-            }
-        }))
-        .await;
-    }
-
-    /// One `lease.lua` call for one account (see the module's doc). When Redis does not
-    /// answer, what was settled is paid in process (reconciled when Redis is back) and the
-    /// account's requests are reserved on their own for a while.
-    async fn renew(&self, db: &Db, user_id: &str, timeout_ms: i64) -> Result<(), Unreachable> {
-        let now = now_ms();
-        let Some(mut call) = self.leases.begin(&self.prefix, user_id, timeout_ms, now) else {
-            return Ok(());
-        };
-        let mut outcome = Err(Unreachable("redis is down".into()));
-        if !self.breaker.is_open() {
-            outcome = self.call_lease(db, user_id, &call).await;
-        }
-        match outcome {
-            Ok(r) => {
-                // A settlement the answer has no breakdown for is booked on the allowance
-                // (its sender dropped): the answer always has one each.
-                for (p, b) in std::mem::take(&mut call.pending)
-                    .into_iter()
-                    .zip(&r.breakdowns)
-                {
-                    let items = match b {
-                        RedisValue::Array(a) => a.as_slice(),
-                        _ => &[],
-                    };
-                    let _ = p.done.send(breakdown(items, 0, &p.ticket, now));
-                }
-                self.hints.insert(user_id.to_string(), (r.weekly, r.top));
-                if r.first {
-                    self.join_sweep(user_id, now).await;
-                }
-                self.leases.finish(user_id, &call, Some(&r), now_ms());
-                Ok(())
-            }
-            Err(e) => {
-                let pending = std::mem::take(&mut call.pending);
-                self.leases.finish(user_id, &call, None, now_ms());
-                self.orphans
-                    .lock()
-                    .entry(user_id.to_string())
-                    .or_default()
-                    .push(self.leases.id.clone());
-                for p in pending {
-                    let b = self
-                        .fallback
-                        .settle_loading(db, &p.ticket, p.used, now)
-                        .await;
-                    let _ = p.done.send(b);
-                }
-                Err(e)
-            }
-        }
-    }
-
-    async fn call_lease(
-        &self,
-        db: &Db,
-        user_id: &str,
-        call: &Call,
-    ) -> Result<Renewed, Unreachable> {
-        for _attempt in 0..2 {
-            let mut inv = self.lease.prepare_invoke();
-            for k in &call.keys {
-                inv.key(k);
-            }
-            for a in &call.args {
-                inv.arg(a);
-            }
-            let mut conn = self.conn();
-            let reply: Vec<RedisValue> = self.guarded("lease", inv.invoke_async(&mut conn)).await?;
-            if reply.first().and_then(as_string).as_deref() == Some("load") {
-                match self.load_account(db, user_id, now_ms()).await {
-                    Ok(()) => continue,
-                    Err(LoadError::Redis(e)) => return Err(e),
-                    Err(LoadError::Db(e)) => return Err(Unreachable(format!("quota load: {e}"))),
-                }
-            }
-            return parse(&reply)
-                .ok_or_else(|| Unreachable(format!("redis lease: unexpected reply {reply:?}")));
-        }
-        Err(Unreachable("redis lease: account not loaded".into()))
+    #[test]
+    fn nothing_settled_splits_into_nothing() {
+        assert!(Paid::default().split("u", &[], 0).is_empty());
     }
 }

@@ -2,8 +2,9 @@
 //! first loader wins, `load.lua`) and after an outage (`reload.lua`, which keeps the
 //! reservations and leases other instances hold).
 
+use super::scripts::ACCOUNT_TTL_SECS;
 use super::scripts::{account_keys, push_balance};
-use super::shared::{LoadError, Shared, ACCOUNT_TTL_SECS};
+use super::shared::{LoadError, Shared};
 use crate::domain::Lot;
 use crate::storage::Db;
 

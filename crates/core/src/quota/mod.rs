@@ -19,6 +19,7 @@ pub mod limits;
 mod loading;
 pub mod local;
 pub mod redis_conn;
+mod renewal;
 mod scripts;
 pub mod shared;
 pub mod tiers;
@@ -128,6 +129,16 @@ impl Ticket {
             used.output_tokens,
         )
     }
+}
+
+/// Receives a settlement's breakdown once it is paid.
+pub type OnPaid = Box<dyn FnOnce(Breakdown) + Send>;
+
+/// A settlement [`Engine::settle_now`] could not make without waiting: settle the ticket with
+/// [`Engine::settle`] on a task, then hand the breakdown to `on_paid`.
+pub struct Later {
+    pub ticket: Box<Ticket>,
+    pub on_paid: OnPaid,
 }
 
 /// A granted reservation. Settle it exactly once with `Engine::settle`; `InFlight` guarantees
@@ -264,12 +275,26 @@ impl Engine {
         }
     }
 
-    /// Settles synchronously when the engine can (in-process); otherwise gives the ticket back
-    /// for `settle`.
-    pub fn settle_now(&self, ticket: Ticket, used: Used) -> Result<Breakdown, Box<Ticket>> {
+    /// Settles without waiting where the engine can: in process at once, or into this
+    /// instance's lease on the account (`on_paid` runs when the lease's next renewal has paid
+    /// it, within `lease::FLUSH_EVERY`), so the request path never waits for Redis or spawns a
+    /// task per request. Otherwise both come back in [`Later`].
+    pub fn settle_now<F>(&self, ticket: Ticket, used: Used, on_paid: F) -> Result<(), Later>
+    where
+        F: FnOnce(Breakdown) + Send + 'static,
+    {
         match &self.backend {
-            Backend::Local(l) => Ok(l.settle(&ticket, used, now_ms())),
-            Backend::Shared(_) => Err(Box::new(ticket)),
+            Backend::Local(l) => {
+                on_paid(l.settle(&ticket, used, now_ms()));
+                Ok(())
+            }
+            Backend::Shared(s) if ticket.leased => {
+                s.settle_into_lease(ticket, used, Box::new(on_paid))
+            }
+            Backend::Shared(_) => Err(Later {
+                ticket: Box::new(ticket),
+                on_paid: Box::new(on_paid),
+            }),
         }
     }
 

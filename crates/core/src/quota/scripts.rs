@@ -8,6 +8,9 @@ use super::limits::WindowView;
 use super::{RateView, Ticket, Used};
 use crate::domain::{Breakdown, Lot, LotKind};
 
+/// Hot account state expires after this long unused; it reloads from the database.
+pub(super) const ACCOUNT_TTL_SECS: u64 = 8 * 24 * 3600;
+
 /// The account's keys, in the order the scripts take them: meta, reservations, spend buckets,
 /// lots, reservation start times. One hash tag, so a Redis Cluster keeps them on one node.
 pub fn account_keys(prefix: &str, user_id: &str) -> [String; 5] {

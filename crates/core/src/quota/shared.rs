@@ -25,7 +25,9 @@ use super::lease::{Leases, DRAIN_TRIES, DRAIN_WAIT};
 use super::limits::WINDOW_MS;
 use super::local::Local;
 use super::redis_conn::{Conn, Connector, RedisTarget};
-use super::scripts::{as_i64, as_string, breakdown, connection_lost, on_allowance, views};
+use super::scripts::{
+    as_i64, as_string, breakdown, connection_lost, on_allowance, views, ACCOUNT_TTL_SECS,
+};
 use super::{Denied, RatePlan, RateView, Reservation, Ticket, Used};
 use crate::config::{QuotaConfig, RedisOutage};
 use crate::domain::Breakdown;
@@ -39,9 +41,6 @@ use crate::util::FastHash;
 pub use super::scripts::{
     account_keys, rate_key, LEASE_LUA, LOAD_LUA, RELOAD_LUA, RESERVE_LUA, SETTLE_LUA, SWEEP_LUA,
 };
-
-/// Hot account state expires after this long unused; it reloads from the database.
-pub(super) const ACCOUNT_TTL_SECS: u64 = 8 * 24 * 3600;
 
 /// How often the keeper probes a Redis the breaker has given up on: the connection is back
 /// within this (plus a connect and the reconciliation) of Redis answering again.

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use super::scripts::ACCOUNT_TTL_SECS;
 use super::scripts::{account_keys, lot_value};
-use super::shared::{LoadError, Shared, Unreachable, ACCOUNT_TTL_SECS, MIN_CONNECT, SWEEP_BATCH};
+use super::shared::{LoadError, Shared, Unreachable, MIN_CONNECT, SWEEP_BATCH};
 use crate::domain::Lot;
 use crate::storage::Db;
 use crate::util::now_ms;

@@ -1,6 +1,7 @@
 -- Renew one instance's lease on one account, atomically: pay the settlements the instance made
--- against it since its last call, give back what it no longer needs, and carve a fresh share
--- of the account's balance and per-minute windows. account.lua is prepended.
+-- against it since its last call (as one sum: the instance splits what was paid back per
+-- request, in order), give back what it no longer needs, and carve a fresh share of the
+-- account's balance and per-minute windows. account.lua is prepended.
 --
 -- A lease is a reservation (id ARGV[2]) holding what the instance's admitted requests hold
 -- (kept whatever the balance says: they were admitted) plus unused tokens and requests it may
@@ -17,17 +18,18 @@
 --       6 reservation timeout ms, 7 account ttl seconds, 8 K,
 --       9, 10 tokens and requests held by admitted requests, 11, 12 unused tokens and requests,
 --       13, 14 tokens and requests asked for on top, 15 the least useful share of tokens,
---       16 number of settlements n, 17 number of scopes s,
---       then n settlements: tokens used, requests, window index (0: none), input correction,
---         output correction (actual - charged),
+--       16, 17 tokens and requests settled in all, 18 number of window corrections n,
+--       19 number of scopes s,
+--       then n corrections: window index, input correction, output correction (actual - charged),
 --       then s scopes: previous-minute window index, current-minute window index, caps (r, i, o),
 --         index of the window a chunk is given back to (0: none), its unused part (r, i, o), the
 --         whole chunk (r, i, o), the chunk asked for (r, i, o)
 -- Returns {'load'} when the account is not in Redis; otherwise
 -- {mode, tokens granted, requests granted, weekly_total_tokens, max_lot_tier, first,
 --  settlements, scopes}: mode 'lease', or 'exact' (drained: the lease now holds only what
--- admitted requests hold); first = 1 when the account held nothing before; settlements = for
--- each, {allowance_tokens, allowance_requests, lot_id, kind, amount, ...}; scopes = for each,
+-- admitted requests hold); first = 1 when the account held nothing before; settled =
+-- {allowance tokens, allowance requests, uncovered tokens, uncovered requests (booked on the
+-- allowance too), lot_id, kind, amount, ...}; scopes = for each,
 -- {chunk r, i, o, sliding count r, i, o before the chunk}.
 local now = tonumber(ARGV[1])
 local m = read_account(KEYS[1])
@@ -61,7 +63,9 @@ table.sort(active, function(a, b) return a.exp < b.exp end)
 local wt, wr = tonumber(ARGV[3]), tonumber(ARGV[4])
 local paid = {0, 0, 0, 0}
 local changed = {}
-local function take(kind, amount, room, out)
+local lots_taken = {}
+-- (from the allowance's room, uncovered)
+local function take(kind, amount, room)
   local from_allowance = math.min(amount, room)
   local rest = amount - from_allowance
   for _, lot in ipairs(active) do
@@ -71,11 +75,11 @@ local function take(kind, amount, room, out)
       lot.rem = lot.rem - n
       rest = rest - n
       changed[lot.id] = lot
-      table.insert(out, lot.id); table.insert(out, kind); table.insert(out, n)
+      table.insert(lots_taken, lot.id); table.insert(lots_taken, kind); table.insert(lots_taken, n)
       if kind == 't' then paid[3] = paid[3] + n else paid[4] = paid[4] + n end
     end
   end
-  return from_allowance + rest
+  return from_allowance, rest
 end
 local function correct(key, field, by)
   if by ~= 0 then
@@ -84,32 +88,30 @@ local function correct(key, field, by)
   end
 end
 
-local n_items, n_scopes = tonumber(ARGV[16]), tonumber(ARGV[17])
-local a = 18
-local items = {}
-for i = 1, n_items do
-  local used_t, used_r = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  local widx = tonumber(ARGV[a + 2])
-  local out = {0, 0}
-  local room_t = math.max(0, wt - m.sa - paid[1])
-  local room_r = BIG
-  if wr > 0 then room_r = math.max(0, wr - m.sr - paid[2]) end
-  out[1] = take('t', used_t, room_t, out)
-  out[2] = take('r', used_r, room_r, out)
-  paid[1] = paid[1] + out[1]
-  paid[2] = paid[2] + out[2]
-  if widx > 0 and redis.call('EXISTS', KEYS[W + widx]) == 1 then
-    correct(KEYS[W + widx], 'i', tonumber(ARGV[a + 3]))
-    correct(KEYS[W + widx], 'o', tonumber(ARGV[a + 4]))
+local used_t, used_r = tonumber(ARGV[16]), tonumber(ARGV[17])
+local n_fixes, n_scopes = tonumber(ARGV[18]), tonumber(ARGV[19])
+local room_r = BIG
+if wr > 0 then room_r = math.max(0, wr - m.sr) end
+local room_used_t, over_t = take('t', used_t, math.max(0, wt - m.sa))
+local room_used_r, over_r = take('r', used_r, room_r)
+paid[1] = room_used_t + over_t
+paid[2] = room_used_r + over_r
+local settled = {room_used_t, room_used_r, over_t, over_r}
+for _, v in ipairs(lots_taken) do table.insert(settled, v) end
+local a = 20
+for i = 1, n_fixes do
+  local widx = tonumber(ARGV[a])
+  if redis.call('EXISTS', KEYS[W + widx]) == 1 then
+    correct(KEYS[W + widx], 'i', tonumber(ARGV[a + 1]))
+    correct(KEYS[W + widx], 'o', tonumber(ARGV[a + 2]))
   end
-  items[i] = out
-  a = a + 5
+  a = a + 3
 end
 for id, lot in pairs(changed) do
   redis.call('HSET', KEYS[4], id, lot.kind .. ',' .. lot.rem .. ',' .. lot.exp .. ',' .. lot.tier)
 end
 local ttl = tonumber(ARGV[7])
-if n_items > 0 then spend_add(m, KEYS[3], now, ttl, paid[1], paid[2], paid[3], paid[4]) end
+if used_t + used_r > 0 then spend_add(m, KEYS[3], now, ttl, paid[1], paid[2], paid[3], paid[4]) end
 
 local K = tonumber(ARGV[8])
 local unlimited = ARGV[5] == '1'
@@ -216,4 +218,4 @@ if keep_t > 0 or keep_r > 0 then
   m.fr = m.fr + free_r + grant_r
 end
 write_account(KEYS[1], m)
-return {mode, grant_t, grant_r, m.sa + m.sl, max_tier, first, items, scope_out}
+return {mode, grant_t, grant_r, m.sa + m.sl, max_tier, first, settled, scope_out}

@@ -1,0 +1,180 @@
+//! The Redis engine's side of leases: admission against this instance's lease on an account,
+//! settlement into it, and the periodic `lease.lua` call that pays, gives back and renews
+//! (the bookkeeping itself is `lease`).
+
+use std::pin::pin;
+
+use redis::Value as RedisValue;
+use tokio::sync::oneshot;
+
+use super::lease::{Admit, Call, Renewed, WAIT_FOR_RENEWAL};
+use super::scripts::{as_string, on_allowance};
+use super::shared::{LoadError, Shared, Unreachable};
+use super::{Later, OnPaid, RatePlan, Reservation, Ticket, Used};
+use crate::config::QuotaConfig;
+use crate::domain::Breakdown;
+use crate::identity::Identity;
+use crate::pricing::Weights;
+use crate::storage::Db;
+use crate::util::now_ms;
+
+impl Shared {
+    /// Admission against this instance's lease on the account. `None`: reserve the request on
+    /// its own (`reserve.lua`): the account is new here, drained, or its lease could not grow.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn reserve_leased(
+        &self,
+        db: &Db,
+        cfg: &QuotaConfig,
+        who: &Identity,
+        id: &str,
+        input: u64,
+        output: u64,
+        weights: Weights,
+    ) -> Option<Result<Reservation, Unreachable>> {
+        if !self.hints.contains_key(&who.user.id) {
+            // First sight on this instance: the exact path loads the account and its tier.
+            return None;
+        }
+        let limits = *cfg.limits(self.tier_for(cfg, who));
+        let plan = RatePlan::for_key(who, &limits);
+        for _ in 0..3 {
+            match self
+                .leases
+                .admit(&plan, &limits, who, id, input, output, weights, now_ms())
+            {
+                Admit::Granted(r) => return Some(Ok(*r)),
+                Admit::Exact => return None,
+                Admit::Wait(cell) => {
+                    let mut renewed = pin!(cell.renewed.notified());
+                    renewed.as_mut().enable();
+                    if cell.slot.lock().renewing {
+                        let _ = tokio::time::timeout(WAIT_FOR_RENEWAL, renewed).await;
+                    }
+                }
+                Admit::Renew => {
+                    let timeout_ms = cfg.reservation_timeout.as_millis() as i64;
+                    if let Err(e) = self.renew(db, &who.user.id, timeout_ms).await {
+                        return Some(Err(e));
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Settles a request admitted against a lease without waiting: `on_paid` gets its
+    /// breakdown when the lease's next renewal has paid it. `Err` gives `on_paid` back when
+    /// there is no lease (cannot happen while the request is admitted).
+    pub(super) fn settle_into_lease(
+        &self,
+        t: Ticket,
+        used: Used,
+        on_paid: OnPaid,
+    ) -> Result<(), Later> {
+        self.leases.settle(t, used, on_paid)
+    }
+
+    /// Settles a request admitted against a lease and waits until it is paid.
+    pub(super) async fn settle_leased(&self, db: &Db, t: &Ticket, used: Used) -> Breakdown {
+        let now = now_ms();
+        let (tx, rx) = oneshot::channel();
+        let on_paid: OnPaid = Box::new(move |b| {
+            let _ = tx.send(b);
+        });
+        if self.leases.settle(t.clone(), used, on_paid).is_err() {
+            // No lease here any more: pay in process so the record still adds up.
+            return self.fallback.settle_loading(db, t, used, now).await;
+        }
+        rx.await.unwrap_or_else(|_| on_allowance(t, used, now))
+    }
+
+    /// Renews every lease with something to do; run every `FLUSH_EVERY` by the keeper.
+    pub async fn renew_leases(&self, db: &Db, timeout_ms: i64) {
+        let due = self.leases.due(now_ms());
+        futures::future::join_all(due.iter().map(|u| async move {
+            if let Err(Unreachable(e)) = self.renew(db, u, timeout_ms).await {
+                log::warn!("{e}; lease of {u}");
+            }
+        }))
+        .await;
+    }
+
+    /// One `lease.lua` call for one account (see the module's doc). When Redis does not
+    /// answer, what was settled is paid in process (reconciled when Redis is back) and the
+    /// account's requests are reserved on their own for a while.
+    async fn renew(&self, db: &Db, user_id: &str, timeout_ms: i64) -> Result<(), Unreachable> {
+        let now = now_ms();
+        let Some((call, pending)) = self.leases.begin(&self.prefix, user_id, timeout_ms, now)
+        else {
+            return Ok(());
+        };
+        let mut outcome = Err(Unreachable("redis is down".into()));
+        if !self.breaker.is_open() {
+            outcome = self.call_lease(db, user_id, &call).await;
+        }
+        match outcome {
+            Ok(r) => {
+                let amounts: Vec<[u64; 2]> = pending
+                    .iter()
+                    .map(|p| [p.ticket.charge(p.used), p.ticket.requests])
+                    .collect();
+                let shares = r.paid.split(user_id, &amounts, now);
+                self.hints.insert(user_id.to_string(), (r.weekly, r.top));
+                self.leases.finish(user_id, &call, Some(&r), now_ms());
+                for (p, b) in pending.into_iter().zip(shares) {
+                    p.paid(b);
+                }
+                if r.first {
+                    self.join_sweep(user_id, now).await;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.leases.finish(user_id, &call, None, now_ms());
+                self.orphans
+                    .lock()
+                    .entry(user_id.to_string())
+                    .or_default()
+                    .push(self.leases.id.clone());
+                for p in pending {
+                    let b = self
+                        .fallback
+                        .settle_loading(db, &p.ticket, p.used, now)
+                        .await;
+                    p.paid(b);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn call_lease(
+        &self,
+        db: &Db,
+        user_id: &str,
+        call: &Call,
+    ) -> Result<Renewed, Unreachable> {
+        for _attempt in 0..2 {
+            let mut inv = self.lease.prepare_invoke();
+            for k in &call.keys {
+                inv.key(k);
+            }
+            for a in &call.args {
+                inv.arg(a);
+            }
+            let mut conn = self.conn();
+            let reply: Vec<RedisValue> = self.guarded("lease", inv.invoke_async(&mut conn)).await?;
+            if reply.first().and_then(as_string).as_deref() == Some("load") {
+                match self.load_account(db, user_id, now_ms()).await {
+                    Ok(()) => continue,
+                    Err(LoadError::Redis(e)) => return Err(e),
+                    Err(LoadError::Db(e)) => return Err(Unreachable(format!("quota load: {e}"))),
+                }
+            }
+            return super::lease::parse(&reply)
+                .ok_or_else(|| Unreachable(format!("redis lease: unexpected reply {reply:?}")));
+        }
+        Err(Unreachable("redis lease: account not loaded".into()))
+    }
+}
