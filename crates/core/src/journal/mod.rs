@@ -2,13 +2,13 @@
 //!
 //! Usage events wait in memory for the usage writer's next batch; a process killed in that
 //! window used to lose them. The journal closes the window: every admitted request appends one
-//! line when it is admitted (`a`) and one when it is settled (`s`, the whole event), each with a
-//! single `write(2)` on an `O_APPEND` file, so the line is in the kernel's page cache before the
-//! answer completes and a killed process loses none of it. A background thread `fdatasync`s the
-//! file every sync interval, so a machine crash loses at most that window.
+//! line when it is admitted (`a`) and one when it is settled (`s`, the whole event), each copied
+//! into a memory-mapped segment file ([`segment`]), so the line is in the kernel's page cache
+//! before the answer completes and a killed process loses none of it. A background thread syncs
+//! the segment every sync interval, so a machine crash loses at most that window.
 //!
 //! Each process writes its own numbered segments (`<path>.<owner>.<n>`, `owner` drawn at start)
-//! and holds a lock on `<path>.<owner>.lock` while it lives. The journal is cut into segments. A segment is deleted once it has
+//! and holds a lock on `<path>.<owner>.lock` while it lives. A segment is deleted once it has
 //! been rotated out and every event it mentions has been committed to the database: each queued
 //! event holds the segments of its admission and of its settlement ([`Mark`]) until the usage
 //! writer commits it. At start (and every few seconds after), the segments of processes whose
@@ -17,13 +17,14 @@
 //! `counted:interrupted`, then they are deleted. A live process's segments (the old process of
 //! a graceful upgrade, still draining) are left to it.
 
+mod segment;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
@@ -32,10 +33,15 @@ use crate::storage::{Db, UsageEvent};
 
 use crate::domain::{Breakdown, LotKind};
 
+use segment::{lines, owned_path, Segment};
+
 /// A segment is rotated out past this size, or this age when it holds anything: old lines are
 /// replayed at start (idempotently), so a segment that lives long makes the next start slower.
 const SEGMENT_BYTES: u64 = 8 << 20;
 const SEGMENT_AGE: Duration = Duration::from_secs(10);
+/// A segment's allocated size: room past `SEGMENT_BYTES` for the lines appended before the
+/// sync thread's next rotation. A line that finds it full rotates the segment itself.
+const SEGMENT_CAPACITY: u64 = 16 << 20;
 
 /// The settlement recorded for an admission whose process died before settling it.
 pub const INTERRUPTED: &str = "counted:interrupted";
@@ -44,39 +50,18 @@ pub struct Journal {
     base: PathBuf,
     /// This process's name in its segment and lock file names.
     owner: String,
+    capacity: u64,
     current: ArcSwap<Segment>,
-    /// The segment rotated out at the last tick: synced once more (a request may have appended
-    /// to it after the rotation), then let go.
-    previous: Mutex<Option<Arc<Segment>>>,
+    /// Segments rotated out since the last tick: synced once more (a request may have appended
+    /// to one after the rotation), then let go.
+    previous: Mutex<Vec<Arc<Segment>>>,
+    /// Held while a segment is replaced, so two rotations of the same segment make one.
+    rotating: Mutex<()>,
     next_seq: AtomicU64,
     dirty: AtomicBool,
     /// Held for the life of the process: the `flock` on `<path>.<owner>.lock`, which tells
     /// other processes these segments are not to be swept.
     _lock: File,
-}
-
-/// One journal file. Deleted when dropped after rotation: the last holder is the last queued
-/// event that mentions it, dropped once the usage writer has committed it.
-pub struct Segment {
-    path: PathBuf,
-    file: File,
-    bytes: AtomicU64,
-    opened: Instant,
-    retired: AtomicBool,
-    /// Set when a line's holder went away without its event being committed (a settlement
-    /// task dropped at exit): the file must then stay for the next start's replay.
-    keep: AtomicBool,
-    warned: AtomicBool,
-}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        if self.retired.load(Ordering::Acquire) && !self.keep.load(Ordering::Acquire) {
-            if let Err(e) = std::fs::remove_file(&self.path) {
-                log::warn!("usage journal: cannot remove {}: {e}", self.path.display());
-            }
-        }
-    }
 }
 
 /// A journal line whose event is not committed yet: keeps its segment on disk. Let go with
@@ -182,13 +167,15 @@ enum Line<'a> {
 
 impl Journal {
     /// Opens `owner`'s first segment, holding its lock.
-    fn open(base: PathBuf, owner: String, lock: File) -> Result<Journal, String> {
-        let first = Segment::create(&base, &owner, 1)?;
+    fn open(base: PathBuf, owner: String, lock: File, capacity: u64) -> Result<Journal, String> {
+        let first = Segment::create(segment_path(&base, &owner, 1), capacity)?;
         Ok(Journal {
             base,
             owner,
+            capacity,
             current: ArcSwap::from_pointee(first),
-            previous: Mutex::new(None),
+            previous: Mutex::new(Vec::new()),
+            rotating: Mutex::new(()),
             next_seq: AtomicU64::new(2),
             dirty: AtomicBool::new(false),
             _lock: lock,
@@ -245,25 +232,34 @@ impl Journal {
         self.append(&line)
     }
 
-    /// One `write(2)` of one line: on an `O_APPEND` file concurrent appends do not interleave.
+    /// Copies one line into the current segment; a full segment is rotated first.
     fn append(&self, line: &Line<'_>) -> Hold {
-        let seg = self.current.load_full();
         let mut buf = Vec::with_capacity(320);
         // Serialising plain fields into a Vec cannot fail.
         let _ = serde_json::to_writer(&mut buf, line);
         buf.push(b'\n');
-        match (&seg.file).write_all(&buf) {
-            Ok(()) => {
-                seg.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        let mut seg = self.current.load_full();
+        // Full again right after a rotation means rotating failed: the line is given up.
+        for _ in 0..2 {
+            if seg.put(&buf) {
                 self.dirty.store(true, Ordering::Relaxed);
+                return Hold {
+                    segment: seg,
+                    released: false,
+                };
             }
-            Err(e) => {
-                // The event still goes to the database from memory; only its crash safety is
-                // lost. Said once per segment, not once per request.
-                if !seg.warned.swap(true, Ordering::Relaxed) {
-                    log::error!("usage journal {}: append failed: {e}", seg.path.display());
-                }
+            if let Err(e) = self.rotate(&seg) {
+                log::warn!("usage journal: cannot rotate: {e}");
             }
+            seg = self.current.load_full();
+        }
+        // The event still goes to the database from memory; only its crash safety is lost.
+        // Said once per segment, not once per request.
+        if !seg.warned.swap(true, Ordering::Relaxed) {
+            log::error!(
+                "usage journal {}: full, lines are not kept",
+                seg.path.display()
+            );
         }
         Hold {
             segment: seg,
@@ -271,33 +267,41 @@ impl Journal {
         }
     }
 
+    /// Replaces `full` with a fresh segment, unless another thread has done so already.
+    fn rotate(&self, full: &Arc<Segment>) -> Result<(), String> {
+        let _one = self.rotating.lock().unwrap_or_else(|p| p.into_inner());
+        if !Arc::ptr_eq(&self.current.load(), full) {
+            return Ok(());
+        }
+        let n = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let next = Segment::create(segment_path(&self.base, &self.owner, n), self.capacity)?;
+        let old = self.current.swap(Arc::new(next));
+        old.retired.store(true, Ordering::Release);
+        self.previous
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(old);
+        Ok(())
+    }
+
     /// Syncs what was appended since the last tick and rotates the segment when it is big or
     /// old. Runs on the journal's own thread, never on a request.
     fn tick(&self) {
-        let previous = self
-            .previous
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(prev) = previous {
-            let _ = prev.file.sync_data();
+        let previous =
+            std::mem::take(&mut *self.previous.lock().unwrap_or_else(|p| p.into_inner()));
+        for prev in previous {
+            let _ = prev.sync();
         }
         let seg = self.current.load_full();
         if self.dirty.swap(false, Ordering::Relaxed) {
-            if let Err(e) = seg.file.sync_data() {
+            if let Err(e) = seg.sync() {
                 log::warn!("usage journal {}: sync failed: {e}", seg.path.display());
             }
         }
-        let bytes = seg.bytes.load(Ordering::Relaxed);
-        if bytes >= SEGMENT_BYTES || (bytes > 0 && seg.opened.elapsed() >= SEGMENT_AGE) {
-            let n = self.next_seq.fetch_add(1, Ordering::Relaxed);
-            match Segment::create(&self.base, &self.owner, n) {
-                Ok(next) => {
-                    let old = self.current.swap(Arc::new(next));
-                    old.retired.store(true, Ordering::Release);
-                    *self.previous.lock().unwrap_or_else(|p| p.into_inner()) = Some(old);
-                }
-                Err(e) => log::warn!("usage journal: cannot rotate: {e}"),
+        let used = seg.used();
+        if used >= SEGMENT_BYTES || (used > 0 && seg.age() >= SEGMENT_AGE) {
+            if let Err(e) = self.rotate(&seg) {
+                log::warn!("usage journal: cannot rotate: {e}");
             }
         }
     }
@@ -318,32 +322,6 @@ impl Journal {
             log::error!("usage journal: cannot start its sync thread: {e}");
         }
     }
-}
-
-impl Segment {
-    fn create(base: &Path, owner: &str, n: u64) -> Result<Segment, String> {
-        let path = segment_path(base, owner, n);
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(|e| format!("cannot open usage journal {}: {e}", path.display()))?;
-        Ok(Segment {
-            path,
-            file,
-            bytes: AtomicU64::new(0),
-            opened: Instant::now(),
-            retired: AtomicBool::new(false),
-            keep: AtomicBool::new(false),
-            warned: AtomicBool::new(false),
-        })
-    }
-}
-
-fn owned_path(base: &Path, owner: &str, tail: &str) -> PathBuf {
-    let mut name = base.as_os_str().to_owned();
-    name.push(format!(".{owner}.{tail}"));
-    PathBuf::from(name)
 }
 
 fn segment_path(base: &Path, owner: &str, n: u64) -> PathBuf {
@@ -427,7 +405,10 @@ pub async fn replay(base: PathBuf, db: &Db) -> Result<(Arc<Journal>, Replayed), 
     let lock = try_lock(&base, &owner)?
         .ok_or_else(|| format!("usage journal {}: cannot lock a fresh file", base.display()))?;
     let replayed = sweep(&base, &owner, db).await?;
-    Ok((Arc::new(Journal::open(base, owner, lock)?), replayed))
+    Ok((
+        Arc::new(Journal::open(base, owner, lock, SEGMENT_CAPACITY)?),
+        replayed,
+    ))
 }
 
 /// Records the segments of every process that is gone (its lock is free: settled events as
@@ -484,28 +465,26 @@ impl Journal {
 }
 
 /// Reads the segments into (settled events, interrupted admissions). A line that does not
-/// parse (the torn tail of a machine crash) is skipped.
+/// parse (cut short by a machine crash, or by a kill while it was being copied) is skipped.
 fn read_segments(found: &[(u64, PathBuf)]) -> Result<(Vec<UsageEvent>, Vec<UsageEvent>), String> {
     let mut settled: HashMap<String, UsageEvent> = HashMap::new();
     let mut admitted: HashMap<String, UsageEvent> = HashMap::new();
     let mut skipped = 0usize;
     for (_, path) in found {
-        let file = match File::open(path) {
-            Ok(f) => f,
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
             // Swept by another process meanwhile.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
         };
-        for line in BufReader::new(file).split(b'\n') {
-            let line = line.map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            match serde_json::from_slice::<Line<'_>>(&line) {
+        for line in lines(&bytes) {
+            match serde_json::from_slice::<Line<'_>>(line) {
                 Ok(Line::Admitted(a)) => {
                     admitted.insert(a.id.to_owned(), interrupted_event(&a));
                 }
                 Ok(Line::Settled(s)) => {
                     settled.insert(s.id.to_owned(), settled_event(s));
                 }
-                Err(_) if line.is_empty() => {}
                 Err(_) => skipped += 1,
             }
         }
@@ -610,6 +589,8 @@ fn intern(s: &str) -> &'static str {
 mod tests {
     use super::*;
 
+    const TEST_CAPACITY: u64 = 1 << 16;
+
     fn event(id: &str) -> UsageEvent {
         UsageEvent {
             id: id.into(),
@@ -639,16 +620,17 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let base = dir.path().join("usage.journal");
         let held = try_lock(&base, "a").expect("lock").expect("free");
-        let j = Journal::open(base.clone(), "a".into(), held).expect("open");
+        let j = Journal::open(base.clone(), "a".into(), held, TEST_CAPACITY).expect("open");
         let done = event("evt_done");
         let cut = event("evt_cut");
         let _a1 = j.admit(&done, 9);
         let _a2 = j.admit(&cut, 11);
+        // Bytes reserved by a writer killed before it copied its line stay zeros, and the
+        // lines after them are read.
+        assert!(j.current.load().put(&[0; 40]));
         let _s1 = j.settle(&done);
-        // A torn tail is skipped.
-        (&j.current.load().file)
-            .write_all(b"{\"t\":\"s\",\"id\":\"ev")
-            .expect("write");
+        // A line cut short is skipped.
+        assert!(j.current.load().put(b"{\"t\":\"s\",\"id\":\"ev"));
         let found = segments(&base).expect("segments");
         assert_eq!(found.len(), 1);
         let (settled, interrupted) = read_segments(&found["a"]).expect("read");
@@ -668,13 +650,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let base = dir.path().join("j");
         let lock = try_lock(&base, "b").expect("lock").expect("free");
-        let j = Journal::open(base.clone(), "b".into(), lock).expect("open");
+        let j = Journal::open(base.clone(), "b".into(), lock, TEST_CAPACITY).expect("open");
         let held = j.admit(&event("evt_1"), 1);
         let unwritten = j.admit(&event("evt_2"), 1);
         let path = held.segment.path.clone();
-        // Force a rotation.
-        held.segment.bytes.store(SEGMENT_BYTES, Ordering::Relaxed);
-        j.tick();
+        j.rotate(&held.segment).expect("rotate");
         j.tick();
         assert!(path.exists(), "an event still mentions it");
         held.release();
@@ -686,10 +666,32 @@ mod tests {
         // A hold dropped without its event committed (the process ending) keeps its segment.
         let lost = j.admit(&event("evt_3"), 1);
         let path = lost.segment.path.clone();
-        lost.segment.bytes.store(SEGMENT_BYTES, Ordering::Relaxed);
-        j.tick();
+        j.rotate(&lost.segment).expect("rotate");
         j.tick();
         drop(lost);
         assert!(path.exists());
+    }
+
+    #[test]
+    fn a_line_that_finds_its_segment_full_rotates_it_and_every_line_is_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = dir.path().join("j");
+        let lock = try_lock(&base, "c").expect("lock").expect("free");
+        // Room for a few lines a segment.
+        let j = Journal::open(base.clone(), "c".into(), lock, 1024).expect("open");
+        let mut holds = Vec::new();
+        for n in 0..20 {
+            let e = event(&format!("evt_{n}"));
+            holds.push(j.admit(&e, 1));
+            holds.push(j.settle(&e));
+        }
+        let found = segments(&base).expect("segments");
+        assert!(found["c"].len() > 3, "{:?}", found["c"]);
+        let (settled, interrupted) = read_segments(&found["c"]).expect("read");
+        assert_eq!(settled.len(), 20);
+        assert!(interrupted.is_empty());
+        assert!(holds
+            .iter()
+            .all(|h| !h.segment.warned.load(Ordering::Relaxed)));
     }
 }
