@@ -21,8 +21,7 @@ use memmap2::{MmapOptions, MmapRaw};
 pub struct Segment {
     pub(super) path: PathBuf,
     map: MmapRaw,
-    capacity: u64,
-    /// Bytes handed out so far; passes `capacity` once a line did not fit.
+    /// Bytes handed out so far; passes the mapping's length once a line did not fit.
     reserved: AtomicU64,
     opened: Instant,
     pub(super) retired: AtomicBool,
@@ -66,7 +65,6 @@ impl Segment {
         Ok(Segment {
             path,
             map,
-            capacity,
             reserved: AtomicU64::new(0),
             opened: Instant::now(),
             retired: AtomicBool::new(false),
@@ -81,12 +79,12 @@ impl Segment {
     pub fn put(&self, line: &[u8]) -> bool {
         let len = line.len() as u64;
         let at = self.reserved.fetch_add(len, Ordering::Relaxed);
-        if at.saturating_add(len) > self.capacity {
+        if at.saturating_add(len) > self.capacity() {
             return false;
         }
         // `at..at + len` lies inside the mapping and was handed out to this call alone by the
         // `fetch_add` above; the mapping lives as long as `self`. `at` fits in usize because
-        // the capacity did (`create`).
+        // the mapping's length is a usize.
         #[allow(clippy::cast_possible_truncation)]
         let at = at as usize;
         // SAFETY: see above: in bounds, not aliased by any other writer, and `line` is a
@@ -97,9 +95,13 @@ impl Segment {
         true
     }
 
+    fn capacity(&self) -> u64 {
+        self.map.len() as u64
+    }
+
     /// Bytes holding lines (or reserved for lines being copied).
     pub fn used(&self) -> u64 {
-        self.reserved.load(Ordering::Relaxed).min(self.capacity)
+        self.reserved.load(Ordering::Relaxed).min(self.capacity())
     }
 
     pub fn age(&self) -> Duration {
