@@ -1,6 +1,7 @@
 //! Crash safety of metering: a gateway killed with SIGKILL under load leaves exactly one usage
-//! event per admitted request once it starts again (the usage journal), and requests that were
-//! still in flight are recorded as `counted:interrupted`.
+//! event per admitted request once it starts again (the usage journal), requests that were
+//! still in flight are recorded as `counted:interrupted` and charged what they reserved, and a
+//! journal is only ever replayed into the database it was written for.
 
 mod common;
 
@@ -28,6 +29,18 @@ fn hold_events_in_memory(gw: &Gateway) {
 fn chat(stream: bool) -> Value {
     json!({"model": "mock-gpt", "stream": stream,
            "messages": [{"role": "user", "content": "hello there"}]})
+}
+
+/// Tokens the database's balance records as spent (allowance and lots), all accounts.
+async fn spent_tokens(gw: &Gateway) -> i64 {
+    let db = gw.db().await;
+    let spent: Option<i64> = sqlx::query_scalar(
+        "SELECT CAST(SUM(allowance_tokens + lot_tokens) AS BIGINT) FROM quota_spend",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    spent.unwrap_or(0)
 }
 
 fn journal_segments(gw: &Gateway) -> Vec<String> {
@@ -130,8 +143,18 @@ async fn kill_9_under_load_then_restart_records_every_admitted_request_once() {
         assert_eq!(e["model"], "mock-gpt");
         assert_eq!(e["endpoint"], "chat_completions");
         // What was known at admission: the input estimate.
-        assert!(e["input_tokens"].as_i64().unwrap() > 0, "{e}");
+        let input = e["input_tokens"].as_i64().unwrap();
+        assert!(input > 0, "{e}");
+        // Charged what admission reserved: the input estimate and the model's default output
+        // (256 for mock-gpt), never nothing.
+        assert_eq!(e["quota_charged"].as_i64(), Some(input + 256), "{e}");
     }
+    // The balance paid exactly what the events were charged, the interrupted ones included.
+    let charged: i64 = events
+        .iter()
+        .map(|e| e["quota_charged"].as_i64().unwrap())
+        .sum();
+    assert_eq!(spent_tokens(&gw).await, charged);
     // The replayed segments are gone; one fresh segment is open.
     assert_eq!(
         journal_segments(&gw).len(),
@@ -228,4 +251,108 @@ async fn a_live_process_records_what_a_killed_one_left_in_the_journal() {
     gw.spawn();
     let events = gw.usage_events().await;
     assert_eq!(events.len(), 2, "{events:#?}");
+}
+
+/// Serves `n` whole chat requests and returns once each has its answer.
+async fn serve(gw: &Gateway, key: &str, n: usize) {
+    let c = client();
+    for _ in 0..n {
+        let r = c
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&chat(false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    // The settlement line is appended just after the answer's last byte leaves.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+/// Two deployments started from one directory (the default journal path `data/usage.journal`
+/// is the same for both) each with its own database: what one leaves in the journal when it is
+/// killed is never recorded into the other's database; each records its own when it restarts.
+#[tokio::test]
+async fn two_deployments_sharing_a_data_directory_keep_their_own_journals() {
+    let mock = Mock::start(&[]);
+    let mut a = Gateway::start(&mock, options());
+    let data = a.dir.path().join("data");
+    // B: another database, the same data directory (journal and secrets), its own pid file
+    // and upgrade socket.
+    let mut b = Gateway::start(
+        &mock,
+        Options {
+            server_toml: format!(
+                "pid_file = \"{0}/b.pid\"\nupgrade_sock = \"{0}/b.sock\"",
+                data.display()
+            ),
+            ..options()
+        },
+    );
+    b.kill();
+    let text = std::fs::read_to_string(&b.config_path).unwrap();
+    let b_data = format!("dir = \"{}/data\"", b.dir.path().display());
+    assert!(text.contains(&b_data), "{text}");
+    std::fs::write(
+        &b.config_path,
+        text.replace(&b_data, &format!("dir = \"{}\"", data.display())),
+    )
+    .unwrap();
+    assert_ne!(a.database_url, b.database_url);
+
+    let key_a = a.user_with_key("a@example.com", &[]);
+    let key_b = b.user_with_key("b@example.com", &[]);
+    a.kill();
+    hold_events_in_memory(&a);
+    hold_events_in_memory(&b);
+
+    // A serves and is killed with every event still in memory and journal.
+    a.spawn();
+    serve(&a, &key_a, 6).await;
+    assert!(a.usage_events().await.is_empty());
+    a.kill();
+
+    // B starts in the same directory: A's segments are not B's to record.
+    b.spawn();
+    serve(&b, &key_b, 3).await;
+    let mut warned = false;
+    for _ in 0..80 {
+        warned = b.log().contains("left alone");
+        if warned {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(warned, "B names the foreign segments: {}", b.log());
+    let log = b.log();
+    let line = log.lines().find(|l| l.contains("left alone")).unwrap();
+    // The warning names both databases (credentials hidden).
+    let location = |url: &str| gateway_core::storage::redact_url(url);
+    assert!(line.contains(&location(&a.database_url)), "{line}");
+    assert!(line.contains(&location(&b.database_url)), "{line}");
+    b.kill();
+    assert!(
+        b.usage_events().await.is_empty(),
+        "nothing of A's in B's database"
+    );
+
+    // A restarts: its own six, none of B's three.
+    a.spawn();
+    let events = a.wait_usage(6).await;
+    assert_eq!(events.len(), 6, "{events:#?}");
+    assert!(events
+        .iter()
+        .all(|e| e["settlement"] == "provider:complete"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(a.usage_events().await.len(), 6);
+
+    // B restarts: its own three.
+    b.spawn();
+    let events = b.wait_usage(3).await;
+    assert_eq!(events.len(), 3, "{events:#?}");
+    let b_user = b.user_id("b@example.com").await;
+    assert!(events.iter().all(|e| e["user_id"] == b_user.as_str()));
+    assert_eq!(a.usage_events().await.len(), 6);
 }

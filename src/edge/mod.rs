@@ -148,16 +148,13 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
             Err(e) => log::warn!("cannot seal plaintext two-factor seeds: {e}"),
         }
     }
-    // Before any request: what a killed predecessor left in the journal is recorded first.
     let journal = match &cfg.storage.usage_journal {
         Some(path) => {
-            let (journal, _) = rt.block_on(gateway_core::journal::replay(path.clone(), &db))?;
+            let database = rt
+                .block_on(db.meta().identity(&cfg.storage.database_url))
+                .map_err(|e| format!("database identity: {e}"))?;
+            let journal = gateway_core::journal::open(path.clone(), database)?;
             journal.spawn_syncer(cfg.storage.usage_flush);
-            rt.spawn(
-                journal
-                    .clone()
-                    .sweep_every(db.clone(), Duration::from_secs(5)),
-            );
             Some(journal)
         }
         None => None,
@@ -167,7 +164,7 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
         rt.handle(),
         cfg.storage.usage_batch_size,
         cfg.storage.usage_flush,
-        journal,
+        journal.clone(),
     );
     let identity = Arc::new(IdentityCache::new(cfg.storage.database_timeout));
     rt.spawn(identity.clone().run_feed(db.clone()));
@@ -198,6 +195,16 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
         )),
     };
     let quota = gateway_core::quota::Engine::new(backend, db.clone());
+    // Before any request: what stopped processes of this database left in the journal is
+    // recorded (their interrupted requests charged through the quota engine) first.
+    if let Some(journal) = &journal {
+        rt.block_on(journal.recover(&db, &quota))?;
+        rt.spawn(
+            journal
+                .clone()
+                .recover_every(db.clone(), quota.clone(), Duration::from_secs(5)),
+        );
+    }
     rt.spawn(quota.clone().run_maintenance(cfg.quota.reservation_timeout));
     for p in cfg.providers.values() {
         if let (Some(var), None) = (&p.api_key_env, &p.api_key) {

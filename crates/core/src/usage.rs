@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::{oneshot, Notify};
 
-use crate::journal::{Hold, Journal, Mark};
+use crate::journal::{Hold, Journal, Mark, Reserved};
 use crate::storage::{Db, UsageEvent};
 
 /// Handle used by the request path. Cloning is cheap.
@@ -75,13 +75,18 @@ impl UsageSink {
         UsageSink { inner }
     }
 
-    /// Journals an admitted request (one append); the returned segment goes back with the
-    /// event to [`record`](Self::record).
-    pub fn admit(&self, event: &UsageEvent, input_estimate: u64) -> Option<Hold> {
+    /// Journals an admitted request and what it reserved (one append); the returned segment
+    /// goes back with the event to [`record`](Self::record).
+    pub fn admit(
+        &self,
+        event: &UsageEvent,
+        input_estimate: u64,
+        reserved: Reserved,
+    ) -> Option<Hold> {
         self.inner
             .journal
             .as_ref()
-            .map(|j| j.admit(event, input_estimate))
+            .map(|j| j.admit(event, input_estimate, reserved))
     }
 
     /// Journals the settled event (one append) and queues it; never blocks on the database.

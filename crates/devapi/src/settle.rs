@@ -96,7 +96,9 @@ impl InFlight {
         input_estimate: u64,
     ) -> Self {
         gateway_core::metrics::RESERVATIONS.inc();
-        let admitted = state.usage.admit(&event, input_estimate);
+        let admitted = state
+            .usage
+            .admit(&event, input_estimate, reservation.ticket.reserved());
         InFlight {
             state,
             reservation: Some(reservation),

@@ -14,8 +14,15 @@
 //! writer commits it. At start (and every few seconds after), the segments of processes whose
 //! lock is free (they ended) are read: every settled event is recorded (idempotent by event id:
 //! the database skips ids it has) and every admission without a settlement as
-//! `counted:interrupted`, then they are deleted. A live process's segments (the old process of
-//! a graceful upgrade, still draining) are left to it.
+//! `counted:interrupted`, charged what its admission reserved ([`Payer`]), then they are
+//! deleted. A live process's segments (the old process of a graceful upgrade, still draining)
+//! are left to it.
+//!
+//! A journal belongs to one database. Every segment opens with a header line naming the
+//! database its process wrote to ([`DatabaseIdentity`]), and a process replays only segments of
+//! its own database: those of sibling instances of the same deployment, never those of another
+//! deployment that shares the directory (same working directory, same default path), which are
+//! left for that deployment with a warning naming both databases.
 
 mod segment;
 
@@ -29,6 +36,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
+use crate::storage::meta::DatabaseIdentity;
 use crate::storage::{Db, UsageEvent};
 
 use crate::domain::{Breakdown, LotKind};
@@ -50,6 +58,12 @@ pub struct Journal {
     base: PathBuf,
     /// This process's name in its segment and lock file names.
     owner: String,
+    /// The database this process writes to: only segments naming it are replayed here.
+    database: DatabaseIdentity,
+    /// The header line each of this process's segments opens with.
+    header: Vec<u8>,
+    /// Stopped processes of other databases whose segments were left alone: said once.
+    foreign_seen: Mutex<HashSet<String>>,
     capacity: u64,
     current: ArcSwap<Segment>,
     /// Segments rotated out since the last tick: synced once more (a request may have appended
@@ -118,6 +132,54 @@ struct Admission<'a> {
     reasoning_effort: Option<&'a str>,
     created_at: i64,
     input_estimate: u64,
+    /// Absent in lines written before interrupted requests were charged.
+    #[serde(default)]
+    reserved: Option<Reserved>,
+}
+
+/// What a request's admission reserved: charged when its process dies before settling it, so
+/// a crash never gives away what the provider may well have served.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reserved {
+    /// Quota tokens held (the estimate at the model's weights).
+    pub tokens: u64,
+    pub requests: u64,
+    /// The tier's weekly allowance at admission: what the allowance can pay before lots.
+    pub weekly_tokens: u64,
+    pub weekly_requests: u64,
+    pub unlimited: bool,
+}
+
+/// Pays an interrupted request's reservation from its account's balance (the quota engine,
+/// which keeps the hot balance in step with the database), returning the breakdown recorded
+/// with its event.
+pub trait Payer: Sync {
+    fn pay_interrupted(
+        &self,
+        user_id: &str,
+        event_id: &str,
+        reserved: Reserved,
+        created_at: i64,
+    ) -> impl std::future::Future<Output = Breakdown> + Send;
+}
+
+impl<T: Payer + Send> Payer for Arc<T> {
+    fn pay_interrupted(
+        &self,
+        user_id: &str,
+        event_id: &str,
+        reserved: Reserved,
+        created_at: i64,
+    ) -> impl std::future::Future<Output = Breakdown> + Send {
+        (**self).pay_interrupted(user_id, event_id, reserved, created_at)
+    }
+}
+
+/// The first line of every segment: whose database its lines belong to.
+#[derive(Serialize, Deserialize)]
+struct Header<'a> {
+    database_id: &'a str,
+    database: &'a str,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -159,6 +221,8 @@ struct Settled<'a> {
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "t")]
 enum Line<'a> {
+    #[serde(rename = "h", borrow)]
+    Header(Header<'a>),
     #[serde(rename = "a", borrow)]
     Admitted(Admission<'a>),
     #[serde(rename = "s", borrow)]
@@ -167,11 +231,26 @@ enum Line<'a> {
 
 impl Journal {
     /// Opens `owner`'s first segment, holding its lock.
-    fn open(base: PathBuf, owner: String, lock: File, capacity: u64) -> Result<Journal, String> {
-        let first = Segment::create(segment_path(&base, &owner, 1), capacity)?;
+    fn open(
+        base: PathBuf,
+        owner: String,
+        lock: File,
+        capacity: u64,
+        database: DatabaseIdentity,
+    ) -> Result<Journal, String> {
+        let mut header = serde_json::to_vec(&Line::Header(Header {
+            database_id: &database.id,
+            database: &database.location,
+        }))
+        .map_err(|e| format!("usage journal header: {e}"))?;
+        header.push(b'\n');
+        let first = Segment::create(segment_path(&base, &owner, 1), capacity, &header)?;
         Ok(Journal {
             base,
             owner,
+            database,
+            header,
+            foreign_seen: Mutex::new(HashSet::new()),
             capacity,
             current: ArcSwap::from_pointee(first),
             previous: Mutex::new(Vec::new()),
@@ -183,7 +262,7 @@ impl Journal {
     }
 
     /// Appends the admission line; the hold keeps its segment until the event is committed.
-    pub fn admit(&self, e: &UsageEvent, input_estimate: u64) -> Hold {
+    pub fn admit(&self, e: &UsageEvent, input_estimate: u64, reserved: Reserved) -> Hold {
         let line = Line::Admitted(Admission {
             id: &e.id,
             user_id: &e.user_id,
@@ -193,6 +272,7 @@ impl Journal {
             reasoning_effort: e.reasoning_effort.as_deref(),
             created_at: e.created_at,
             input_estimate,
+            reserved: Some(reserved),
         });
         self.append(&line)
     }
@@ -274,7 +354,11 @@ impl Journal {
             return Ok(());
         }
         let n = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        let next = Segment::create(segment_path(&self.base, &self.owner, n), self.capacity)?;
+        let next = Segment::create(
+            segment_path(&self.base, &self.owner, n),
+            self.capacity,
+            &self.header,
+        )?;
         let old = self.current.swap(Arc::new(next));
         old.retired.store(true, Ordering::Release);
         self.previous
@@ -298,8 +382,7 @@ impl Journal {
                 log::warn!("usage journal {}: sync failed: {e}", seg.path.display());
             }
         }
-        let used = seg.used();
-        if used >= SEGMENT_BYTES || (used > 0 && seg.age() >= SEGMENT_AGE) {
+        if seg.used() >= SEGMENT_BYTES || (seg.has_lines() && seg.age() >= SEGMENT_AGE) {
             if let Err(e) = self.rotate(&seg) {
                 log::warn!("usage journal: cannot rotate: {e}");
             }
@@ -334,9 +417,9 @@ fn lock_path(base: &Path, owner: &str) -> PathBuf {
 
 /// Segments on disk under `base`, by owning process, oldest first; owners with only a lock
 /// file have an empty list.
-type Found = BTreeMap<String, Vec<(u64, PathBuf)>>;
+type Owners = BTreeMap<String, Vec<(u64, PathBuf)>>;
 
-fn segments(base: &Path) -> Result<Found, String> {
+fn segments(base: &Path) -> Result<Owners, String> {
     let dir = match base.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -345,7 +428,7 @@ fn segments(base: &Path) -> Result<Found, String> {
         Some(n) => format!("{n}."),
         None => return Err(format!("bad usage journal path {}", base.display())),
     };
-    let mut found = Found::new();
+    let mut found = Owners::new();
     let entries =
         std::fs::read_dir(&dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
     for entry in entries.flatten() {
@@ -392,11 +475,14 @@ fn try_lock(base: &Path, owner: &str) -> Result<Option<File>, String> {
 pub struct Replayed {
     pub settled: usize,
     pub interrupted: usize,
+    /// Stopped processes whose segments belong to another database, left alone.
+    pub foreign: usize,
 }
 
-/// Opens this process's journal at `base` after recording what dead processes left there.
-/// Runs at start, before any request is admitted.
-pub async fn replay(base: PathBuf, db: &Db) -> Result<(Arc<Journal>, Replayed), String> {
+/// Opens this process's journal at `base`, writing for `database`. What stopped processes
+/// left there is recorded by [`Journal::recover`], which the caller runs before any request
+/// is admitted.
+pub fn open(base: PathBuf, database: DatabaseIdentity) -> Result<Arc<Journal>, String> {
     if let Some(dir) = base.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -404,71 +490,151 @@ pub async fn replay(base: PathBuf, db: &Db) -> Result<(Arc<Journal>, Replayed), 
     let owner = crate::util::random_base62(10);
     let lock = try_lock(&base, &owner)?
         .ok_or_else(|| format!("usage journal {}: cannot lock a fresh file", base.display()))?;
-    let replayed = sweep(&base, &owner, db).await?;
-    Ok((
-        Arc::new(Journal::open(base, owner, lock, SEGMENT_CAPACITY)?),
-        replayed,
-    ))
+    Ok(Arc::new(Journal::open(
+        base,
+        owner,
+        lock,
+        SEGMENT_CAPACITY,
+        database,
+    )?))
 }
 
-/// Records the segments of every process that is gone (its lock is free: settled events as
-/// they were, admissions never settled as `counted:interrupted`) and deletes them. The
-/// segments of live processes (an older one draining during a graceful upgrade, another
-/// instance sharing the directory) are left alone.
-async fn sweep(base: &Path, own: &str, db: &Db) -> Result<Replayed, String> {
-    let mut total = Replayed::default();
-    for (owner, found) in segments(base)? {
-        if owner == own {
-            continue;
-        }
-        let Some(lock) = try_lock(base, &owner)? else {
-            continue;
-        };
-        let (settled, interrupted) = read_segments(&found)?;
-        total.settled += settled.len();
-        total.interrupted += interrupted.len();
-        for chunk in settled.chunks(2000).chain(interrupted.chunks(2000)) {
-            db.usage()
-                .insert_batch(chunk)
-                .await
-                .map_err(|e| format!("usage journal replay: {e}"))?;
-        }
-        for (_, path) in &found {
-            std::fs::remove_file(path)
-                .map_err(|e| format!("cannot remove replayed {}: {e}", path.display()))?;
-        }
-        let _ = std::fs::remove_file(lock_path(base, &owner));
-        drop(lock);
-    }
-    if total.settled + total.interrupted > 0 {
-        log::warn!(
-            "usage journal: recorded {} settled and {} interrupted requests left by a stopped \
-             process",
-            total.settled,
-            total.interrupted
-        );
-    }
-    Ok(total)
+/// What one stopped process's segments hold.
+struct Found {
+    /// The database its header names; `None` for segments written before headers existed.
+    database: Option<DatabaseIdentity>,
+    settled: Vec<UsageEvent>,
+    /// Admissions never settled, with what each reserved (absent in older lines).
+    interrupted: Vec<(UsageEvent, Option<Reserved>)>,
 }
 
 impl Journal {
+    /// Records the segments of every process that is gone (its lock is free) and wrote to this
+    /// database: settled events as they were, admissions never settled as
+    /// `counted:interrupted` charged their reservation through `payer`; then deletes them.
+    /// Segments of live processes (an older one draining during a graceful upgrade, another
+    /// instance sharing the directory) and of other databases are left alone.
+    pub async fn recover<P: Payer>(&self, db: &Db, payer: &P) -> Result<Replayed, String> {
+        let mut total = Replayed::default();
+        for (owner, paths) in segments(&self.base)? {
+            if owner == self.owner {
+                continue;
+            }
+            let Some(lock) = try_lock(&self.base, &owner)? else {
+                continue;
+            };
+            let found = read_segments(&paths)?;
+            match &found.database {
+                Some(theirs) if theirs.id != self.database.id => {
+                    total.foreign += 1;
+                    self.warn_foreign(&owner, theirs);
+                    continue;
+                }
+                Some(_) => {}
+                None if paths.is_empty() => {}
+                None => log::info!(
+                    "usage journal: segments of process {owner} name no database (written by \
+                     an earlier version): recorded into {}",
+                    self.database
+                ),
+            }
+            total.settled += found.settled.len();
+            total.interrupted += found.interrupted.len();
+            let interrupted = charge_interrupted(db, payer, found.interrupted).await?;
+            for chunk in found.settled.chunks(2000).chain(interrupted.chunks(2000)) {
+                db.usage()
+                    .insert_batch(chunk)
+                    .await
+                    .map_err(|e| format!("usage journal replay: {e}"))?;
+            }
+            for (_, path) in &paths {
+                std::fs::remove_file(path)
+                    .map_err(|e| format!("cannot remove replayed {}: {e}", path.display()))?;
+            }
+            let _ = std::fs::remove_file(lock_path(&self.base, &owner));
+            drop(lock);
+        }
+        if total.settled + total.interrupted > 0 {
+            log::info!(
+                "usage journal: recorded {} settled and {} interrupted requests left by a stopped \
+                 process",
+                total.settled,
+                total.interrupted
+            );
+        }
+        Ok(total)
+    }
+
+    /// Says once per stopped process that its segments are another database's.
+    fn warn_foreign(&self, owner: &str, theirs: &DatabaseIdentity) {
+        let first = self
+            .foreign_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(owner.to_owned());
+        if first {
+            log::warn!(
+                "usage journal {}: process {owner} stopped with segments for database {theirs}, \
+                 not this gateway's database {}: left alone; a gateway of that deployment \
+                 records them when it starts (give each deployment its own \
+                 storage.usage_journal)",
+                self.base.display(),
+                self.database
+            );
+        }
+    }
+
     /// Every `every`, records what processes that have since ended left behind (the old
     /// process of a graceful upgrade, killed or not). Runs until the process ends.
-    pub async fn sweep_every(self: Arc<Self>, db: Db, every: Duration) {
+    pub async fn recover_every<P: Payer>(self: Arc<Self>, db: Db, payer: P, every: Duration) {
         loop {
             tokio::time::sleep(every).await;
-            if let Err(e) = sweep(&self.base, &self.owner, &db).await {
+            if let Err(e) = self.recover(&db, &payer).await {
                 log::warn!("usage journal sweep: {e}");
             }
         }
     }
 }
 
-/// Reads the segments into (settled events, interrupted admissions). A line that does not
-/// parse (cut short by a machine crash, or by a kill while it was being copied) is skipped.
-fn read_segments(found: &[(u64, PathBuf)]) -> Result<(Vec<UsageEvent>, Vec<UsageEvent>), String> {
+/// Charges each interrupted admission what it reserved, skipping those whose event is stored
+/// already (a replay cut short after its insert): paying twice would overcharge.
+async fn charge_interrupted<P: Payer>(
+    db: &Db,
+    payer: &P,
+    interrupted: Vec<(UsageEvent, Option<Reserved>)>,
+) -> Result<Vec<UsageEvent>, String> {
+    if interrupted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let events: Vec<UsageEvent> = interrupted.iter().map(|(e, _)| e.clone()).collect();
+    let stored = db
+        .usage()
+        .stored_ids(&events)
+        .await
+        .map_err(|e| format!("usage journal replay: {e}"))?;
+    let mut out = Vec::with_capacity(interrupted.len());
+    for (mut event, reserved) in interrupted {
+        if stored.contains(&event.id) {
+            continue;
+        }
+        if let Some(r) = reserved {
+            let paid = payer
+                .pay_interrupted(&event.user_id, &event.id, r, event.created_at)
+                .await;
+            event.quota_charged = r.tokens;
+            event.breakdown = Some(paid);
+        }
+        out.push(event);
+    }
+    Ok(out)
+}
+
+/// Reads one stopped process's segments. A line that does not parse (cut short by a machine
+/// crash, or by a kill while it was being copied) is skipped.
+fn read_segments(found: &[(u64, PathBuf)]) -> Result<Found, String> {
+    let mut database = None;
     let mut settled: HashMap<String, UsageEvent> = HashMap::new();
-    let mut admitted: HashMap<String, UsageEvent> = HashMap::new();
+    let mut admitted: HashMap<String, (UsageEvent, Option<Reserved>)> = HashMap::new();
     let mut skipped = 0usize;
     for (_, path) in found {
         let bytes = match std::fs::read(path) {
@@ -479,8 +645,14 @@ fn read_segments(found: &[(u64, PathBuf)]) -> Result<(Vec<UsageEvent>, Vec<Usage
         };
         for line in lines(&bytes) {
             match serde_json::from_slice::<Line<'_>>(line) {
+                Ok(Line::Header(h)) => {
+                    database.get_or_insert_with(|| DatabaseIdentity {
+                        id: h.database_id.to_owned(),
+                        location: h.database.to_owned(),
+                    });
+                }
                 Ok(Line::Admitted(a)) => {
-                    admitted.insert(a.id.to_owned(), interrupted_event(&a));
+                    admitted.insert(a.id.to_owned(), (interrupted_event(&a), a.reserved));
                 }
                 Ok(Line::Settled(s)) => {
                     settled.insert(s.id.to_owned(), settled_event(s));
@@ -493,12 +665,14 @@ fn read_segments(found: &[(u64, PathBuf)]) -> Result<(Vec<UsageEvent>, Vec<Usage
         log::warn!("usage journal: skipped {skipped} unreadable lines (a torn write)");
     }
     admitted.retain(|id, _| !settled.contains_key(id));
-    Ok((
-        settled.into_values().collect(),
-        admitted.into_values().collect(),
-    ))
+    Ok(Found {
+        database,
+        settled: settled.into_values().collect(),
+        interrupted: admitted.into_values().collect(),
+    })
 }
 
+/// An admission never settled, before its reservation is charged (`charge_interrupted`).
 fn interrupted_event(a: &Admission<'_>) -> UsageEvent {
     UsageEvent {
         id: a.id.to_owned(),
@@ -512,7 +686,7 @@ fn interrupted_event(a: &Admission<'_>) -> UsageEvent {
         input_tokens: a.input_estimate,
         output_tokens: 0,
         cached_tokens: 0,
-        // The reservation died with the process: nothing was charged.
+        // Set to the reservation once it is paid; lines without one charge nothing.
         quota_charged: 0,
         // No answer's status is known.
         status: 0,
@@ -522,7 +696,6 @@ fn interrupted_event(a: &Admission<'_>) -> UsageEvent {
         deployment: None,
         error_code: Some("interrupted"),
         created_at: a.created_at,
-        // The reservation died with the process: nothing was paid from balances.
         breakdown: None,
     }
 }
@@ -591,6 +764,23 @@ mod tests {
 
     const TEST_CAPACITY: u64 = 1 << 16;
 
+    fn database(id: &str) -> DatabaseIdentity {
+        DatabaseIdentity {
+            id: id.into(),
+            location: format!("sqlite://{id}.db"),
+        }
+    }
+
+    fn reserved(tokens: u64) -> Reserved {
+        Reserved {
+            tokens,
+            requests: 1,
+            weekly_tokens: 1000,
+            weekly_requests: 0,
+            unlimited: false,
+        }
+    }
+
     fn event(id: &str) -> UsageEvent {
         UsageEvent {
             id: id.into(),
@@ -620,11 +810,18 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let base = dir.path().join("usage.journal");
         let held = try_lock(&base, "a").expect("lock").expect("free");
-        let j = Journal::open(base.clone(), "a".into(), held, TEST_CAPACITY).expect("open");
+        let j = Journal::open(
+            base.clone(),
+            "a".into(),
+            held,
+            TEST_CAPACITY,
+            database("d1"),
+        )
+        .expect("open");
         let done = event("evt_done");
         let cut = event("evt_cut");
-        let _a1 = j.admit(&done, 9);
-        let _a2 = j.admit(&cut, 11);
+        let _a1 = j.admit(&done, 9, reserved(20));
+        let _a2 = j.admit(&cut, 11, reserved(75));
         // Bytes reserved by a writer killed before it copied its line stay zeros, and the
         // lines after them are read.
         assert!(j.current.load().put(&[0; 40]));
@@ -633,10 +830,12 @@ mod tests {
         assert!(j.current.load().put(b"{\"t\":\"s\",\"id\":\"ev"));
         let found = segments(&base).expect("segments");
         assert_eq!(found.len(), 1);
-        let (settled, interrupted) = read_segments(&found["a"]).expect("read");
-        assert_eq!(settled, vec![done]);
-        assert_eq!(interrupted.len(), 1);
-        let i = &interrupted[0];
+        let read = read_segments(&found["a"]).expect("read");
+        assert_eq!(read.database, Some(database("d1")));
+        assert_eq!(read.settled, vec![done]);
+        assert_eq!(read.interrupted.len(), 1);
+        let (i, r) = &read.interrupted[0];
+        assert_eq!(*r, Some(reserved(75)));
         assert_eq!(i.id, "evt_cut");
         assert_eq!(i.settlement, INTERRUPTED);
         assert_eq!(i.input_tokens, 11);
@@ -650,9 +849,16 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let base = dir.path().join("j");
         let lock = try_lock(&base, "b").expect("lock").expect("free");
-        let j = Journal::open(base.clone(), "b".into(), lock, TEST_CAPACITY).expect("open");
-        let held = j.admit(&event("evt_1"), 1);
-        let unwritten = j.admit(&event("evt_2"), 1);
+        let j = Journal::open(
+            base.clone(),
+            "b".into(),
+            lock,
+            TEST_CAPACITY,
+            database("d1"),
+        )
+        .expect("open");
+        let held = j.admit(&event("evt_1"), 1, reserved(1));
+        let unwritten = j.admit(&event("evt_2"), 1, reserved(1));
         let path = held.segment.path.clone();
         j.rotate(&held.segment).expect("rotate");
         j.tick();
@@ -664,7 +870,7 @@ mod tests {
         assert_eq!(segments(&base).expect("segments")["b"].len(), 1);
 
         // A hold dropped without its event committed (the process ending) keeps its segment.
-        let lost = j.admit(&event("evt_3"), 1);
+        let lost = j.admit(&event("evt_3"), 1, reserved(1));
         let path = lost.segment.path.clone();
         j.rotate(&lost.segment).expect("rotate");
         j.tick();
@@ -678,18 +884,18 @@ mod tests {
         let base = dir.path().join("j");
         let lock = try_lock(&base, "c").expect("lock").expect("free");
         // Room for a few lines a segment.
-        let j = Journal::open(base.clone(), "c".into(), lock, 1024).expect("open");
+        let j = Journal::open(base.clone(), "c".into(), lock, 1024, database("d1")).expect("open");
         let mut holds = Vec::new();
         for n in 0..20 {
             let e = event(&format!("evt_{n}"));
-            holds.push(j.admit(&e, 1));
+            holds.push(j.admit(&e, 1, reserved(1)));
             holds.push(j.settle(&e));
         }
         let found = segments(&base).expect("segments");
         assert!(found["c"].len() > 3, "{:?}", found["c"]);
-        let (settled, interrupted) = read_segments(&found["c"]).expect("read");
-        assert_eq!(settled.len(), 20);
-        assert!(interrupted.is_empty());
+        let read = read_segments(&found["c"]).expect("read");
+        assert_eq!(read.settled.len(), 20);
+        assert!(read.interrupted.is_empty());
         assert!(holds
             .iter()
             .all(|h| !h.segment.warned.load(Ordering::Relaxed)));

@@ -29,13 +29,16 @@ pub struct Segment {
     /// task dropped at exit): the file must then stay for the next start's replay.
     pub(super) keep: AtomicBool,
     pub(super) warned: AtomicBool,
+    /// Bytes of the header line every segment opens with (`Journal`'s identity line).
+    header: u64,
     /// Keeps the descriptor the mapping was made from (and `sync` uses) open.
     _file: File,
 }
 
 impl Segment {
-    /// Creates `path` with `capacity` bytes allocated and maps it.
-    pub fn create(path: PathBuf, capacity: u64) -> Result<Segment, String> {
+    /// Creates `path` with `capacity` bytes allocated, maps it and copies `header` (a line
+    /// naming whose segment it is) to its front.
+    pub fn create(path: PathBuf, capacity: u64, header: &[u8]) -> Result<Segment, String> {
         let fail = |what: &str, e: std::io::Error| {
             format!("cannot {what} usage journal {}: {e}", path.display())
         };
@@ -62,7 +65,7 @@ impl Segment {
             .len(len)
             .map_raw(&file)
             .map_err(|e| fail("map", e))?;
-        Ok(Segment {
+        let segment = Segment {
             path,
             map,
             reserved: AtomicU64::new(0),
@@ -70,8 +73,17 @@ impl Segment {
             retired: AtomicBool::new(false),
             keep: AtomicBool::new(false),
             warned: AtomicBool::new(false),
+            header: header.len() as u64,
             _file: file,
-        })
+        };
+        if !segment.put(header) {
+            let _ = std::fs::remove_file(&segment.path);
+            return Err(format!(
+                "usage journal {}: {capacity} bytes cannot hold its header",
+                segment.path.display()
+            ));
+        }
+        Ok(segment)
     }
 
     /// Copies `line` into the next free bytes; `false` when it does not fit (the segment is
@@ -102,6 +114,11 @@ impl Segment {
     /// Bytes holding lines (or reserved for lines being copied).
     pub fn used(&self) -> u64 {
         self.reserved.load(Ordering::Relaxed).min(self.capacity())
+    }
+
+    /// Whether any line besides the header was appended.
+    pub fn has_lines(&self) -> bool {
+        self.used() > self.header
     }
 
     pub fn age(&self) -> Duration {
@@ -160,16 +177,20 @@ mod tests {
     fn a_segment_takes_lines_until_full_and_keeps_them_in_its_file() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("seg");
-        let seg = Segment::create(path.clone(), 16).expect("create");
+        let seg = Segment::create(path.clone(), 20, b"h\n").expect("create");
+        assert!(!seg.has_lines(), "the header is not a line");
         assert!(seg.put(b"0123456789\n"));
-        assert!(!seg.put(b"too long\n"), "11 + 9 bytes exceed 16");
-        assert_eq!(seg.used(), 16);
+        assert!(seg.has_lines());
+        assert!(!seg.put(b"too long\n"), "2 + 11 + 9 bytes exceed 20");
+        assert_eq!(seg.used(), 20);
         seg.sync().expect("sync");
         let bytes = std::fs::read(&path).expect("read");
-        assert_eq!(bytes.len(), 16);
-        assert_eq!(&bytes[..11], b"0123456789\n");
-        assert!(bytes[11..].iter().all(|b| *b == 0));
+        assert_eq!(bytes.len(), 20);
+        assert_eq!(&bytes[..13], b"h\n0123456789\n");
+        assert!(bytes[13..].iter().all(|b| *b == 0));
         // An existing file is never reused.
-        assert!(Segment::create(path, 16).is_err());
+        assert!(Segment::create(path, 20, b"h\n").is_err());
+        // Nor is a segment made that cannot hold its header.
+        assert!(Segment::create(dir.path().join("small"), 1, b"h\n").is_err());
     }
 }

@@ -120,6 +120,17 @@ pub struct Ticket {
 }
 
 impl Ticket {
+    /// What this ticket reserved, as the usage journal keeps it (`journal::Reserved`).
+    pub fn reserved(&self) -> crate::journal::Reserved {
+        crate::journal::Reserved {
+            tokens: self.tokens,
+            requests: self.requests,
+            weekly_tokens: self.limits.weekly_tokens,
+            weekly_requests: self.limits.weekly_requests,
+            unlimited: self.unlimited,
+        }
+    }
+
     /// The quota tokens `used` costs at this request's weights: what settlement pays and the
     /// usage event records.
     pub fn charge(&self, used: Used) -> u64 {
@@ -128,6 +139,18 @@ impl Ticket {
             used.cached_input_tokens,
             used.output_tokens,
         )
+    }
+}
+
+impl crate::journal::Payer for Engine {
+    fn pay_interrupted(
+        &self,
+        user_id: &str,
+        event_id: &str,
+        reserved: crate::journal::Reserved,
+        created_at: i64,
+    ) -> impl std::future::Future<Output = Breakdown> + Send {
+        Engine::pay_interrupted(self, user_id, event_id, reserved, created_at)
     }
 }
 
@@ -303,6 +326,55 @@ impl Engine {
         match &self.backend {
             Backend::Local(l) => l.settle(ticket, used, now_ms()),
             Backend::Shared(s) => s.settle(&self.db, ticket, used, now_ms()).await,
+        }
+    }
+
+    /// Pays what a request admitted by a process that died before settling it had reserved
+    /// (the usage journal's replay): from the account's real balance, through this engine so
+    /// the hot balance (in process or in Redis) and the database agree.
+    pub async fn pay_interrupted(
+        &self,
+        user_id: &str,
+        event_id: &str,
+        r: crate::journal::Reserved,
+        created_at: i64,
+    ) -> Breakdown {
+        // A ticket for no held reservation, whose usage costs exactly what was reserved and
+        // moves no per-minute window (used equals cost).
+        let ticket = Ticket {
+            id: ["replay-", event_id].concat(),
+            user_id: user_id.to_owned(),
+            tokens: r.tokens,
+            requests: r.requests,
+            input_cost: r.tokens,
+            output_cost: 0,
+            weights: Weights::default(),
+            minute: created_at.div_euclid(limits::WINDOW_MS),
+            plan: RatePlan {
+                scope: ["acct:", user_id].concat(),
+                rpm: 0,
+                itpm: 0,
+                otpm: 0,
+            },
+            limits: TierLimits {
+                weekly_tokens: r.weekly_tokens,
+                weekly_requests: r.weekly_requests,
+                ..TierLimits::default()
+            },
+            unlimited: r.unlimited,
+            // Settled where the engine keeps the balance, with no Redis reservation to release.
+            in_process: true,
+            leased: false,
+        };
+        let used = Used {
+            input_tokens: r.tokens,
+            output_tokens: 0,
+            cached_input_tokens: 0,
+        };
+        let now = now_ms();
+        match &self.backend {
+            Backend::Local(l) => l.settle_loading(&self.db, &ticket, used, now).await,
+            Backend::Shared(s) => s.settle(&self.db, &ticket, used, now).await,
         }
     }
 

@@ -12,7 +12,7 @@ use sqlx::any::AnyTypeInfoKind;
 use sqlx::{Column as _, Executor};
 
 use super::testdb::PgDatabase;
-use super::{auth, keys, payments, quota, reports, usage, users, Backend, Db};
+use super::{auth, keys, meta, payments, quota, reports, usage, users, Backend, Db};
 
 /// What a result column must hold for the field it is read into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +95,7 @@ fn statements(backend: Backend) -> Vec<Statement> {
         quota::sql::ALL,
         usage::sql::ALL,
         reports::sql::ALL,
+        meta::sql::ALL,
     ]
     .into_iter()
     .chain(payments::STATEMENTS)

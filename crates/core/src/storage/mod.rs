@@ -18,6 +18,7 @@ pub mod auth;
 #[cfg(test)]
 mod check;
 pub mod keys;
+pub mod meta;
 mod migrate;
 pub mod payments;
 pub mod quota;
@@ -197,6 +198,10 @@ impl Db {
 
     pub fn usage(&self) -> UsageStore<'_> {
         UsageStore { db: self }
+    }
+
+    pub fn meta(&self) -> meta::MetaStore<'_> {
+        meta::MetaStore { db: self }
     }
 }
 

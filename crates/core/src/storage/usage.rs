@@ -533,7 +533,7 @@ impl UsageStore<'_> {
     }
 
     /// Which of these events' ids are stored already (see [`stored_ids_sql`]).
-    async fn stored_ids(&self, events: &[UsageEvent]) -> StoreResult<HashSet<String>> {
+    pub(crate) async fn stored_ids(&self, events: &[UsageEvent]) -> StoreResult<HashSet<String>> {
         let mut stored = HashSet::new();
         for chunk in statement_sized(events) {
             let sql = stored_ids_sql(self.db.backend, chunk.len());
