@@ -146,16 +146,6 @@ async fn until_status(gw: &Gateway, key: &str, want: u16, limit: Duration) -> Du
     }
 }
 
-/// Sleeps past the end of the minute if fewer than `margin` are left in it, so a test of a
-/// per-minute window does not straddle two windows.
-async fn inside_one_minute(margin: Duration) {
-    let into = gateway_core::util::now_ms().rem_euclid(60_000) as u64;
-    let left = Duration::from_millis(60_000 - into);
-    if left < margin {
-        tokio::time::sleep(left + Duration::from_millis(100)).await;
-    }
-}
-
 async fn exactly_ten_of_fifty(store: Store) {
     let p = pair(&store, &ten_requests());
     let key = p.a.user_with_key("ten@example.com", &[]);

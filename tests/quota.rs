@@ -289,7 +289,7 @@ async fn requests_per_minute_and_retry_after() {
 }
 
 #[tokio::test]
-async fn kill_during_a_stream_releases_the_reservation() {
+async fn kill_during_a_stream_charges_its_reservation_once() {
     let mock = Mock::start(&["--chunks", "40", "--chunk-delay-ms", "100"]);
     let mut gw = Gateway::start(&mock, redis_options(&config::lots_only()));
     let email = "crash@example.com";
@@ -324,37 +324,41 @@ async fn kill_during_a_stream_releases_the_reservation() {
     drop(r);
     gw.spawn();
     if std::env::var("GATEWAY_TEST_REDIS").is_ok() {
-        // The reservation lives in Redis until the reaper's timeout (5 s here).
+        // The dead process's reservation lives in Redis until the reaper's timeout (5 s here).
         tokio::time::sleep(Duration::from_millis(5500)).await;
     }
-    // Nothing was charged for the killed stream and its reservation is gone: the whole lot fits.
-    assert_eq!(lots::lots_remaining_of(&gw, email).await, lot);
+    // The killed stream was answered by the provider: it is charged what it reserved (its input
+    // estimate and its 1,000 output tokens), once, and its reservation holds nothing more.
+    let reserved = r_est + 1000;
+    assert_eq!(lots::lots_remaining_of(&gw, email).await, lot - reserved);
+    let events = gw.usage_events().await;
+    let interrupted: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["settlement"] == "counted:interrupted")
+        .collect();
+    assert_eq!(interrupted.len(), 1, "{events:?}");
+    assert_eq!(interrupted[0]["quota_charged"].as_u64(), Some(reserved));
+    // Everything else fits.
+    let rest = lot - reserved - r_est;
     let r = client()
         .post(gw.url("/v1/chat/completions"))
         .bearer_auth(&key)
-        .json(&body(big))
+        .json(&body(rest))
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 200, "{:?}", r.text().await);
-    // The killed stream is recorded from the usage journal as interrupted (nothing charged), so
-    // the count of events does not say when this request's settlement is written: wait for it.
+    let events = gw.wait_usage(2).await;
+    assert_eq!(events.len(), 2, "{events:?}");
     let mut remaining = lots::lots_remaining_of(&gw, email).await;
     for _ in 0..200 {
-        if remaining == lot - 49 {
+        if remaining == lot - reserved - 49 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
         remaining = lots::lots_remaining_of(&gw, email).await;
     }
-    assert_eq!(remaining, lot - 49);
-    let events = gw.usage_events().await;
-    assert!(
-        events
-            .iter()
-            .any(|e| e["settlement"] == "counted:interrupted"),
-        "{events:?}"
-    );
+    assert_eq!(remaining, lot - reserved - 49);
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@ pub mod private_redis;
 pub mod redis_cluster;
 pub mod sdk;
 pub mod site;
+pub mod slow_relay;
 pub mod smtp;
 
 use std::io::{BufRead, BufReader};
@@ -209,6 +210,16 @@ impl Default for Options {
             mail_toml: None,
             server_toml: String::new(),
         }
+    }
+}
+
+/// Sleeps past the end of the minute if fewer than `margin` are left in it, so a test of a
+/// per-minute window does not straddle two windows.
+pub async fn inside_one_minute(margin: Duration) {
+    let into = gateway_core::util::now_ms().rem_euclid(60_000) as u64;
+    let left = Duration::from_millis(60_000 - into);
+    if left < margin {
+        tokio::time::sleep(left + Duration::from_millis(100)).await;
     }
 }
 

@@ -41,6 +41,21 @@ pub struct AccountState {
     /// stale: scanning them all on every request made each request's cost grow with the
     /// account's requests in flight (64 entries walked per request at 64 connections).
     held_since: i64,
+    /// Set while one of several instances serves the account without Redis (the outage
+    /// engine): the part of the balance this instance may spend, so the instances together
+    /// spend at most the balance, not each all of it.
+    share: Option<Share>,
+}
+
+/// This instance's part of an account's balance during a Redis outage.
+#[derive(Debug, Default, Clone, Copy)]
+struct Share {
+    tokens: u64,
+    /// `None`: no request cap.
+    requests: Option<u64>,
+    /// Paid since the share was fixed.
+    paid_tokens: u64,
+    paid_requests: u64,
 }
 
 impl AccountState {
@@ -129,7 +144,8 @@ impl AccountState {
         crate::quota::tiers::effective_tier(manual, usage, entitlement_tier(&self.lots, now), max)
     }
 
-    /// What is still spendable now, after reservations: (tokens, requests or None = no cap).
+    /// What is still spendable now, after reservations: (tokens, requests or None = no cap);
+    /// within this instance's share when one is set.
     pub fn available(&self, limits: &TierLimits, now: i64) -> (u64, Option<u64>) {
         let s = self.window(now);
         let tokens = limits.weekly_tokens.saturating_sub(s.allowance_tokens)
@@ -139,7 +155,37 @@ impl AccountState {
                 + lot_remaining(&self.lots, LotKind::Request, now))
             .saturating_sub(self.reserved_requests)
         });
-        (tokens.saturating_sub(self.reserved_tokens), requests)
+        let tokens = tokens.saturating_sub(self.reserved_tokens);
+        match &self.share {
+            None => (tokens, requests),
+            Some(share) => (
+                tokens.min(
+                    share
+                        .tokens
+                        .saturating_sub(share.paid_tokens + self.reserved_tokens),
+                ),
+                requests.map(|r| {
+                    r.min(share.requests.map_or(u64::MAX, |cap| {
+                        cap.saturating_sub(share.paid_requests + self.reserved_requests)
+                    }))
+                }),
+            ),
+        }
+    }
+
+    /// Limits this instance to `1/instances` of what the account has left now (once: later
+    /// calls keep the share first fixed). For the outage engine of one of several instances.
+    pub fn limit_to_share(&mut self, limits: &TierLimits, instances: u64, now: i64) {
+        if instances <= 1 || self.share.is_some() {
+            return;
+        }
+        let (tokens, requests) = self.available(limits, now);
+        self.share = Some(Share {
+            tokens: (tokens + self.reserved_tokens) / instances,
+            requests: requests.map(|r| (r + self.reserved_requests) / instances),
+            paid_tokens: 0,
+            paid_requests: 0,
+        });
     }
 
     /// Reserves atomically (the caller holds the account's lock).
@@ -267,6 +313,10 @@ impl AccountState {
         }
         self.spend[idx].add_amounts(&booked);
         self.spent.add_amounts(&booked);
+        if let Some(share) = &mut self.share {
+            share.paid_tokens += booked.allowance_tokens + booked.lot_tokens;
+            share.paid_requests += booked.allowance_requests + booked.lot_requests;
+        }
         for (id, _, n) in &b.lots {
             if let Some(l) = self.lots.iter_mut().find(|l| &l.id == id) {
                 l.remaining = l.remaining.saturating_sub(*n);
@@ -365,6 +415,34 @@ mod tests {
             a.reserve("e", 0, 1, &l, true, 0).is_ok(),
             "unlimited skips the meters"
         );
+    }
+
+    #[test]
+    fn a_share_limits_what_one_of_several_instances_spends() {
+        let l = limits(1000, 10);
+        let mut a = AccountState::new(
+            "u",
+            vec![],
+            vec![lot("t", LotKind::Token, 200, 9e12 as i64)],
+        );
+        a.limit_to_share(&l, 4, 0);
+        // A quarter of 1,200 tokens and of 10 requests.
+        assert_eq!(a.available(&l, 0), (300, Some(2)));
+        a.reserve("r1", 250, 1, &l, false, 0)
+            .expect("within the share");
+        assert_eq!(
+            a.reserve("r2", 100, 1, &l, false, 0),
+            Err(Denied::InsufficientQuota)
+        );
+        a.settle("r1", 200, 1, &l, 0);
+        assert_eq!(a.available(&l, 0), (100, Some(1)));
+        a.reserve("r3", 100, 1, &l, false, 0)
+            .expect("the rest of the share");
+        a.settle("r3", 100, 1, &l, 0);
+        assert_eq!(a.available(&l, 0), (0, Some(0)));
+        // Fixed once: asking again does not grant a fresh share.
+        a.limit_to_share(&l, 4, 0);
+        assert_eq!(a.available(&l, 0), (0, Some(0)));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! own mutex (loaded from the database on first use); per-minute windows sit in one map entry
 //! per scope, locked together with the account so check-and-charge is one atomic step.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,6 +53,10 @@ pub struct Local {
     windows: DashMap<String, Windows, FastHash>,
     /// How long a request waits for an account's balance to load (`storage.database_timeout_ms`).
     deadline: Duration,
+    /// The instances sharing the accounts (1 for the embedded engine). As the Redis engine's
+    /// outage engine, this instance admits `1/share` of each per-minute limit and of each
+    /// balance, so the instances together stay within one, not one each.
+    share: AtomicU64,
 }
 
 impl Local {
@@ -60,7 +65,19 @@ impl Local {
             accounts: DashMap::default(),
             windows: DashMap::default(),
             deadline,
+            share: AtomicU64::new(1),
         }
+    }
+
+    /// Of how many instances this one is (at least 1).
+    pub fn share(&self) -> u64 {
+        self.share.load(Ordering::Relaxed).max(1)
+    }
+
+    /// Sets the number of instances the limits and balances are shared among (the Redis
+    /// engine's registry of live instances).
+    pub fn set_share(&self, instances: u64) {
+        self.share.store(instances.max(1), Ordering::Relaxed);
     }
 
     async fn account(&self, db: &Db, user_id: &str, now: i64) -> Result<Cell, Denied> {
@@ -113,13 +130,15 @@ impl Local {
         let tier = acct.effective_tier(cfg, who.user.manual_tier, who.user.max_tier, now);
         let limits = *cfg.limits(tier);
         let plan = RatePlan::for_key(who, &limits);
+        let share = self.share();
+        acct.limit_to_share(&limits, share, now);
         let minute = now.div_euclid(WINDOW_MS);
         let mut w = match self.windows.get_mut(&plan.scope) {
             Some(w) => w,
             None => self.windows.entry(plan.scope.clone()).or_default(),
         };
         w.roll(minute);
-        let caps = [plan.rpm, plan.itpm, plan.otpm];
+        let caps = [plan.rpm, plan.itpm, plan.otpm].map(|cap| cap.div_ceil(share));
         let costs = [1, input, output];
         let names = ["requests", "input tokens", "output tokens"];
         let view_now = |w: &Windows| rate_view(&caps, w, now);

@@ -117,7 +117,8 @@ pub(super) fn views(items: &[RedisValue], at: usize) -> RateView {
 
 /// Whether a Redis error means the connection itself is gone (opens the breaker at once).
 pub(super) fn connection_lost(e: &RedisError) -> bool {
-    e.is_io_error()
+    // The client's own response deadline is a late answer, not a lost connection.
+    !e.is_timeout() && e.is_io_error()
         || e.is_connection_refusal()
         || e.is_connection_dropped()
         || e.is_unrecoverable_error()

@@ -53,6 +53,13 @@ pub(super) const MIN_CONNECT: Duration = Duration::from_millis(250);
 /// Accounts the sweep visits per pass (each is one script call).
 pub(super) const SWEEP_BATCH: usize = 100;
 
+/// How long past its deadline a call is still waited for while the breaker stays closed. A
+/// Redis that is gone opens the breaker well within it once several calls have missed
+/// (`breaker::MISS_SPAN_MS`), which ends every such wait.
+const LATE_WAIT: Duration = Duration::from_secs(1);
+/// How often a late call's wait looks whether the breaker opened meanwhile.
+const LATE_STEP: Duration = Duration::from_millis(10);
+
 /// How the Redis engine behaves when Redis or the database is slow or gone.
 #[derive(Clone)]
 pub struct Settings {
@@ -108,6 +115,11 @@ pub struct Shared {
     pub(super) prefix: String,
     /// The sorted set of accounts holding reservations (`sweep.lua`).
     pub(super) due_key: String,
+    /// The sorted set of live instances (by last sign of life): how many share the accounts,
+    /// which sets the outage engine's share (`Local::set_share`).
+    pub(super) instances_key: String,
+    /// This instance's name there and in its leases.
+    pub(super) instance: String,
     /// Last seen (weekly token usage, highest lot tier) per account: the tier hint.
     pub(super) hints: dashmap::DashMap<String, (u64, Option<Tier>), FastHash>,
 }
@@ -120,12 +132,17 @@ impl Shared {
         prefix: &str,
         settings: Settings,
     ) -> Result<Shared, String> {
-        let connector =
-            Connector::new(target, settings.timeout, settings.timeout.max(MIN_CONNECT))?;
+        // The client's own deadline is the longest a call is waited for (`guarded`).
+        let connector = Connector::new(
+            target,
+            settings.timeout + LATE_WAIT,
+            settings.timeout.max(MIN_CONNECT),
+        )?;
         let conn = connector
             .connect()
             .await
             .map_err(|e| format!("redis connect: {e}"))?;
+        let instance = crate::util::random_base62(8);
         Ok(Shared {
             connector,
             conn: ArcSwap::from_pointee(conn),
@@ -140,9 +157,11 @@ impl Shared {
             add_lot: Script::new(include_str!("lua/add_lot.lua")),
             sweep: Script::new(SWEEP_LUA),
             lease: Script::new(LEASE_LUA),
-            leases: Leases::new(&crate::util::random_base62(8)),
+            leases: Leases::new(&instance),
             prefix: prefix.to_string(),
             due_key: format!("{prefix}q:due"),
+            instances_key: format!("{prefix}instances"),
+            instance,
             hints: dashmap::DashMap::default(),
         })
     }
@@ -166,40 +185,85 @@ impl Shared {
         (**self.conn.load()).clone()
     }
 
-    /// Awaits one Redis call under the deadline and tells the breaker how it went.
+    /// Awaits one Redis call and tells the breaker how it went. A call past its deadline
+    /// (`storage.redis_timeout_ms`) counts as a miss but is still waited for, up to
+    /// `LATE_WAIT` more and while the breaker stays closed: on a busy host the late answer is
+    /// the right one (giving up on it sent the request to the outage policy, which admits
+    /// apart from Redis), and a Redis that is really gone opens the breaker, which ends the
+    /// wait.
     pub(super) async fn guarded<T>(
         &self,
         what: &str,
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, Unreachable> {
-        let failure = match tokio::time::timeout(self.settings.timeout, call).await {
-            Ok(Ok(v)) => {
+        let mut call = std::pin::pin!(call);
+        let answer = match tokio::time::timeout(self.settings.timeout, &mut call).await {
+            Ok(answer) => Some(answer),
+            Err(_) => {
+                self.failed(what, false, "missed its deadline");
+                self.late_answer(&mut call).await
+            }
+        };
+        let failure = match answer {
+            Some(Ok(v)) => {
                 self.breaker.success();
                 return Ok(v);
             }
-            Ok(Err(e)) => {
+            Some(Err(e)) => {
                 let lost = connection_lost(&e);
                 (format!("redis {what}: {e}"), lost)
             }
-            Err(_) => (
-                format!("redis {what}: no answer within {:?}", self.settings.timeout),
+            None => (
+                format!(
+                    "redis {what}: no answer within {:?}",
+                    self.settings.timeout + LATE_WAIT
+                ),
                 false,
             ),
         };
-        if self.breaker.failure(failure.1) {
+        self.failed(what, failure.1, &failure.0);
+        Err(Unreachable(failure.0))
+    }
+
+    /// Waits for a call past its deadline, for at most `LATE_WAIT` and only while the breaker
+    /// stays closed. `None`: no answer.
+    async fn late_answer<T>(
+        &self,
+        call: &mut std::pin::Pin<&mut impl std::future::Future<Output = redis::RedisResult<T>>>,
+    ) -> Option<redis::RedisResult<T>> {
+        let until = tokio::time::Instant::now() + LATE_WAIT;
+        while !self.breaker.is_open() {
+            let now = tokio::time::Instant::now();
+            if now >= until {
+                return None;
+            }
+            let step = (until - now).min(LATE_STEP);
+            if let Ok(answer) = tokio::time::timeout(step, call.as_mut()).await {
+                return Some(answer);
+            }
+        }
+        None
+    }
+
+    /// Tells the breaker a call failed; says so once when that opens it.
+    fn failed(&self, what: &str, connection_lost: bool, why: &str) {
+        if self.breaker.failure(connection_lost, crate::util::now_ms()) {
             // The outage engine starts from the database's balances, not from whatever it
             // kept since the last outage.
             self.fallback.clear();
             log::error!(
-                "{}; Redis is considered down: {} until it answers again",
-                failure.0,
+                "redis {what}: {why}; Redis is considered down: {} until it answers again",
                 match self.settings.outage {
-                    RedisOutage::Local => "serving with in-process limits and quota",
-                    RedisOutage::Refuse => "refusing developer requests (quota_unavailable)",
+                    RedisOutage::Local => format!(
+                        "serving with in-process limits and quota, this instance's share (1/{}) \
+                         of each",
+                        self.fallback.share()
+                    ),
+                    RedisOutage::Refuse =>
+                        "refusing developer requests (quota_unavailable)".to_string(),
                 }
             );
         }
-        Err(Unreachable(failure.0))
     }
 
     pub(super) fn tier_for(&self, cfg: &QuotaConfig, who: &Identity) -> Tier {

@@ -3,6 +3,10 @@
 
 use std::time::Duration;
 
+/// An instance not heard from for this long (ms) no longer counts among those sharing the
+/// accounts.
+const INSTANCE_TTL_MS: i64 = 10_000;
+
 use super::scripts::ACCOUNT_TTL_SECS;
 use super::scripts::{account_keys, lot_value};
 use super::shared::{LoadError, Shared, Unreachable, MIN_CONNECT, SWEEP_BATCH};
@@ -118,6 +122,37 @@ impl Shared {
         }
     }
 
+    /// Says this instance is alive and learns how many are (seen within `INSTANCE_TTL_MS`):
+    /// one pipelined call, every second while Redis answers. During an outage the last count
+    /// sets this instance's share of every limit and balance.
+    pub async fn register_instance(&self, now: i64) {
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZADD")
+            .arg(&self.instances_key)
+            .arg(now)
+            .arg(&self.instance)
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&self.instances_key)
+            .arg("-inf")
+            .arg(format!("({}", now - INSTANCE_TTL_MS))
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&self.instances_key)
+            .arg(INSTANCE_TTL_MS)
+            .ignore()
+            .cmd("ZCARD")
+            .arg(&self.instances_key);
+        let mut conn = self.conn();
+        match self
+            .guarded("instances", pipe.query_async::<(u64,)>(&mut conn))
+            .await
+        {
+            Ok((live,)) => self.fallback.set_share(live),
+            Err(Unreachable(e)) => log::warn!("{e}"),
+        }
+    }
+
     /// One probe of a Redis the breaker gave up on. When a fresh connection answers, it
     /// replaces the old one and every account served in process is reloaded from the database
     /// into Redis; then the breaker closes. Anything failing leaves it open for the next probe.
@@ -171,7 +206,7 @@ impl Shared {
             for (user_id, ids) in orphans {
                 kept.entry(user_id).or_default().extend(ids);
             }
-            self.breaker.failure(true);
+            self.breaker.failure(true, now_ms());
             return;
         }
         self.fallback.clear();
