@@ -206,6 +206,9 @@ fn anthropic_stream_shape() {
         ]
     );
     assert!(events[7].contains("\"output_tokens\":24"));
+    // Cumulative usage in `message_delta`, input and cache reads included.
+    assert!(events[7].contains("\"input_tokens\":25"));
+    assert!(events[7].contains("\"cache_read_input_tokens\":5"));
     assert!(events[0].contains("\"cache_read_input_tokens\":5"));
 }
 
