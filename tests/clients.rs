@@ -272,6 +272,54 @@ async fn litellm_as_a_library() {
     run_library(&LITELLM).await;
 }
 
+/// The versions the manual lists are the ones pinned: every library of `package.json` and
+/// the clients of `requirements.txt` appear with their version in the manual's table.
+#[test]
+fn documented_versions_are_the_pinned_ones() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |path: &str| std::fs::read_to_string(root.join(path)).expect(path);
+    let docs = read("docs/developer-api.md");
+    let section = docs
+        .split("\n## Client libraries\n")
+        .nth(1)
+        .expect("a Client libraries section in docs/developer-api.md");
+    let package: Value = serde_json::from_str(&read("tests/clients/package.json")).unwrap();
+    let mut pinned: Vec<(String, String)> = package["dependencies"]
+        .as_object()
+        .expect("dependencies")
+        .iter()
+        .filter(|(name, _)| name.as_str() != "zod")
+        .map(|(name, version)| (name.clone(), version.as_str().unwrap_or("").to_string()))
+        .collect();
+    let clients = [
+        "openai",
+        "anthropic",
+        "langchain-openai",
+        "langchain-anthropic",
+        "langchain-core",
+        "openai-agents",
+        "litellm",
+    ];
+    for line in read("tests/clients/requirements.txt").lines() {
+        if let Some((name, version)) = line.split_once("==") {
+            if clients.contains(&name) {
+                pinned.push((name.to_string(), version.to_string()));
+            }
+        }
+    }
+    assert_eq!(pinned.len(), 3 + clients.len(), "{pinned:?}");
+    for (name, version) in pinned {
+        let row = section
+            .lines()
+            .find(|l| l.contains(&format!("`{name}`")))
+            .unwrap_or_else(|| panic!("{name} is not in the manual's table"));
+        assert!(
+            row.contains(&version),
+            "the manual lists {name} without its pinned version {version}: {row}"
+        );
+    }
+}
+
 /// One case of a library's matrix.
 struct Case {
     id: String,
@@ -482,6 +530,8 @@ impl ClientProcess {
             .env_remove("ANTHROPIC_API_KEY")
             .env_remove("OPENAI_BASE_URL")
             .env_remove("ANTHROPIC_BASE_URL")
+            .env_remove("LANGSMITH_TRACING")
+            .env_remove("LANGCHAIN_TRACING_V2")
             .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
