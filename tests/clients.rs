@@ -22,83 +22,45 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
-/// Cases that fail today only because of work merging from other branches, with the reason and
-/// a fragment of the error they fail with. A listed case that passes, or fails otherwise, fails
-/// the suite: empty the entries as their fixes land.
-const KNOWN_FAILURES: &[(&str, &str, &str)] = &[
-    // (a) Responses `item_reference`s on translated models: the Vercel default (Responses)
-    // model refers to its earlier answer's items by id on the next request.
-    (
-        "vercel/responses/chat2/anthropic",
-        ITEM_REFERENCE,
-        "item_reference",
-    ),
-    (
-        "vercel/responses/chat2/chat-only",
-        ITEM_REFERENCE,
-        "item_reference",
-    ),
-    (
-        "vercel/responses/tools/anthropic",
-        ITEM_REFERENCE,
-        "item_reference",
-    ),
-    // (c) a client's default output budget above the model's `max_output_tokens`, refused as
-    // `max_output_tokens_exceeded` (to pass once `CLAMP` below is set).
-    (
-        "vercel/anthropic/generate/anthropic",
-        OUTPUT_CLAMP,
-        "max_output_tokens_exceeded",
-    ),
-    (
-        "vercel/anthropic/stream/anthropic",
-        OUTPUT_CLAMP,
-        "max_output_tokens_exceeded",
-    ),
-    (
-        "vercel/anthropic/chat2/anthropic",
-        OUTPUT_CLAMP,
-        "max_output_tokens_exceeded",
-    ),
-    (
-        "vercel/anthropic/tools/anthropic",
-        OUTPUT_CLAMP,
-        "max_output_tokens_exceeded",
-    ),
-    (
-        "litellm/anthropic/complete/anthropic",
-        OUTPUT_CLAMP,
-        "max_output_tokens_exceeded",
-    ),
-    (
-        "litellm/anthropic/stream/anthropic",
-        OUTPUT_CLAMP,
-        "max_output_tokens_exceeded",
-    ),
-    (
-        "litellm/anthropic/complete/openai",
-        OUTPUT_CLAMP,
-        "max_output_tokens_exceeded",
-    ),
-    (
-        "litellm/anthropic/stream/openai",
-        OUTPUT_CLAMP,
-        "max_output_tokens_exceeded",
-    ),
-    (
-        "litellm/anthropic/complete/chat-only",
-        OUTPUT_CLAMP,
-        "max_output_tokens_exceeded",
-    ),
-    (
-        "litellm/anthropic/stream/chat-only",
-        OUTPUT_CLAMP,
-        "max_output_tokens_exceeded",
-    ),
+/// Cases that fail today only because of work merging from other branches, with the reason.
+/// A listed case that passes, or fails with another error than its reason's, fails the suite:
+/// empty the list as the fixes land.
+const KNOWN_FAILURES: &[(&str, Reason)] = &[
+    ("vercel/responses/chat2/anthropic", ITEM_REFERENCE),
+    ("vercel/responses/chat2/chat-only", ITEM_REFERENCE),
+    ("vercel/responses/tools/anthropic", ITEM_REFERENCE),
+    ("vercel/anthropic/generate/anthropic", OUTPUT_CLAMP),
+    ("vercel/anthropic/stream/anthropic", OUTPUT_CLAMP),
+    ("vercel/anthropic/chat2/anthropic", OUTPUT_CLAMP),
+    ("vercel/anthropic/tools/anthropic", OUTPUT_CLAMP),
+    ("litellm/anthropic/complete/anthropic", OUTPUT_CLAMP),
+    ("litellm/anthropic/stream/anthropic", OUTPUT_CLAMP),
+    ("litellm/anthropic/complete/openai", OUTPUT_CLAMP),
+    ("litellm/anthropic/stream/openai", OUTPUT_CLAMP),
+    ("litellm/anthropic/complete/chat-only", OUTPUT_CLAMP),
+    ("litellm/anthropic/stream/chat-only", OUTPUT_CLAMP),
 ];
 
-const ITEM_REFERENCE: &str = "(a) Responses item_reference on a translated model";
-const OUTPUT_CLAMP: &str = "(c) default max_tokens above the model's limit";
+/// Why a known failure fails, and a fragment of the error it fails with.
+#[derive(Clone, Copy)]
+struct Reason {
+    why: &'static str,
+    error: &'static str,
+}
+
+/// (a) The Vercel default (Responses) model refers to its earlier answer's items by id on the
+/// next request, which translated models refuse.
+const ITEM_REFERENCE: Reason = Reason {
+    why: "(a) Responses item_reference on a translated model",
+    error: "item_reference",
+};
+
+/// (c) The client's default output budget (128000) is above the model's `max_output_tokens`;
+/// to pass once `CLAMP` is set.
+const OUTPUT_CLAMP: Reason = Reason {
+    why: "(c) default max_tokens above the model's limit",
+    error: "max_output_tokens_exceeded",
+};
 
 /// Model options added to every model of the suite: `clamp_output_tokens = true` once (c)
 /// lands, so clients' large default output budgets are clamped to the model's limit.
@@ -419,15 +381,21 @@ async fn run_library(library: &Library) {
     let mut report = String::new();
     let mut wrong = Vec::new();
     for (id, outcome) in &outcomes {
-        let known = KNOWN_FAILURES.iter().find(|(k, _, _)| k == id);
+        let known = KNOWN_FAILURES
+            .iter()
+            .find(|(k, _)| k == id)
+            .map(|(_, reason)| reason);
         let line = match (outcome, known) {
             (Ok(()), None) => format!("pass          {id}"),
-            (Err(e), Some((_, why, fragment))) if e.contains(fragment) => {
-                format!("known failure {id}: {why}: {}", first_line(e))
+            (Err(e), Some(reason)) if e.contains(reason.error) => {
+                format!("known failure {id}: {}: {}", reason.why, first_line(e))
             }
-            (Ok(()), Some((_, why, _))) => {
+            (Ok(()), Some(reason)) => {
                 wrong.push(id.clone());
-                format!("FIXED         {id}: passes now; remove it from KNOWN_FAILURES ({why})")
+                format!(
+                    "FIXED         {id}: passes now; remove it from KNOWN_FAILURES ({})",
+                    reason.why
+                )
             }
             (Err(e), _) => {
                 wrong.push(id.clone());
