@@ -120,7 +120,9 @@ pub(crate) fn messages_stream(info: &RequestInfo, b: &Behaviour, chunks: usize) 
     let mut message_delta =
         json!({ "delta": { "stop_reason": stop_reason, "stop_sequence": null } });
     if !b.no_usage {
-        message_delta["usage"] = json!({ "output_tokens": COMPLETION_TOKENS });
+        // Cumulative, input included, as Anthropic sends it today: some clients
+        // (langchain-anthropic) read the usage of a stream from this event alone.
+        message_delta["usage"] = anthropic_usage(COMPLETION_TOKENS);
     }
     plan.epilogue = vec![
         block_stop(last_index),

@@ -10,10 +10,11 @@ use serde_json::{json, Value};
 use crate::anthropic::{anthropic_message, messages_stream};
 use crate::faults::Behaviour;
 use crate::openai::{
-    chat_completion, chat_stream, output_message, response_object, responses_stream,
+    chat_completion, chat_stream, function_call_item, output_message, response_object,
+    responses_stream,
 };
 use crate::recording::Config;
-use crate::reply::{not_found, unix_secs, Reply, ANSWER_TEXT};
+use crate::reply::{not_found, unix_secs, Reply, ANSWER_TEXT, TOOL_ARG_PARTS};
 use crate::request::{RequestInfo, Route};
 
 /// Size of the fake `/v1/audio/speech` payload.
@@ -98,7 +99,11 @@ pub(crate) fn model_reply(
             Reply::Events(responses_stream(info, b, cfg.chunks))
         }
         Route::Responses => {
-            let output = vec![output_message(ANSWER_TEXT, "completed")];
+            let output = if b.tools {
+                vec![function_call_item(&TOOL_ARG_PARTS.concat(), "completed")]
+            } else {
+                vec![output_message(ANSWER_TEXT, "completed")]
+            };
             Reply::ok(&response_object(model, "completed", output, !b.no_usage))
         }
         Route::Messages if info.streaming() => Reply::Events(messages_stream(info, b, cfg.chunks)),

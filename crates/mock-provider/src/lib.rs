@@ -3,7 +3,9 @@
 //! It speaks just enough of the OpenAI and Anthropic HTTP APIs for the gateway
 //! to proxy real-looking traffic (JSON bodies, SSE streams, binary audio) and
 //! lets tests provoke failures through the request's `model` value or an
-//! `x-mock-status` header. Every request can be recorded in memory and read
+//! `x-mock-status` header. A model named with `tools` calls the tool `get_weather` on every
+//! endpoint until the conversation ends with the tool's result, then answers with text, so
+//! clients' tool loops run one round trip and end. Every request can be recorded in memory and read
 //! back through `/__mock/requests`, so tests can prove what the gateway sent
 //! upstream. `POST /__mock/fail` scripts the next few answers' status (a
 //! provider failing N times, then well again). It doubles as the benchmark baseline, hence
@@ -47,7 +49,7 @@ use faults::{failure_reply, forced_status, select_behaviour, Behaviour, Failure,
 use recording::{control_reply, lock, make_record, unix_millis, Config, State};
 use render::{internal_error, render};
 use reply::{error_value, not_found, Reply};
-use request::{RequestInfo, Route};
+use request::{ends_with_tool_result, RequestInfo, Route};
 
 /// Largest request body accepted; tests push multi-megabyte bodies through
 /// the gateway and check they arrive intact.
@@ -140,7 +142,10 @@ async fn answer(
     if let Some(recorded) = replay::answer(state.config.fixtures.as_deref(), info.model()) {
         return (Reply::Replay(recorded), Behaviour::default());
     }
-    let behaviour = select_behaviour(info.model(), forced_status(&parts.headers));
+    let mut behaviour = select_behaviour(info.model(), forced_status(&parts.headers));
+    if behaviour.tools && ends_with_tool_result(route, &body) {
+        behaviour.tools = false;
+    }
     let mut delay = state.config.latency;
     if behaviour.slow {
         delay += SLOW_DELAY;

@@ -149,6 +149,19 @@ pub(crate) fn output_message(text: &str, status: &str) -> Value {
     })
 }
 
+/// The Responses API's tool call: the same call as the chat answer's, as a `function_call`
+/// output item.
+pub(crate) fn function_call_item(arguments: &str, status: &str) -> Value {
+    json!({
+        "type": "function_call",
+        "id": "fc_mock",
+        "call_id": "call_mock",
+        "name": "get_weather",
+        "arguments": arguments,
+        "status": status
+    })
+}
+
 pub(crate) fn response_object(model: &str, status: &str, output: Vec<Value>, usage: bool) -> Value {
     let mut body = json!({
         "id": "resp_mock",
@@ -192,11 +205,42 @@ impl ResponseEvents {
 pub(crate) fn responses_stream(info: &RequestInfo, b: &Behaviour, chunks: usize) -> EventPlan {
     let model = info.model();
     let mut ev = ResponseEvents { seq: 0 };
-    let mut plan = EventPlan::default();
     let pending = response_object(model, "in_progress", Vec::new(), false);
-    plan.prelude = vec![
-        ev.event("response.created", json!({ "response": pending })),
-        ev.event("response.in_progress", json!({ "response": pending })),
+    let mut plan = EventPlan {
+        prelude: vec![
+            ev.event("response.created", json!({ "response": pending })),
+            ev.event("response.in_progress", json!({ "response": pending })),
+        ],
+        ..EventPlan::default()
+    };
+    let item = if b.tools {
+        function_call_events(&mut plan, &mut ev)
+    } else {
+        text_events(&mut plan, &mut ev, info.delta_count(chunks))
+    };
+    plan.epilogue.push(ev.event(
+        "response.output_item.done",
+        json!({ "output_index": 0, "item": item }),
+    ));
+    plan.epilogue.push(ev.event(
+        "response.completed",
+        json!({ "response": response_object(model, "completed", vec![item], !b.no_usage) }),
+    ));
+    // The error event replaces everything after the first few deltas.
+    let error_seq = plan.prelude.len() + plan.deltas.len().min(MIDSTREAM_ERROR_AFTER);
+    plan.error_event = sse_event(
+        "error",
+        &json!({ "type": "error", "code": "server_error", "message": "overloaded",
+                 "param": null, "sequence_number": error_seq })
+        .to_string(),
+    );
+    plan
+}
+
+/// The events of one streamed text message, up to its `output_text.done` and
+/// `content_part.done`; returns the finished item.
+fn text_events(plan: &mut EventPlan, ev: &mut ResponseEvents, deltas: usize) -> Value {
+    plan.prelude.extend([
         ev.event(
             "response.output_item.added",
             json!({ "output_index": 0, "item": output_message("", "in_progress") }),
@@ -206,15 +250,10 @@ pub(crate) fn responses_stream(info: &RequestInfo, b: &Behaviour, chunks: usize)
             json!({ "item_id": "msg_mock", "output_index": 0, "content_index": 0,
                     "part": { "type": "output_text", "text": "", "annotations": [] } }),
         ),
-    ];
-    let pieces: Vec<String> = (0..info.delta_count(chunks))
-        .map(|i| format!("tok{i} "))
-        .collect();
+    ]);
+    let pieces: Vec<String> = (0..deltas).map(|i| format!("tok{i} ")).collect();
     plan.deltas = pieces.iter().map(|p| ev.delta(p)).collect();
-    // The error event replaces everything after the first few deltas.
-    let error_seq = plan.prelude.len() + plan.deltas.len().min(MIDSTREAM_ERROR_AFTER);
     let text = pieces.concat();
-    let item = output_message(&text, "completed");
     plan.epilogue = vec![
         ev.event(
             "response.output_text.done",
@@ -225,20 +264,31 @@ pub(crate) fn responses_stream(info: &RequestInfo, b: &Behaviour, chunks: usize)
             json!({ "item_id": "msg_mock", "output_index": 0, "content_index": 0,
                     "part": { "type": "output_text", "text": text, "annotations": [] } }),
         ),
-        ev.event(
-            "response.output_item.done",
-            json!({ "output_index": 0, "item": item }),
-        ),
-        ev.event(
-            "response.completed",
-            json!({ "response": response_object(model, "completed", vec![item], !b.no_usage) }),
-        ),
     ];
-    plan.error_event = sse_event(
-        "error",
-        &json!({ "type": "error", "code": "server_error", "message": "overloaded",
-                 "param": null, "sequence_number": error_seq })
-        .to_string(),
-    );
-    plan
+    output_message(&text, "completed")
+}
+
+/// The events of one streamed tool call, its arguments in the same pieces as the chat stream's,
+/// up to `function_call_arguments.done`; returns the finished item.
+fn function_call_events(plan: &mut EventPlan, ev: &mut ResponseEvents) -> Value {
+    plan.prelude.push(ev.event(
+        "response.output_item.added",
+        json!({ "output_index": 0, "item": function_call_item("", "in_progress") }),
+    ));
+    plan.deltas = TOOL_ARG_PARTS
+        .iter()
+        .map(|part| {
+            ev.event(
+                "response.function_call_arguments.delta",
+                json!({ "item_id": "fc_mock", "output_index": 0, "delta": part }),
+            )
+        })
+        .collect();
+    let arguments = TOOL_ARG_PARTS.concat();
+    plan.epilogue = vec![ev.event(
+        "response.function_call_arguments.done",
+        json!({ "item_id": "fc_mock", "output_index": 0, "name": "get_weather",
+                "arguments": arguments }),
+    )];
+    function_call_item(&arguments, "completed")
 }

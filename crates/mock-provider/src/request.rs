@@ -126,3 +126,42 @@ impl RequestInfo {
         }
     }
 }
+
+/// Whether the conversation in `body` ends with a tool's result: a `tool` message (chat), a
+/// user turn whose last block is a `tool_result` (messages), or a `function_call_output` item
+/// (Responses). A `tools` model then answers with text, which ends a client's tool loop; a
+/// tool result followed by a new question still gets a tool call. Parsed only for `tools`
+/// models, so the other answers build no JSON tree.
+pub(crate) fn ends_with_tool_result(route: Route, body: &[u8]) -> bool {
+    #[derive(Deserialize, Default)]
+    #[serde(default)]
+    struct Conversation {
+        messages: Option<Vec<Value>>,
+        input: Option<Value>,
+    }
+    let conversation: Conversation = serde_json::from_slice(body).unwrap_or_default();
+    fn field<'a>(v: &'a Value, name: &str) -> Option<&'a str> {
+        v.get(name).and_then(Value::as_str)
+    }
+    match route {
+        Route::ChatCompletions => conversation
+            .messages
+            .as_ref()
+            .and_then(|m| m.last())
+            .is_some_and(|m| matches!(field(m, "role"), Some("tool" | "function"))),
+        Route::Messages => conversation
+            .messages
+            .as_ref()
+            .and_then(|m| m.last())
+            .filter(|m| field(m, "role") == Some("user"))
+            .and_then(|m| m.get("content")?.as_array()?.last())
+            .is_some_and(|block| field(block, "type") == Some("tool_result")),
+        Route::Responses => conversation
+            .input
+            .as_ref()
+            .and_then(Value::as_array)
+            .and_then(|items| items.last())
+            .is_some_and(|item| field(item, "type") == Some("function_call_output")),
+        _ => false,
+    }
+}

@@ -12,7 +12,7 @@ use crate::openai::{chat_stream, responses_stream};
 use crate::recording::header_map;
 use crate::render::assemble;
 use crate::reply::{sse_data, sse_event};
-use crate::request::{RequestInfo, Route};
+use crate::request::{ends_with_tool_result, RequestInfo, Route};
 
 fn data_of(steps: &[Step]) -> Vec<String> {
     steps
@@ -206,6 +206,9 @@ fn anthropic_stream_shape() {
         ]
     );
     assert!(events[7].contains("\"output_tokens\":24"));
+    // Cumulative usage in `message_delta`, input and cache reads included.
+    assert!(events[7].contains("\"input_tokens\":25"));
+    assert!(events[7].contains("\"cache_read_input_tokens\":5"));
     assert!(events[0].contains("\"cache_read_input_tokens\":5"));
 }
 
@@ -242,6 +245,103 @@ fn responses_stream_sequence_numbers() {
         serde_json::from_str(&events.last().expect("events").lines().nth(1).unwrap_or("")[6..])
             .expect("json");
     assert_eq!(v["sequence_number"], json!(events.len() - 1));
+}
+
+/// The event names of a stream, in order.
+fn event_names(events: &[String]) -> Vec<&str> {
+    events
+        .iter()
+        .map(|e| {
+            e.lines()
+                .next()
+                .and_then(|l| l.strip_prefix("event: "))
+                .unwrap_or("")
+        })
+        .collect()
+}
+
+fn event_json(event: &str) -> Value {
+    let data = event
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .expect("data line");
+    serde_json::from_str(data).expect("json")
+}
+
+#[test]
+fn responses_stream_tool_call() {
+    let b = select_behaviour("tools", None);
+    let events = data_of(&assemble(responses_stream(&request("{}"), &b, 5), &b));
+    assert_events_are_json(&events);
+    assert_eq!(
+        event_names(&events),
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+            "response.completed"
+        ]
+    );
+    let values: Vec<Value> = events.iter().map(|e| event_json(e)).collect();
+    for (i, v) in values.iter().enumerate() {
+        assert_eq!(v["sequence_number"], json!(i));
+    }
+    let args: String = values[3..6]
+        .iter()
+        .map(|v| v["delta"].as_str().expect("delta"))
+        .collect();
+    assert_eq!(args, r#"{"city":"Paris"}"#);
+    assert_eq!(values[6]["arguments"], json!(args));
+    let output = &values[8]["response"]["output"];
+    assert_eq!(
+        output,
+        &json!([{ "type": "function_call", "id": "fc_mock", "call_id": "call_mock",
+                  "name": "get_weather", "arguments": args, "status": "completed" }])
+    );
+    assert_eq!(values[8]["response"]["usage"]["output_tokens"], json!(24));
+}
+
+#[test]
+fn tool_loop_ends_at_the_tool_result() {
+    let ends = |route, body: Value| ends_with_tool_result(route, body.to_string().as_bytes());
+    let chat =
+        |last: Value| json!({ "messages": [{ "role": "user", "content": "weather?" }, last] });
+    assert!(ends(
+        Route::ChatCompletions,
+        chat(json!({ "role": "tool", "tool_call_id": "call_mock", "content": "sunny" }))
+    ));
+    assert!(!ends(
+        Route::ChatCompletions,
+        chat(json!({ "role": "user", "content": "and Rome?" }))
+    ));
+    let result = json!({ "type": "tool_result", "tool_use_id": "toolu_mock", "content": "sunny" });
+    let text = json!({ "type": "text", "text": "and Rome?" });
+    let user = |content: Value| json!({ "messages": [{ "role": "user", "content": content }] });
+    assert!(ends(Route::Messages, user(json!([result.clone()]))));
+    // A new question after the result starts another round.
+    assert!(!ends(Route::Messages, user(json!([result, text]))));
+    assert!(!ends(Route::Messages, user(json!("weather?"))));
+    let input = |last: Value| json!({ "input": [{ "role": "user", "content": "weather?" }, last] });
+    assert!(ends(
+        Route::Responses,
+        input(json!({ "type": "function_call_output", "call_id": "call_mock", "output": "sunny" }))
+    ));
+    assert!(!ends(
+        Route::Responses,
+        input(
+            json!({ "type": "function_call", "call_id": "call_mock", "name": "get_weather",
+                      "arguments": "{}" })
+        )
+    ));
+    assert!(!ends(Route::Responses, json!({ "input": "weather?" })));
+    // Bodies that are not JSON, or odd shapes, are no tool result.
+    assert!(!ends_with_tool_result(Route::ChatCompletions, b"not json"));
+    assert!(!ends(Route::ChatCompletions, json!({ "messages": "x" })));
 }
 
 #[test]
