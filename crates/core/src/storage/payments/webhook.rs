@@ -27,6 +27,9 @@ pub struct IncomingItem {
 #[derive(Debug, Clone)]
 pub struct MatchRules {
     pub lot_days: u64,
+    /// The largest amount an item may carry (`[payment] max_webhook_amount_vnd`); amounts above
+    /// it or not positive are `invalid_amount`.
+    pub max_amount_vnd: i64,
     /// Price of personal-code top-ups; `None` or 0 leaves such transfers `unmatched`.
     pub token_price_vnd_per_million: Option<u64>,
 }
@@ -39,6 +42,7 @@ pub enum ItemStatus {
     AmountMismatch,
     Unmatched,
     Ignored,
+    InvalidAmount,
 }
 
 impl ItemStatus {
@@ -49,6 +53,7 @@ impl ItemStatus {
             ItemStatus::AmountMismatch => "amount_mismatch",
             ItemStatus::Unmatched => "unmatched",
             ItemStatus::Ignored => "ignored",
+            ItemStatus::InvalidAmount => "invalid_amount",
         }
     }
 }
@@ -93,13 +98,19 @@ pub(crate) mod sql {
 
 impl PaymentStore<'_> {
     /// Processes one webhook item in its own transaction (see the module doc). `candidates` are
-    /// the codes found in its description. An `Err` means nothing was stored.
+    /// the codes found in its description. An amount outside `1..=rules.max_amount_vnd` is
+    /// `invalid_amount` and stores nothing. An `Err` means nothing was stored.
     pub async fn process_item(
         &self,
         item: &IncomingItem,
         candidates: &Candidates,
         rules: &MatchRules,
     ) -> StoreResult<ItemOutcome> {
+        // Nothing is stored of an amount no bank sends: it could only be a forged or broken
+        // notification, and amounts near the integer limits would overflow what they buy.
+        if !(1..=rules.max_amount_vnd).contains(&item.amount_vnd) {
+            return Ok(ItemOutcome::plain(ItemStatus::InvalidAmount));
+        }
         let now = now_ms();
         let mut tx = self.db.pool.begin().await?;
         // The claim comes first: it is the idempotency check, and as a write it also makes
