@@ -659,3 +659,51 @@ fn version_names_the_commit_it_was_built_from() {
         assert!(!commit.is_empty(), "{text}");
     }
 }
+
+/// The account service's private socket lives in the data directory, one per process; the
+/// files a killed process leaves (there, or in the temporary directory where earlier versions
+/// kept them) are removed at the next start, and never a running process's.
+#[tokio::test]
+async fn sockets_left_by_killed_processes_are_removed_at_start() {
+    use std::os::unix::net::UnixListener;
+    let (_mock, mut gw) = config::start_with_toml("");
+    let data = gw.dir.path().join("data");
+    let killed = gw.pid().expect("pid");
+    let left = data.join(format!("gateway-site-{killed}.sock"));
+    assert!(left.exists(), "the socket is in the data directory");
+    gw.kill();
+    assert!(left.exists(), "kill -9 leaves it behind");
+
+    let tag = gateway_core::util::random_base62(8);
+    let tmp = std::env::temp_dir();
+    let old_style = tmp.join(format!("gateway-site-{killed}-{tag}.sock"));
+    let live = std::process::id();
+    let live_here = data.join(format!("gateway-site-{live}.sock"));
+    let live_tmp = tmp.join(format!("gateway-site-{live}-{tag}.sock"));
+    let _listeners: Vec<UnixListener> = [&old_style, &live_here, &live_tmp]
+        .iter()
+        .map(|p| UnixListener::bind(p).expect("bind"))
+        .collect();
+    // Not a socket, whatever its name says.
+    let not_a_socket = data.join(format!("gateway-site-{killed}-kept.sock"));
+    std::fs::write(&not_a_socket, "x").expect("write");
+
+    gw.spawn();
+    let now = gw.pid().expect("pid");
+    let after = [&left, &old_style, &live_here, &live_tmp, &not_a_socket].map(|p| p.exists());
+    let _ = std::fs::remove_file(&old_style);
+    let _ = std::fs::remove_file(&live_tmp);
+    assert_eq!(
+        after,
+        [false, false, true, true, true],
+        "killed process's socket, its old-style one in {}, a running process's two, a file",
+        tmp.display()
+    );
+    assert!(data.join(format!("gateway-site-{now}.sock")).exists());
+    let r = client()
+        .get(gw.site_url("/api/auth/session"))
+        .send()
+        .await
+        .expect("site");
+    assert_eq!(r.status(), 200, "the site is served through the new socket");
+}
