@@ -317,11 +317,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     let api_state = build_api_state(state.clone(), &rt)?;
 
     // The account service, on a private socket served by the storage runtime.
-    let uds = std::env::temp_dir().join(format!(
-        "gateway-site-{}-{}.sock",
-        std::process::id(),
-        gateway_core::util::random_base62(8)
-    ));
+    let uds = crate::lifecycle::site_socket(&upgrade_sock);
     {
         let state = state.clone();
         let path = uds.clone();

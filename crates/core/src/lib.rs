@@ -6,6 +6,7 @@
 
 pub mod apikey;
 pub mod config;
+pub mod credential_mask;
 pub mod domain;
 pub mod identity;
 pub mod journal;

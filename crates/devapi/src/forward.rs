@@ -454,7 +454,7 @@ async fn refused(state: &SharedApiState, answer: Answer) -> ApiError {
     let body = ex.read_all(ERROR_BODY_LIMIT).await.unwrap_or_default();
     state.upstreams.finish(ex).await;
     let p = &target.provider;
-    sanitize::operator_refused(&p.name, status, &body, p.api_key.as_deref())
+    sanitize::operator_refused(&p.name, status, &body, &p.api_key_mask)
 }
 
 /// Why the relay stopped before the client's header went out.
@@ -645,7 +645,7 @@ impl<'a> Relay<'a> {
         if self.shaper.holds_header() && client_here {
             let (client_status, body) = self.shaper.whole(reason);
             let body = match client_status {
-                400.. => sanitize::mask_credential(body, self.target.provider.api_key.as_deref()),
+                400.. => sanitize::mask_credential(body, &self.target.provider.api_key_mask),
                 _ => body,
             };
             self.status = client_status;

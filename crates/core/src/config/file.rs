@@ -249,6 +249,8 @@ pub struct PaymentFile {
     pub lot_days: Option<u64>,
     pub token_price_vnd_per_million: Option<u64>,
     pub request_price_vnd_per_thousand: Option<u64>,
+    /// Largest amount a webhook item may carry; larger ones are refused (`amount_mismatch`).
+    pub max_webhook_amount_vnd: Option<u64>,
     pub bank_bin: Option<String>,
     pub account_number: Option<String>,
     pub account_name: Option<String>,

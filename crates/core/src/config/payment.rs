@@ -5,6 +5,10 @@ use std::time::Duration;
 use super::check::{Checker, ConfigError};
 use super::file::PaymentFile;
 
+/// One billion đồng: far above any real top-up, far below amounts whose token counts or sums
+/// come near the integer limits.
+pub const DEFAULT_MAX_WEBHOOK_AMOUNT_VND: i64 = 1_000_000_000;
+
 #[derive(Debug, Clone)]
 pub struct PaymentConfig {
     pub webhook_provider: String,
@@ -14,6 +18,9 @@ pub struct PaymentConfig {
     pub lot_days: u64,
     pub token_price_vnd_per_million: Option<u64>,
     pub request_price_vnd_per_thousand: Option<u64>,
+    /// The largest amount one webhook item may carry; larger (and non-positive) amounts are
+    /// refused (`amount_mismatch`, nothing stored). At most `i64::MAX`, so it compares with any stored amount.
+    pub max_webhook_amount_vnd: i64,
     pub bank_bin: String,
     pub account_number: String,
     pub account_name: String,
@@ -44,8 +51,18 @@ pub(super) fn validate(c: &Checker, f: PaymentFile) -> Result<PaymentConfig, Con
             "must be letters, digits, - or _",
         ));
     }
+    let max_webhook_amount_vnd = match f.max_webhook_amount_vnd {
+        None => DEFAULT_MAX_WEBHOOK_AMOUNT_VND,
+        Some(n) => i64::try_from(n).ok().filter(|n| *n >= 1).ok_or_else(|| {
+            c.err(
+                "payment.max_webhook_amount_vnd",
+                format!("must be between 1 and {}", i64::MAX),
+            )
+        })?,
+    };
     Ok(PaymentConfig {
         webhook_provider,
+        max_webhook_amount_vnd,
         code_prefix,
         max_pending_orders: f.max_pending_orders.unwrap_or(3).max(1),
         order_ttl: match f.order_ttl_seconds {

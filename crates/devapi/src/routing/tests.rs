@@ -27,6 +27,7 @@ fn provider(name: &str, key_env: Option<&str>) -> Arc<Provider> {
         host_header: "127.0.0.1:9".into(),
         api_key: None,
         api_key_env: key_env.map(str::to_string),
+        api_key_mask: Default::default(),
         connect_timeout: Duration::from_secs(1),
         first_byte_timeout: Duration::from_secs(1),
         idle_timeout: Duration::from_secs(1),

@@ -101,7 +101,8 @@ impl Pricing {
 
 /// Reads `{packageId}` or `{quotaType, quantity}` and prices it. Custom quantities are counted
 /// in tokens or requests (what the lot will hold) and cost `ceil(quantity × price / unit)` VND,
-/// the unit being a million tokens or a thousand requests.
+/// the unit being a million tokens or a thousand requests, at most
+/// `max_webhook_amount_vnd` (`invalid_quantity` beyond).
 pub fn order_request(
     cfg: &PaymentConfig,
     user_id: &str,
@@ -142,9 +143,11 @@ pub fn order_request(
         .filter(|p| *p > 0)
         .ok_or(SiteError::PriceNotConfigured)?;
     let amount = (u128::from(quantity) * u128::from(price)).div_ceil(unit);
-    let amount_vnd = u64::try_from(amount)
+    // No more than one webhook item may carry: an order above it could never be paid.
+    let amount_vnd = i64::try_from(amount)
         .ok()
-        .filter(|a| *a <= i64::MAX as u64)
+        .filter(|a| *a <= cfg.max_webhook_amount_vnd)
+        .and_then(|a| u64::try_from(a).ok())
         .ok_or(SiteError::InvalidQuantity)?;
     Ok(NewOrder {
         user_id: user_id.to_string(),
@@ -212,5 +215,26 @@ mod tests {
         assert_eq!(err(json!({"packageId":"gold"})), code("invalid_package"));
         assert_eq!(err(json!({"packageId":7})), code("invalid_package"));
         assert_eq!(err(json!({})), code("invalid_package"));
+    }
+
+    #[test]
+    fn custom_orders_cost_no_more_than_one_transfer_may_carry() {
+        let cfg = gateway_core::config::Config::from_str(
+            std::path::Path::new("t.toml"),
+            "[payment]\ntoken_price_vnd_per_million = 1000\nmax_webhook_amount_vnd = 2000\n",
+        )
+        .expect("config");
+        let order = |q: u64| {
+            order_request(
+                &cfg.payment,
+                "u",
+                &json!({"quotaType":"token","quantity":q}),
+            )
+        };
+        assert_eq!(order(2_000_000).expect("order").amount_vnd, 2000);
+        assert_eq!(
+            order(2_000_001).err().map(|e| e.code()),
+            Some("invalid_quantity".to_string())
+        );
     }
 }
