@@ -1,7 +1,8 @@
 """Drives the gateway with the official openai and anthropic SDKs.
 
 usage: sdk_clients.py BASE_URL API_KEY MODE
-  MODE native: each SDK against models of its own style
+  MODE native: each SDK against models of its own style (the config also has a model
+               `openai/gpt-4o`)
   MODE cross:  each SDK against models of the other style (translation)
 Exits non-zero with a message on the first failed expectation.
 """
@@ -51,6 +52,16 @@ if mode == "native":
     check(len(sp.content) == 65536, "openai speech")
     models = [m.id for m in oai.models.list()]
     check("mock-gpt" in models, "openai models")
+    m = oai.models.retrieve("mock-gpt")
+    check(m.id == "mock-gpt" and m.object == "model", "openai models.retrieve")
+    # The SDK percent-encodes the slash of a routed id.
+    m = oai.models.retrieve("openai/gpt-4o")
+    check(m.id == "openai/gpt-4o", "openai models.retrieve of an id with a slash")
+    try:
+        oai.models.retrieve("no-such-model")
+        check(False, "retrieving an unknown model must fail")
+    except openai.NotFoundError as e:
+        check(e.body.get("code") == "model_not_found", "openai models.retrieve of an unknown id")
 
 # Tools, plain and streamed.
 r = oai.chat.completions.create(

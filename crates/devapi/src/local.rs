@@ -1,4 +1,6 @@
-//! Answers the gateway gives itself: model listings and local token counts.
+//! Answers the gateway gives itself: model listings and retrievals, and local token counts.
+
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 
@@ -29,29 +31,61 @@ pub fn endpoints_for(style: ProviderStyle) -> Vec<Endpoint> {
     }
 }
 
-fn visible<'a>(
-    cfg: &'a Config,
-    who: &'a Identity,
-) -> impl Iterator<Item = &'a std::sync::Arc<Model>> {
+fn visible<'a>(cfg: &'a Config, who: &'a Identity) -> impl Iterator<Item = &'a Arc<Model>> {
     let allow = &who.key.model_allowlist;
     cfg.models
         .iter()
         .filter(move |m| allow.is_empty() || allow.iter().any(|a| a == &m.id))
 }
 
+/// The model `id` names, if this key may see it (a key with a model allowlist sees only those
+/// models, as in the list).
+pub fn visible_model<'a>(cfg: &'a Config, who: &Identity, id: &str) -> Option<&'a Arc<Model>> {
+    let allow = &who.key.model_allowlist;
+    cfg.models_by_id
+        .get(id)
+        .filter(|_| allow.is_empty() || allow.iter().any(|a| a == id))
+}
+
+/// A model in OpenAI's shape.
+fn openai_model(m: &Model) -> Value {
+    json!({
+        "id": m.id,
+        "object": "model",
+        "created": 0,
+        "owned_by": m.deployments.first().map(|d| d.provider.name.as_str()).unwrap_or(""),
+    })
+}
+
+/// A model in Anthropic's shape. The gateway knows no release date: `created_at` is the epoch,
+/// as Anthropic documents for an unknown one.
+fn anthropic_model(m: &Model) -> Value {
+    json!({
+        "type": "model",
+        "id": m.id,
+        "display_name": m.id,
+        "created_at": "1970-01-01T00:00:00Z",
+        "lifecycle": "active",
+        "max_input_tokens": m.context_window,
+        "max_tokens": m.max_output_tokens,
+    })
+}
+
 /// `GET /v1/models`: the OpenAI list shape, only models this key may use.
 pub fn models(cfg: &Config, who: &Identity) -> Value {
-    let data: Vec<Value> = visible(cfg, who)
-        .map(|m| {
-            json!({
-                "id": m.id,
-                "object": "model",
-                "created": 0,
-                "owned_by": m.deployments.first().map(|d| d.provider.name.as_str()).unwrap_or(""),
-            })
-        })
-        .collect();
+    let data: Vec<Value> = visible(cfg, who).map(|m| openai_model(m)).collect();
     json!({ "object": "list", "data": data })
+}
+
+/// `GET /v1/models/{id}` (OpenAI's shape) and `GET /alt/v1/models/{id}` (Anthropic's, when
+/// `style_b`): `None` when the key may not see a model of that id.
+pub fn model(cfg: &Config, who: &Identity, id: &str, style_b: bool) -> Option<Value> {
+    let m = visible_model(cfg, who, id)?;
+    Some(if style_b {
+        anthropic_model(m)
+    } else {
+        openai_model(m)
+    })
 }
 
 /// What one token of each kind of the model costs in quota tokens, so a client sees a model's
