@@ -1,5 +1,7 @@
-//! What real clients expect of the developer API beyond the spec's tables: retrieving one
-//! model (`client.models.retrieve`) in both styles, through the real server.
+//! What real clients expect of the developer API beyond the spec's tables, through the real
+//! server: retrieving one model (`client.models.retrieve`) in both styles; Anthropic's shapes
+//! for style B (the model list and its paging, `request-id`, `anthropic-ratelimit-*`) and each
+//! style's own error types.
 
 mod common;
 
@@ -168,4 +170,405 @@ async fn retrieval_keeps_to_the_keys_models_scope_and_quota() {
         api::status_and_code(r).await,
         (429, "insufficient_quota".into())
     );
+}
+
+/// `(limit, remaining)` of the `x-ratelimit-*-{what}` headers, and the reset in seconds.
+fn openai_window(r: &reqwest::Response, what: &str) -> (u64, u64, u64) {
+    let get = |name: String| -> String {
+        r.headers()
+            .get(&name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_else(|| panic!("no {name}"))
+            .to_string()
+    };
+    (
+        get(format!("x-ratelimit-limit-{what}"))
+            .parse()
+            .expect("limit"),
+        get(format!("x-ratelimit-remaining-{what}"))
+            .parse()
+            .expect("remaining"),
+        get(format!("x-ratelimit-reset-{what}"))
+            .trim_end_matches('s')
+            .parse()
+            .expect("reset"),
+    )
+}
+
+/// Asserts that a style-B answer carries `request-id` (the gateway's `x-request-id`) and
+/// Anthropic's rate-limit headers with the numbers of the OpenAI-style ones, resets as
+/// RFC 3339 times within the minute.
+fn assert_style_b_headers(r: &reqwest::Response, what: &str) {
+    let h = |name: &str| r.headers().get(name).and_then(|v| v.to_str().ok());
+    let id = h("request-id").unwrap_or_else(|| panic!("{what}: no request-id"));
+    assert!(id.starts_with("req_"), "{what}: {id}");
+    assert_eq!(Some(id), h("x-request-id"), "{what}");
+    let now = time::OffsetDateTime::now_utc();
+    for (anthropic, openai) in [
+        ("requests", "requests"),
+        ("input-tokens", "input-tokens"),
+        ("output-tokens", "output-tokens"),
+    ] {
+        let (limit, remaining, _) = openai_window(r, openai);
+        let a = |k: &str| {
+            h(&format!("anthropic-ratelimit-{anthropic}-{k}"))
+                .unwrap_or_else(|| panic!("{what}: no anthropic-ratelimit-{anthropic}-{k}"))
+                .to_string()
+        };
+        assert_eq!(a("limit"), limit.to_string(), "{what}: {anthropic}");
+        assert_eq!(a("remaining"), remaining.to_string(), "{what}: {anthropic}");
+        let reset = time::OffsetDateTime::parse(
+            &a("reset"),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap_or_else(|e| panic!("{what}: reset {:?}: {e}", a("reset")));
+        let ahead = (reset - now).whole_seconds();
+        assert!((-2..=62).contains(&ahead), "{what}: reset {ahead} s ahead");
+    }
+    // `tokens`: the window with fewer tokens left.
+    let (_, input_left, _) = openai_window(r, "input-tokens");
+    let (_, output_left, _) = openai_window(r, "output-tokens");
+    assert_eq!(
+        h("anthropic-ratelimit-tokens-remaining"),
+        Some(input_left.min(output_left).to_string().as_str()),
+        "{what}"
+    );
+}
+
+#[tokio::test]
+async fn style_b_lists_models_in_anthropics_shape_and_pages() {
+    let (_mock, gw) = config::start_with_toml(ODD_IDS);
+    let key = gw.user_with_key("list@example.com", &[]);
+    let all = [
+        "mock-gpt",
+        "mock-big",
+        "mock-tools",
+        "claude-tools",
+        "claude-mock",
+        "openai/gpt-4o",
+        "llama3:8b",
+    ];
+
+    let r = get_in_style(&gw, "/alt/v1/models", &key).await;
+    assert_eq!(r.status(), 200);
+    assert_style_b_headers(&r, "model list");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["has_more"], false, "{v}");
+    assert_eq!(v["first_id"], "mock-gpt");
+    assert_eq!(v["last_id"], "llama3:8b");
+    assert!(v.get("object").is_none(), "{v}");
+    let data = v["data"].as_array().expect("data");
+    let ids: Vec<&str> = data.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, all);
+    for m in data {
+        assert_eq!(m["type"], "model", "{m}");
+        assert!(!m["display_name"].as_str().unwrap_or("").is_empty(), "{m}");
+        assert!(!m["created_at"].as_str().unwrap_or("").is_empty(), "{m}");
+    }
+
+    // Pages forward and back.
+    let page = |q: &'static str| {
+        let gw = &gw;
+        let key = &key;
+        async move {
+            let r = get_in_style(gw, &format!("/alt/v1/models?{q}"), key).await;
+            let status = r.status().as_u16();
+            let v: Value = r.json().await.expect("json");
+            (status, v)
+        }
+    };
+    let ids_of = |v: &Value| -> Vec<String> {
+        v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (s, v) = page("limit=3").await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(ids_of(&v), all[..3]);
+    assert_eq!(
+        (v["has_more"].clone(), v["last_id"].clone()),
+        (json!(true), json!("mock-tools"))
+    );
+    let (_, v) = page("limit=3&after_id=mock-tools").await;
+    assert_eq!(ids_of(&v), all[3..6]);
+    assert_eq!(v["has_more"], true);
+    let (_, v) = page("limit=3&after_id=openai%2Fgpt-4o").await;
+    assert_eq!(ids_of(&v), all[6..]);
+    assert_eq!(v["has_more"], false);
+    let (_, v) = page("limit=2&before_id=claude-tools").await;
+    assert_eq!(ids_of(&v), all[1..3]);
+    assert_eq!(
+        (v["has_more"].clone(), v["first_id"].clone()),
+        (json!(true), json!("mock-big"))
+    );
+    let (_, v) = page("after_id=no-such-model").await;
+    assert_eq!(
+        v,
+        json!({"data": [], "has_more": false, "first_id": null, "last_id": null})
+    );
+    for bad in [
+        "limit=0",
+        "limit=1001",
+        "limit=ten",
+        "after_id=a&before_id=b",
+    ] {
+        let (s, v) = page(bad).await;
+        assert_eq!(s, 400, "{bad}: {v}");
+        assert_eq!(v["type"], "error", "{bad}: {v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{bad}: {v}");
+    }
+
+    // A key limited to some models pages through those alone.
+    let allow = gw.user_with_key("allow@example.com", &["--models", "llama3:8b,claude-mock"]);
+    let r = get_in_style(&gw, "/alt/v1/models?limit=1", &allow).await;
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(
+        (ids_of(&v), v["has_more"].clone()),
+        (vec!["claude-mock".to_string()], json!(true))
+    );
+
+    // /v1 keeps OpenAI's list, and none of Anthropic's headers.
+    let r = get_in_style(&gw, "/v1/models?limit=1", &key).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("request-id").is_none());
+    assert!(r
+        .headers()
+        .get("anthropic-ratelimit-requests-limit")
+        .is_none());
+    assert!(r.headers().get("x-ratelimit-limit-requests").is_some());
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"].as_array().map(Vec::len), Some(all.len()));
+}
+
+#[tokio::test]
+async fn style_b_answers_carry_request_id_and_anthropic_rate_headers() {
+    let (_mock, gw) = config::start_with_toml("");
+    let key = gw.user_with_key("headers@example.com", &[]);
+    let hello = |stream: bool| {
+        json!({"model": "claude-mock", "max_tokens": 32, "stream": stream,
+               "messages": [{"role": "user", "content": "hi"}]})
+    };
+
+    // Relayed, whole and streamed, on both style-B paths; translated from an OpenAI-style model.
+    for path in ["/alt/v1/messages", "/v1/messages"] {
+        for stream in [false, true] {
+            let r = api::post_in_style(&gw, path, &key, &hello(stream)).await;
+            assert_eq!(r.status(), 200, "{path}");
+            assert_style_b_headers(&r, &format!("{path} stream={stream}"));
+            let text = r.text().await.expect("body");
+            assert!(
+                text.contains("claude-mock") || text.contains("message"),
+                "{text}"
+            );
+        }
+    }
+    let mut translated = hello(true);
+    translated["model"] = json!("mock-gpt");
+    let r = api::post_in_style(&gw, "/alt/v1/messages", &key, &translated).await;
+    assert_eq!(r.status(), 200);
+    assert_style_b_headers(&r, "translated stream");
+    let r = api::post_in_style(
+        &gw,
+        "/alt/v1/messages/count_tokens",
+        &key,
+        &json!({"model": "claude-mock", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_style_b_headers(&r, "count_tokens");
+
+    // Errors: after the key, with the windows; before it, the request id alone.
+    let mut unknown = hello(false);
+    unknown["model"] = json!("no-such-model");
+    let r = api::post_in_style(&gw, "/alt/v1/messages", &key, &unknown).await;
+    assert_eq!(r.status(), 404);
+    let id = r.headers()["request-id"].to_str().unwrap().to_string();
+    assert_eq!(r.headers()["x-request-id"].to_str().unwrap(), id);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["type"], "error");
+    for (path, key) in [
+        (
+            "/alt/v1/messages",
+            "sk-not-a-real-key-0000000000000000000000",
+        ),
+        ("/alt/no-such-thing", key.as_str()),
+    ] {
+        let r = api::post_in_style(&gw, path, key, &hello(false)).await;
+        assert!(
+            r.status() == 401 || r.status() == 404,
+            "{path}: {}",
+            r.status()
+        );
+        let id = r
+            .headers()
+            .get("request-id")
+            .map(|v| v.to_str().unwrap().to_string());
+        assert!(
+            id.as_deref().is_some_and(|i| i.starts_with("req_")),
+            "{path}: {id:?}"
+        );
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["type"], "error", "{path}: {v}");
+    }
+
+    // Style A: none of it.
+    let r = api::post_in_style(
+        &gw,
+        "/v1/chat/completions",
+        &key,
+        &json!({"model": "claude-mock", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("request-id").is_none());
+    assert!(r
+        .headers()
+        .get("anthropic-ratelimit-tokens-limit")
+        .is_none());
+}
+
+#[tokio::test]
+async fn a_refused_reservation_in_style_b_carries_the_windows() {
+    let tier = "\n[quota.tiers.beginner]\nweekly_tokens = 1000000\nrequests_per_minute = 1\n";
+    let (_mock, gw) = config::start_with_toml(tier);
+    let key = gw.user_with_key("limited@example.com", &[]);
+    let body = json!({"model": "claude-mock", "max_tokens": 8,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let r = api::post_in_style(&gw, "/alt/v1/messages", &key, &body).await;
+    assert_eq!(r.status(), 200);
+    let r = api::post_in_style(&gw, "/alt/v1/messages", &key, &body).await;
+    assert_eq!(r.status(), 429);
+    assert_style_b_headers(&r, "rate limited");
+    assert_eq!(r.headers()["anthropic-ratelimit-requests-remaining"], "0");
+    assert!(r.headers().get("retry-after").is_some());
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["error"]["type"], "rate_limit_error", "{v}");
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded", "{v}");
+}
+
+#[tokio::test]
+async fn error_types_are_each_styles_own() {
+    let (_mock, gw) = config::start_with_toml(&uncapped_tier("beginner", 1_000_000, 0));
+    let key = gw.user_with_key("types@example.com", &[]);
+    let scoped = gw.user_with_key("scoped@example.com", &["--scopes", "models"]);
+    let chat =
+        |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
+    let messages = |model: &str| json!({"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]});
+    let cases: Vec<(&str, &str, Value, u16, &str, &str)> = vec![
+        // OpenAI calls a missing model or route an invalid request.
+        (
+            "/v1/chat/completions",
+            key.as_str(),
+            chat("nope"),
+            404,
+            "model_not_found",
+            "invalid_request_error",
+        ),
+        (
+            "/v1/nothing-here",
+            key.as_str(),
+            chat("mock-gpt"),
+            404,
+            "endpoint_not_enabled",
+            "invalid_request_error",
+        ),
+        (
+            "/v1/chat/completions",
+            scoped.as_str(),
+            chat("mock-gpt"),
+            403,
+            "insufficient_scope",
+            "permission_error",
+        ),
+        (
+            "/v1/chat/completions",
+            "sk-unknown-0000000000000000000000000",
+            chat("mock-gpt"),
+            401,
+            "invalid_api_key",
+            "authentication_error",
+        ),
+        // Anthropic has a type per status.
+        (
+            "/v1/messages",
+            key.as_str(),
+            messages("nope"),
+            404,
+            "model_not_found",
+            "not_found_error",
+        ),
+        (
+            "/alt/v1/messages",
+            key.as_str(),
+            messages("nope"),
+            404,
+            "model_not_found",
+            "not_found_error",
+        ),
+        (
+            "/alt/v1/nothing-here",
+            key.as_str(),
+            messages("claude-mock"),
+            404,
+            "endpoint_not_enabled",
+            "not_found_error",
+        ),
+        (
+            "/alt/nothing-here",
+            key.as_str(),
+            messages("claude-mock"),
+            404,
+            "not_found",
+            "not_found_error",
+        ),
+        (
+            "/alt/v1/messages",
+            scoped.as_str(),
+            messages("claude-mock"),
+            403,
+            "insufficient_scope",
+            "permission_error",
+        ),
+        (
+            "/alt/v1/messages",
+            "sk-unknown-0000000000000000000000000",
+            messages("claude-mock"),
+            401,
+            "invalid_api_key",
+            "authentication_error",
+        ),
+        (
+            "/alt/v1/messages",
+            key.as_str(),
+            json!({"max_tokens": 8}),
+            400,
+            "missing_model",
+            "invalid_request_error",
+        ),
+    ];
+    for (path, k, body, status, code, kind) in cases {
+        let r = api::post_in_style(&gw, path, k, &body).await;
+        assert_eq!(r.status().as_u16(), status, "{path} {code}");
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["error"]["code"], code, "{path}: {v}");
+        assert_eq!(v["error"]["type"], kind, "{path}: {v}");
+        assert_eq!(
+            v.get("type").is_some(),
+            path.starts_with("/alt") || path.starts_with("/v1/messages"),
+            "{path}: {v}"
+        );
+    }
+    for (path, kind) in [
+        ("/v1/models/nope", "invalid_request_error"),
+        ("/alt/v1/models/nope", "not_found_error"),
+    ] {
+        let r = get_in_style(&gw, path, &key).await;
+        assert_eq!(r.status(), 404, "{path}");
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["error"]["type"], kind, "{path}: {v}");
+    }
 }

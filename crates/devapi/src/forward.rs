@@ -317,6 +317,9 @@ fn client_header(
         respond::X_REQUEST_ID,
         http::HeaderValue::from_str(reply.request_id).ok()?,
     );
+    if reply.style_b {
+        respond::add_style_b(headers, reply.rate, reply.request_id);
+    }
     Some(Box::new(ResponseHeader::from(parts)))
 }
 

@@ -142,12 +142,14 @@ impl DevApi {
             Ok(asked) => asked,
             Err(Route::Health) => {
                 ctx.status = 200;
+                let style_b = route::style_b_path(session.req_header().uri.path());
+                let extra = respond::gateway_headers(&ctx.rate, style_b, &ctx.request_id);
                 respond::json(
                     session,
                     200,
                     Bytes::from_static(b"{\"ok\":true}"),
                     &ctx.request_id,
-                    &[],
+                    &extra,
                 )
                 .await;
                 return Ok(());
@@ -158,7 +160,10 @@ impl DevApi {
                 respond::json(session, status, body, &ctx.request_id, &[]).await;
                 return Ok(());
             }
-            Err(_) => return Err((ApiError::NotFound.into(), false)),
+            Err(_) => {
+                let style_b = route::style_b_path(session.req_header().uri.path());
+                return Err((ApiError::NotFound.into(), style_b));
+            }
         };
         let style_b = asked.style_b;
         let fail = |e: ApiError| (Stop::Api(e), style_b);
@@ -374,7 +379,10 @@ impl DevApi {
     ) -> Result<forward::Outcome, ApiError> {
         let who = &adm.identity;
         let body = match adm.endpoint {
-            Endpoint::Models => local::models(cfg, who),
+            Endpoint::Models => {
+                let query = session.req_header().uri.query();
+                local::models(cfg, who, style_b, query)?
+            }
             Endpoint::Model => local::model(cfg, who, &adm.model_name, style_b)
                 .ok_or_else(|| ApiError::UnknownModel(adm.model_name.clone()))?,
             Endpoint::ModelInfo => local::model_info(cfg, who),
@@ -384,12 +392,13 @@ impl DevApi {
         flight.waive_input_estimate();
         flight.costs_no_tokens();
         flight.mark_first_byte();
+        let extra = respond::gateway_headers(&ctx.rate, style_b, &ctx.request_id);
         respond::json(
             session,
             200,
             Bytes::from(body.to_string()),
             &ctx.request_id,
-            &[],
+            &extra,
         )
         .await;
         Ok(forward::Outcome {
