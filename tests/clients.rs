@@ -1,7 +1,8 @@
 //! What real clients expect of the developer API beyond the spec's tables, through the real
 //! server: retrieving one model (`client.models.retrieve`) in both styles; Anthropic's shapes
 //! for style B (the model list and its paging, `request-id`, `anthropic-ratelimit-*`) and each
-//! style's own error types.
+//! style's own error types; output ceilings clamped to a model's limit for clients that fill
+//! `max_tokens` with a default of their own (`clamp_output_tokens`).
 
 mod common;
 
@@ -571,4 +572,237 @@ async fn error_types_are_each_styles_own() {
         let v: Value = r.json().await.expect("json");
         assert_eq!(v["error"]["type"], kind, "{path}: {v}");
     }
+}
+
+/// Models with an output limit of 1000, refusing or clamping larger asks, and an account whose
+/// week (20000 tokens) could never hold a 128000-token reservation.
+const CLAMPING: &str = r#"
+[[models]]
+id = "strict-small"
+provider = "mock"
+max_output_tokens = 1000
+
+[[models]]
+id = "clamped-small"
+provider = "mock"
+max_output_tokens = 1000
+clamp_output_tokens = true
+
+[[models]]
+id = "claude-clamped"
+provider = "mock-anthropic"
+context_window = 200000
+max_output_tokens = 1000
+clamp_output_tokens = true
+
+[quota.tiers.beginner]
+weekly_tokens = 20000
+weekly_requests = 0
+requests_per_minute = 0
+input_tokens_per_minute = 0
+output_tokens_per_minute = 50000
+"#;
+
+/// The body of the one model request the mock received since it was last cleared.
+async fn received(mock: &Mock) -> Value {
+    let seen: Vec<Value> = mock
+        .requests()
+        .await
+        .into_iter()
+        .filter(|r| r["path"].as_str().unwrap_or("").starts_with("/v1/"))
+        .collect();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    serde_json::from_str(seen[0]["body"].as_str().expect("recorded body")).expect("JSON body")
+}
+
+#[tokio::test]
+async fn output_asks_over_a_models_limit_are_clamped_where_configured() {
+    let (mock, gw) = config::start_with_toml(CLAMPING);
+    let key = gw.user_with_key("clamp@example.com", &[]);
+    let chat = |model: &str, field: &str, n: u64| {
+        let mut b = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
+        b[field] = json!(n);
+        b
+    };
+
+    // Without the option, the spec's refusal; nothing reaches the provider.
+    let r = api::post_in_style(
+        &gw,
+        "/v1/chat/completions",
+        &key,
+        &chat("strict-small", "max_tokens", 128000),
+    )
+    .await;
+    assert_eq!(
+        api::status_and_code(r).await,
+        (400, "max_output_tokens_exceeded".into())
+    );
+    assert!(mock
+        .requests()
+        .await
+        .iter()
+        .all(|r| r["path"] != "/v1/chat/completions"));
+
+    // With it, the request goes out with the limit and reserves the limit: the week's 20000
+    // tokens could not hold 128000, and the output window shows 1000 taken.
+    mock.clear().await;
+    let r = api::post_in_style(
+        &gw,
+        "/v1/chat/completions",
+        &key,
+        &chat("clamped-small", "max_tokens", 128000),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-ratelimit-remaining-output-tokens"], "49000");
+    assert_eq!(received(&mock).await["max_tokens"], 1000);
+
+    // Every name an output ceiling goes by, both styles, native and translated.
+    let cases = [
+        (
+            "/v1/chat/completions",
+            chat("clamped-small", "max_completion_tokens", 128000),
+            "/v1/chat/completions",
+        ),
+        (
+            "/alt/v1/messages",
+            json!({"model": "claude-clamped", "max_tokens": 128000,
+            "messages": [{"role": "user", "content": "hi"}]}),
+            "/v1/messages",
+        ),
+        (
+            "/alt/v1/messages",
+            json!({"model": "clamped-small", "max_tokens": 128000,
+            "messages": [{"role": "user", "content": "hi"}]}),
+            "/v1/chat/completions",
+        ),
+        (
+            "/v1/chat/completions",
+            chat("claude-clamped", "max_tokens", 128000),
+            "/v1/messages",
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "clamped-small", "input": "hi", "max_output_tokens": 128000}),
+            "/v1/responses",
+        ),
+    ];
+    for (path, body, upstream) in cases {
+        mock.clear().await;
+        let r = api::post_in_style(&gw, path, &key, &body).await;
+        assert_eq!(r.status(), 200, "{path} {body}");
+        let seen = mock.requests().await;
+        assert!(
+            seen.iter().any(|r| r["path"] == upstream),
+            "{path}: {seen:?}"
+        );
+        let sent = received(&mock).await;
+        for field in ["max_tokens", "max_completion_tokens", "max_output_tokens"] {
+            assert!(
+                sent.get(field).is_none_or(|v| v == 1000),
+                "{path} -> {upstream}: {sent}"
+            );
+        }
+        assert!(
+            ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+                .iter()
+                .any(|f| sent[*f] == 1000),
+            "{path} -> {upstream}: {sent}"
+        );
+    }
+
+    // An ask within the limit goes out as it was.
+    mock.clear().await;
+    let r = api::post_in_style(
+        &gw,
+        "/v1/chat/completions",
+        &key,
+        &chat("clamped-small", "max_tokens", 500),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(received(&mock).await["max_tokens"], 500);
+
+    // A key's own maximum still refuses.
+    let capped = gw.user_with_key("capped@example.com", &["--max-output-tokens", "500"]);
+    for n in [128000, 600] {
+        let r = api::post_in_style(
+            &gw,
+            "/v1/chat/completions",
+            &capped,
+            &chat("clamped-small", "max_tokens", n),
+        )
+        .await;
+        let (s, v) = json_of(r).await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (400, Some("max_output_tokens_exceeded")),
+            "{n}: {v}"
+        );
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("limit of 500"),
+            "{v}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn clamping_is_validated_and_reloaded() {
+    let (_mock, gw) = config::start_with_toml(CLAMPING);
+    let key = gw.user_with_key("reload-clamp@example.com", &[]);
+    let ask = json!({"model": "clamped-small", "max_tokens": 128000,
+                     "messages": [{"role": "user", "content": "hi"}]});
+    let status = || async {
+        api::post_in_style(&gw, "/v1/chat/completions", &key, &ask)
+            .await
+            .status()
+            .as_u16()
+    };
+    assert_eq!(status().await, 200);
+    let original = std::fs::read_to_string(&gw.config_path).expect("config");
+
+    // Clamping needs the limit to clamp to, and a boolean: such a file is refused, and the
+    // running config stays.
+    for (broken, why) in [
+        (
+            original.replace(
+                "max_output_tokens = 1000\nclamp_output_tokens = true",
+                "clamp_output_tokens = true",
+            ),
+            "clamp_output_tokens",
+        ),
+        (
+            original.replace(
+                "clamp_output_tokens = true",
+                "clamp_output_tokens = \"yes\"",
+            ),
+            "clamp_output_tokens",
+        ),
+    ] {
+        assert_ne!(broken, original);
+        std::fs::write(&gw.config_path, &broken).expect("write");
+        let (ok, err) = gw.admin(&["config", "check"]);
+        assert!(!ok && err.contains(why) && err.contains("models["), "{err}");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    assert_eq!(status().await, 200, "a refused file changes nothing");
+
+    // Turned off by a reload: the spec's refusal again.
+    std::fs::write(
+        &gw.config_path,
+        original.replace("clamp_output_tokens = true", "clamp_output_tokens = false"),
+    )
+    .expect("write");
+    let mut refused = false;
+    for _ in 0..60 {
+        if status().await == 400 {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(refused, "the reload never took clamping off");
 }

@@ -237,6 +237,7 @@ mod tests {
             deployments: vec![],
             context_window: None,
             max_output_tokens: None,
+            clamp_output_tokens: false,
             default_output_tokens: 1,
             weights: Default::default(),
             price: None,
