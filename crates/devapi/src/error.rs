@@ -110,16 +110,30 @@ impl ApiError {
         }
     }
 
-    /// The OpenAI-style error `type`.
-    pub fn kind(&self) -> &'static str {
-        match self.status() {
-            401 | 503 if matches!(self, ApiError::KeySecretNotConfigured) => "server_error",
-            401 => "authentication_error",
-            403 => "permission_error",
-            404 => "not_found_error",
-            429 if matches!(self, ApiError::InsufficientQuota) => "insufficient_quota",
-            429 => "rate_limit_error",
-            500 | 502 | 503 => "server_error",
+    /// The error `type` in the vocabulary of the client's style, so SDKs and clients that
+    /// branch on it see their provider's own types.
+    ///
+    /// OpenAI (style A) calls every refusal of the request itself, a missing model or route
+    /// included, `invalid_request_error`, a spent quota `insufficient_quota` and its own
+    /// failures `server_error`. Anthropic (style B) has a type per status:
+    /// `invalid_request_error` (400, 405), `authentication_error` (401), `permission_error`
+    /// (403), `not_found_error` (404), `request_too_large` (413), `rate_limit_error` (429, a
+    /// spent quota included), `api_error` (500, 502) and `overloaded_error` for a gateway that
+    /// is momentarily full (503 `server_busy`, `quota_unavailable`).
+    pub fn kind(&self, style_b: bool) -> &'static str {
+        let status = self.status();
+        match (status, style_b) {
+            (401, _) => "authentication_error",
+            (403, _) => "permission_error",
+            (429, false) if matches!(self, ApiError::InsufficientQuota) => "insufficient_quota",
+            (429, _) => "rate_limit_error",
+            (500.., false) => "server_error",
+            (404, true) => "not_found_error",
+            (413, true) => "request_too_large",
+            (503, true) if matches!(self, ApiError::ServerBusy | ApiError::QuotaUnavailable) => {
+                "overloaded_error"
+            }
+            (500.., true) => "api_error",
             _ => "invalid_request_error",
         }
     }
@@ -172,11 +186,12 @@ impl ApiError {
         }
     }
 
-    /// The JSON body; `anthropic_shape` adds the top-level `"type":"error"` of style B.
+    /// The JSON body; `anthropic_shape` (style B) adds the top-level `"type":"error"` and takes
+    /// Anthropic's error types.
     pub fn body(&self, anthropic_shape: bool) -> Bytes {
         let inner = serde_json::json!({
             "message": self.message(),
-            "type": self.kind(),
+            "type": self.kind(anthropic_shape),
             "code": self.code(),
         });
         let v = if anthropic_shape {
@@ -209,6 +224,129 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
         assert_eq!(v["type"], "error");
         assert_eq!(v["error"]["code"], "missing_api_key");
+    }
+
+    /// Every error's type in each style, against the types OpenAI and Anthropic answer with.
+    #[test]
+    fn types_per_style() {
+        let all = [
+            ApiError::NotFound,
+            ApiError::EndpointNotEnabled,
+            ApiError::SensitiveQueryParam,
+            ApiError::KeySecretNotConfigured,
+            ApiError::MissingApiKey,
+            ApiError::InvalidApiKey,
+            ApiError::AccountSuspended,
+            ApiError::InsufficientScope,
+            ApiError::ModelNotAllowed("m".into()),
+            ApiError::MaxInputTokensExceeded {
+                estimated: 2,
+                limit: 1,
+            },
+            ApiError::MaxOutputTokensExceeded {
+                requested: 2,
+                limit: 1,
+            },
+            ApiError::ContextWindowExceeded { total: 2, limit: 1 },
+            ApiError::InsufficientQuota,
+            ApiError::RateLimited {
+                retry_after_secs: 1,
+                what: "requests",
+            },
+            ApiError::RoutingUnavailable,
+            ApiError::ProviderAuthFailed,
+            ApiError::QuotaUnavailable,
+            ApiError::RouteFailed("x".into()),
+            ApiError::ServerError,
+            ApiError::invalid("invalid_json", "x"),
+            ApiError::PayloadTooLarge,
+            ApiError::ServerBusy,
+            ApiError::MethodNotAllowed,
+            ApiError::UnknownModel("m".into()),
+        ];
+        let types: Vec<(&str, &str, &str)> = all
+            .iter()
+            .map(|e| (e.code(), e.kind(false), e.kind(true)))
+            .collect();
+        let expected = [
+            ("not_found", "invalid_request_error", "not_found_error"),
+            (
+                "endpoint_not_enabled",
+                "invalid_request_error",
+                "not_found_error",
+            ),
+            (
+                "sensitive_query_param",
+                "invalid_request_error",
+                "invalid_request_error",
+            ),
+            ("key_secret_not_configured", "server_error", "api_error"),
+            (
+                "missing_api_key",
+                "authentication_error",
+                "authentication_error",
+            ),
+            (
+                "invalid_api_key",
+                "authentication_error",
+                "authentication_error",
+            ),
+            ("account_suspended", "permission_error", "permission_error"),
+            ("insufficient_scope", "permission_error", "permission_error"),
+            ("model_not_allowed", "permission_error", "permission_error"),
+            (
+                "max_input_tokens_exceeded",
+                "invalid_request_error",
+                "invalid_request_error",
+            ),
+            (
+                "max_output_tokens_exceeded",
+                "invalid_request_error",
+                "invalid_request_error",
+            ),
+            (
+                "context_window_exceeded",
+                "invalid_request_error",
+                "invalid_request_error",
+            ),
+            (
+                "insufficient_quota",
+                "insufficient_quota",
+                "rate_limit_error",
+            ),
+            (
+                "rate_limit_exceeded",
+                "rate_limit_error",
+                "rate_limit_error",
+            ),
+            ("routing_unavailable", "server_error", "api_error"),
+            ("provider_auth_failed", "server_error", "api_error"),
+            ("quota_unavailable", "server_error", "overloaded_error"),
+            ("routing_unavailable", "server_error", "api_error"),
+            ("server_error", "server_error", "api_error"),
+            (
+                "invalid_json",
+                "invalid_request_error",
+                "invalid_request_error",
+            ),
+            (
+                "request_too_large",
+                "invalid_request_error",
+                "request_too_large",
+            ),
+            ("server_busy", "server_error", "overloaded_error"),
+            (
+                "method_not_allowed",
+                "invalid_request_error",
+                "invalid_request_error",
+            ),
+            (
+                "model_not_found",
+                "invalid_request_error",
+                "not_found_error",
+            ),
+        ];
+        assert_eq!(types, expected);
     }
 
     #[test]

@@ -65,9 +65,10 @@ static COMPAT_VERSION: HeaderName = HeaderName::from_static("compat-version");
 static ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
 
 /// The body to send to one target. Same style: the client's bytes untouched unless the model is
-/// renamed or a streaming chat request needs `stream_options.include_usage` (the gateway always
-/// wants the provider's own count). Other style: the translated body (which asks for usage
-/// itself) with this deployment's model name.
+/// renamed, a streaming chat request needs `stream_options.include_usage` (the gateway always
+/// wants the provider's own count) or its output is clamped to the model's limit. Other style:
+/// the translated body (which asks for usage itself) with this deployment's model name and any
+/// clamp.
 fn upstream_body(
     adm: &Admitted,
     target: &Target,
@@ -82,6 +83,9 @@ fn upstream_body(
         let model = target.upstream_model.as_deref().unwrap_or(&adm.model_name);
         if let Some(obj) = j.as_object_mut() {
             obj.insert("model".into(), Value::String(model.to_string()));
+        }
+        if let Some(limit) = adm.output_clamp {
+            crate::tokens::clamp_output(&mut j, limit);
         }
         return serde_json::to_vec(&j)
             .map(Bytes::from)
@@ -98,10 +102,13 @@ fn upstream_body(
         && adm.endpoint == Endpoint::ChatCompletions
         && target.provider.style == ProviderStyle::OpenAi
         && !adm.client_wants_usage;
-    if rename.is_none() && !want_usage {
+    if rename.is_none() && !want_usage && adm.output_clamp.is_none() {
         return Ok(adm.body.clone());
     }
     let mut j = adm.tree_for_rewrite()?.into_owned();
+    if let Some(limit) = adm.output_clamp {
+        crate::tokens::clamp_output(&mut j, limit);
+    }
     if let (Some(m), Some(obj)) = (rename, j.as_object_mut()) {
         obj.insert("model".into(), Value::String(m.to_string()));
     }
@@ -317,6 +324,9 @@ fn client_header(
         respond::X_REQUEST_ID,
         http::HeaderValue::from_str(reply.request_id).ok()?,
     );
+    if reply.style_b {
+        respond::add_style_b(headers, reply.rate, reply.request_id);
+    }
     Some(Box::new(ResponseHeader::from(parts)))
 }
 

@@ -54,7 +54,6 @@ use crate::pipeline::{Admitted, Stop};
 use crate::route::{Endpoint, Route};
 use crate::settle::{new_event, InFlight, Reason};
 use crate::state::SharedApiState;
-use gateway_core::identity::Identity;
 use gateway_core::quota::{Denied, RateView};
 use gateway_core::util::new_id;
 
@@ -143,12 +142,14 @@ impl DevApi {
             Ok(asked) => asked,
             Err(Route::Health) => {
                 ctx.status = 200;
+                let style_b = route::style_b_path(session.req_header().uri.path());
+                let extra = respond::gateway_headers(&ctx.rate, style_b, &ctx.request_id);
                 respond::json(
                     session,
                     200,
                     Bytes::from_static(b"{\"ok\":true}"),
                     &ctx.request_id,
-                    &[],
+                    &extra,
                 )
                 .await;
                 return Ok(());
@@ -159,7 +160,10 @@ impl DevApi {
                 respond::json(session, status, body, &ctx.request_id, &[]).await;
                 return Ok(());
             }
-            Err(_) => return Err((ApiError::NotFound.into(), false)),
+            Err(_) => {
+                let style_b = route::style_b_path(session.req_header().uri.path());
+                return Err((ApiError::NotFound.into(), style_b));
+            }
         };
         let style_b = asked.style_b;
         let fail = |e: ApiError| (Stop::Api(e), style_b);
@@ -176,7 +180,7 @@ impl DevApi {
         let mut flight = self.reserve(ctx, &cfg, &adm).await.map_err(fail)?;
         let result = match targets {
             Plan::Local => {
-                self.answer_locally(session, ctx, &cfg, &adm, &adm.identity, &mut flight)
+                self.answer_locally(session, ctx, &cfg, &adm, style_b, &mut flight)
                     .await
             }
             Plan::Forward(attempts) => {
@@ -244,7 +248,11 @@ impl DevApi {
             )
             .await?
         };
-        let adm = pipeline::admit(&self.state, cfg, endpoint, identity, body).await?;
+        let mut adm = pipeline::admit(&self.state, cfg, endpoint, identity, body).await?;
+        if endpoint == Endpoint::Model {
+            // A retrieval names its model in the path, not in a body.
+            adm.model_name = route::model_id(session.req_header().uri.path()).unwrap_or_default();
+        }
         if !adm.model_name.is_empty() {
             ctx.model = Some(adm.model_name.clone());
         }
@@ -312,6 +320,11 @@ impl DevApi {
         use gateway_core::domain::ProviderStyle;
         match adm.endpoint {
             Endpoint::Models | Endpoint::ModelInfo => Ok(Plan::Local),
+            // An unknown id, or one the key may not see, is not found before anything is
+            // reserved for it.
+            Endpoint::Model => local::visible_model(cfg, &adm.identity, &adm.model_name)
+                .map(|_| Plan::Local)
+                .ok_or_else(|| ApiError::UnknownModel(adm.model_name.clone())),
             Endpoint::Search | Endpoint::WebFetch => {
                 let provider = if adm.endpoint == Endpoint::Search {
                     cfg.tools.search.as_ref()
@@ -361,11 +374,17 @@ impl DevApi {
         ctx: &RequestCtx,
         cfg: &gateway_core::config::Config,
         adm: &Admitted,
-        who: &Identity,
+        style_b: bool,
         flight: &mut InFlight,
     ) -> Result<forward::Outcome, ApiError> {
+        let who = &adm.identity;
         let body = match adm.endpoint {
-            Endpoint::Models => local::models(cfg, who),
+            Endpoint::Models => {
+                let query = session.req_header().uri.query();
+                local::models(cfg, who, style_b, query)?
+            }
+            Endpoint::Model => local::model(cfg, who, &adm.model_name, style_b)
+                .ok_or_else(|| ApiError::UnknownModel(adm.model_name.clone()))?,
             Endpoint::ModelInfo => local::model_info(cfg, who),
             _ => serde_json::json!({ "input_tokens": adm.input_estimate }),
         };
@@ -373,12 +392,13 @@ impl DevApi {
         flight.waive_input_estimate();
         flight.costs_no_tokens();
         flight.mark_first_byte();
+        let extra = respond::gateway_headers(&ctx.rate, style_b, &ctx.request_id);
         respond::json(
             session,
             200,
             Bytes::from(body.to_string()),
             &ctx.request_id,
-            &[],
+            &extra,
         )
         .await;
         Ok(forward::Outcome {

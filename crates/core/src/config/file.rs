@@ -209,6 +209,9 @@ pub struct ModelFile {
     pub upstream_model: Option<String>,
     pub context_window: Option<u64>,
     pub max_output_tokens: Option<u64>,
+    /// A request asking for more output than `max_output_tokens` is sent with the limit
+    /// instead of refused (default: refused).
+    pub clamp_output_tokens: Option<bool>,
     /// Output tokens reserved when a request names none (default: max_output_tokens or 4096).
     pub default_output_tokens: Option<u64>,
     /// Quota tokens charged per input, output and cached input token (see `pricing`).

@@ -52,6 +52,9 @@ pub struct Admitted {
     pub input_estimate: u64,
     /// Output tokens to reserve: requested, else the model default, capped by the limits.
     pub output_reserve: u64,
+    /// The model's `max_output_tokens` when the request asked for more and the model clamps
+    /// (`clamp_output_tokens`): the body is sent with this instead of what it asked for.
+    pub output_clamp: Option<u64>,
     pub stream: bool,
     /// OpenAI chat: the client asked for the usage chunk itself.
     pub client_wants_usage: bool,
@@ -297,9 +300,9 @@ pub async fn admit(
     // The plain reading borrows the body, which the admitted request takes below.
     let json = reading.into_tree();
     check_key_limits(key, input_estimate, requested_output)?;
-    let output_reserve = match &model {
+    let (output_reserve, output_clamp) = match &model {
         Some(m) => check_model_limits(m, key, endpoint, input_estimate, requested_output)?,
-        None => 0,
+        None => (0, None),
     };
 
     Ok(Admitted {
@@ -311,6 +314,7 @@ pub async fn admit(
         model_name,
         input_estimate,
         output_reserve,
+        output_clamp,
         stream,
         client_wants_usage,
         reasoning_effort,
@@ -390,19 +394,26 @@ fn check_key_limits(
     Ok(())
 }
 
-/// Check 8: model metadata. Returns the output tokens to reserve.
+/// Check 8: model metadata. Returns the output tokens to reserve, and the limit the request's
+/// output is clamped to when it asked for more of a model that clamps (the key's own limit,
+/// check 7, has refused it already if it asked for more than that).
 fn check_model_limits(
     m: &Model,
     key: &KeyRecord,
     endpoint: Endpoint,
     input_estimate: u64,
-    requested_output: Option<u64>,
-) -> Result<u64, ApiError> {
+    mut requested_output: Option<u64>,
+) -> Result<(u64, Option<u64>), ApiError> {
     let mut output_reserve = 0;
+    let mut clamp = None;
     if endpoint.generates() {
         if let (Some(limit), Some(requested)) = (m.max_output_tokens, requested_output) {
             if requested > limit {
-                return Err(ApiError::MaxOutputTokensExceeded { requested, limit });
+                if !m.clamp_output_tokens {
+                    return Err(ApiError::MaxOutputTokensExceeded { requested, limit });
+                }
+                requested_output = Some(limit);
+                clamp = Some(limit);
             }
         }
         output_reserve = requested_output.unwrap_or(m.default_output_tokens);
@@ -429,5 +440,5 @@ fn check_model_limits(
             });
         }
     }
-    Ok(output_reserve)
+    Ok((output_reserve, clamp))
 }

@@ -53,6 +53,7 @@ fn model(id: &str, providers: &[Arc<Provider>]) -> Model {
             .collect(),
         context_window: None,
         max_output_tokens: None,
+        clamp_output_tokens: false,
         default_output_tokens: 1,
         weights: Default::default(),
         price: None,

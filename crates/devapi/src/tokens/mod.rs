@@ -15,7 +15,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use tiktoken_rs::CoreBPE;
 
-pub use output::{requested_output, requested_output_of, OUTPUT_FIELDS};
+pub use output::{clamp_output, requested_output, requested_output_of, OUTPUT_FIELDS};
 use tally::Tally;
 pub use tally::{PlainMessage, IMAGE_PART_TOKENS};
 use tally::{MIN_BYTES_PER_TOKEN_FLOOR, REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE};
