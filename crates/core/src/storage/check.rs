@@ -12,7 +12,7 @@ use sqlx::any::AnyTypeInfoKind;
 use sqlx::{Column as _, Executor};
 
 use super::testdb::PgDatabase;
-use super::{auth, keys, payments, quota, reports, usage, users, Backend, Db};
+use super::{auth, keys, payments, quota, reports, response_items, usage, users, Backend, Db};
 
 /// What a result column must hold for the field it is read into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +95,7 @@ fn statements(backend: Backend) -> Vec<Statement> {
         quota::sql::ALL,
         usage::sql::ALL,
         reports::sql::ALL,
+        response_items::sql::ALL,
     ]
     .into_iter()
     .chain(payments::STATEMENTS)
@@ -103,6 +104,7 @@ fn statements(backend: Backend) -> Vec<Statement> {
     declared
         .chain(usage::built_statements(backend))
         .chain(payments::built_statements())
+        .chain(response_items::built_statements(backend))
         .collect()
 }
 

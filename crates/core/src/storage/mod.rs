@@ -22,6 +22,7 @@ mod migrate;
 pub mod payments;
 pub mod quota;
 pub mod reports;
+pub mod response_items;
 pub mod usage;
 pub mod users;
 
@@ -197,6 +198,10 @@ impl Db {
 
     pub fn usage(&self) -> UsageStore<'_> {
         UsageStore { db: self }
+    }
+
+    pub fn response_items(&self) -> response_items::ResponseItemStore<'_> {
+        response_items::ResponseItemStore { db: self }
     }
 }
 
