@@ -67,6 +67,7 @@ fn insert_sql(backend: Backend) -> &'static str {
 }
 
 /// The statements built at run time, for `storage::check`.
+#[cfg(test)]
 pub(crate) fn built_statements(
     backend: Backend,
 ) -> Vec<(String, String, Option<&'static [super::check::Column]>)> {

@@ -7,6 +7,7 @@ fn client(endpoint: Endpoint, wants_usage: bool) -> ClientSide<'static> {
         model: "client-model",
         wants_usage,
         style_b: endpoint == Endpoint::Messages,
+        keep_items: endpoint == Endpoint::Responses,
     }
 }
 
