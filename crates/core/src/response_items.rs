@@ -12,8 +12,8 @@
 //! (so this instance knows them before the client can send its next request) and into a queue
 //! that one background task writes in batches every `storage.usage_flush_ms`, like usage events.
 //! A lookup reads the cache, then the database; ids still missing are looked up once more after
-//! one flush interval, for a follow-up that reaches another instance right after the first one
-//! answered. Rows older than `storage.responses_retention_days` are pruned hourly and never
+//! two flush intervals (a record waits up to one interval for the writer, then for its write),
+//! for a follow-up that reaches another instance right after the first one answered. Rows older than `storage.responses_retention_days` are pruned hourly and never
 //! found.
 
 use std::sync::atomic::{AtomicU64, Ordering};

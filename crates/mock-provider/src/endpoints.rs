@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use crate::anthropic::{anthropic_message, messages_stream};
 use crate::faults::Behaviour;
 use crate::openai::{
-    chat_completion, chat_stream, output_message, response_object, responses_stream,
+    chat_completion, chat_stream, output_message, response_object, responses_stream, AnswerIds,
 };
 use crate::recording::Config;
 use crate::reply::{not_found, unix_secs, Reply, ANSWER_TEXT};
@@ -98,8 +98,15 @@ pub(crate) fn model_reply(
             Reply::Events(responses_stream(info, b, cfg.chunks))
         }
         Route::Responses => {
-            let output = vec![output_message(ANSWER_TEXT, "completed")];
-            Reply::ok(&response_object(model, "completed", output, !b.no_usage))
+            let ids = AnswerIds::next();
+            let output = vec![output_message(&ids.message, ANSWER_TEXT, "completed")];
+            Reply::ok(&response_object(
+                &ids.response,
+                model,
+                "completed",
+                output,
+                !b.no_usage,
+            ))
         }
         Route::Messages if info.streaming() => Reply::Events(messages_stream(info, b, cfg.chunks)),
         Route::Messages => Reply::ok(&anthropic_message(model, b)),

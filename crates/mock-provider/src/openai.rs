@@ -139,19 +139,43 @@ pub(crate) fn responses_usage() -> Value {
     })
 }
 
-pub(crate) fn output_message(text: &str, status: &str) -> Value {
+/// The ids of one Responses answer: every answer gets its own, as the real API's are unique
+/// (`resp_mock_<n>`, `msg_mock_<n>`).
+pub(crate) struct AnswerIds {
+    pub(crate) response: String,
+    pub(crate) message: String,
+}
+
+impl AnswerIds {
+    pub(crate) fn next() -> AnswerIds {
+        static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        AnswerIds {
+            response: format!("resp_mock_{n}"),
+            message: format!("msg_mock_{n}"),
+        }
+    }
+}
+
+pub(crate) fn output_message(id: &str, text: &str, status: &str) -> Value {
     json!({
         "type": "message",
-        "id": "msg_mock",
+        "id": id,
         "status": status,
         "role": "assistant",
         "content": [{ "type": "output_text", "text": text, "annotations": [] }]
     })
 }
 
-pub(crate) fn response_object(model: &str, status: &str, output: Vec<Value>, usage: bool) -> Value {
+pub(crate) fn response_object(
+    id: &str,
+    model: &str,
+    status: &str,
+    output: Vec<Value>,
+    usage: bool,
+) -> Value {
     let mut body = json!({
-        "id": "resp_mock",
+        "id": id,
         "object": "response",
         "created_at": unix_secs(),
         "status": status,
@@ -167,6 +191,8 @@ pub(crate) fn response_object(model: &str, status: &str, output: Vec<Value>, usa
 /// Builds Responses API events, numbering them as the real API does.
 pub(crate) struct ResponseEvents {
     pub(crate) seq: u64,
+    /// The message item the deltas belong to.
+    pub(crate) item_id: String,
 }
 
 impl ResponseEvents {
@@ -180,7 +206,8 @@ impl ResponseEvents {
     /// Hot path: deltas are formatted by hand.
     pub(crate) fn delta(&mut self, text: &str) -> Bytes {
         let json = format!(
-            "{{\"type\":\"response.output_text.delta\",\"item_id\":\"msg_mock\",\"output_index\":0,\"content_index\":0,\"delta\":{},\"sequence_number\":{}}}",
+            "{{\"type\":\"response.output_text.delta\",\"item_id\":{},\"output_index\":0,\"content_index\":0,\"delta\":{},\"sequence_number\":{}}}",
+            json_string(&self.item_id),
             json_string(text),
             self.seq
         );
@@ -191,19 +218,23 @@ impl ResponseEvents {
 
 pub(crate) fn responses_stream(info: &RequestInfo, b: &Behaviour, chunks: usize) -> EventPlan {
     let model = info.model();
-    let mut ev = ResponseEvents { seq: 0 };
+    let ids = AnswerIds::next();
+    let mut ev = ResponseEvents {
+        seq: 0,
+        item_id: ids.message.clone(),
+    };
     let mut plan = EventPlan::default();
-    let pending = response_object(model, "in_progress", Vec::new(), false);
+    let pending = response_object(&ids.response, model, "in_progress", Vec::new(), false);
     plan.prelude = vec![
         ev.event("response.created", json!({ "response": pending })),
         ev.event("response.in_progress", json!({ "response": pending })),
         ev.event(
             "response.output_item.added",
-            json!({ "output_index": 0, "item": output_message("", "in_progress") }),
+            json!({ "output_index": 0, "item": output_message(&ids.message, "", "in_progress") }),
         ),
         ev.event(
             "response.content_part.added",
-            json!({ "item_id": "msg_mock", "output_index": 0, "content_index": 0,
+            json!({ "item_id": ids.message, "output_index": 0, "content_index": 0,
                     "part": { "type": "output_text", "text": "", "annotations": [] } }),
         ),
     ];
@@ -214,15 +245,15 @@ pub(crate) fn responses_stream(info: &RequestInfo, b: &Behaviour, chunks: usize)
     // The error event replaces everything after the first few deltas.
     let error_seq = plan.prelude.len() + plan.deltas.len().min(MIDSTREAM_ERROR_AFTER);
     let text = pieces.concat();
-    let item = output_message(&text, "completed");
+    let item = output_message(&ids.message, &text, "completed");
     plan.epilogue = vec![
         ev.event(
             "response.output_text.done",
-            json!({ "item_id": "msg_mock", "output_index": 0, "content_index": 0, "text": text }),
+            json!({ "item_id": ids.message, "output_index": 0, "content_index": 0, "text": text }),
         ),
         ev.event(
             "response.content_part.done",
-            json!({ "item_id": "msg_mock", "output_index": 0, "content_index": 0,
+            json!({ "item_id": ids.message, "output_index": 0, "content_index": 0,
                     "part": { "type": "output_text", "text": text, "annotations": [] } }),
         ),
         ev.event(
@@ -231,7 +262,7 @@ pub(crate) fn responses_stream(info: &RequestInfo, b: &Behaviour, chunks: usize)
         ),
         ev.event(
             "response.completed",
-            json!({ "response": response_object(model, "completed", vec![item], !b.no_usage) }),
+            json!({ "response": response_object(&ids.response, model, "completed", vec![item], !b.no_usage) }),
         ),
     ];
     plan.error_event = sse_event(
