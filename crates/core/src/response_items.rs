@@ -241,7 +241,7 @@ impl ItemRegistry {
             if attempt == 1 {
                 tokio::time::sleep(self.inner.every).await;
             }
-            for (id, item) in self.from_database(user_id, &missing, since).await? {
+            for (id, item) in self.read_database(user_id, &missing, since).await? {
                 let known = match &item {
                     Some(i) => Known::Item(Arc::from(i.as_str())),
                     None => Known::Provider,
@@ -257,7 +257,7 @@ impl ItemRegistry {
     }
 
     /// Looks `ids` up on the storage runtime, within the database deadline.
-    async fn from_database(
+    async fn read_database(
         &self,
         user_id: &str,
         ids: &[&str],
