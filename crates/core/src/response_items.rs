@@ -241,9 +241,13 @@ impl ItemRegistry {
             if attempt == 1 {
                 tokio::time::sleep(self.inner.every).await;
             }
-            for (id, item) in self.read_database(user_id, &missing, since).await? {
+            let rows = self.read_database(user_id, &missing, since).await?;
+            let owner: Arc<str> = Arc::from(user_id);
+            let mut cache = self.inner.lock_cache();
+            for (id, item, at) in rows {
+                let item: Option<Arc<str>> = item.map(Arc::from);
                 let known = match &item {
-                    Some(i) => Known::Item(Arc::from(i.as_str())),
+                    Some(i) => Known::Item(i.clone()),
                     None => Known::Provider,
                 };
                 for (want, slot) in ids.iter().zip(found.iter_mut()) {
@@ -251,6 +255,13 @@ impl ItemRegistry {
                         *slot = Some(known.clone());
                     }
                 }
+                // Known here from now on: the next turn of this conversation needs no query.
+                let entry = Entry {
+                    user_id: owner.clone(),
+                    item,
+                    at,
+                };
+                cache.put(id, entry);
             }
         }
         Ok(found)
@@ -262,7 +273,7 @@ impl ItemRegistry {
         user_id: &str,
         ids: &[&str],
         since: i64,
-    ) -> StoreResult<Vec<(String, Option<String>)>> {
+    ) -> StoreResult<Vec<(String, Option<String>, i64)>> {
         let db = self.inner.db.clone();
         let limit = self.inner.db_timeout;
         let user = user_id.to_string();

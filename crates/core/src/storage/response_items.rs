@@ -30,6 +30,7 @@ row! {
     struct FoundRow {
         id: String,
         item: Option<String>,
+        created_at: i64,
     }
 }
 
@@ -42,7 +43,7 @@ pub const LOOKUP_IDS: usize = 16;
 pub(crate) mod sql {
     queries! {
         /// The ids of `$3…$18` that belong to account `$1`, recorded at `$2` or later.
-        LOOKUP -> super::FoundRow = "SELECT id, item FROM response_items \
+        LOOKUP -> super::FoundRow = "SELECT id, item, created_at FROM response_items \
              WHERE user_id = $1 AND created_at >= $2 AND id IN \
              ($3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)";
         PRUNE = "DELETE FROM response_items WHERE created_at < $1";
@@ -114,13 +115,14 @@ impl ResponseItemStore<'_> {
     }
 
     /// Which of `ids` belong to `user_id`, recorded at `since` or later: each found id with its
-    /// item (`None` for a provider's id). Ids not found are absent from the answer.
+    /// item (`None` for a provider's id) and when it was recorded. Ids not found are absent
+    /// from the answer.
     pub async fn lookup(
         &self,
         user_id: &str,
         ids: &[&str],
         since: i64,
-    ) -> StoreResult<Vec<(String, Option<String>)>> {
+    ) -> StoreResult<Vec<(String, Option<String>, i64)>> {
         let mut found = Vec::new();
         for chunk in ids.chunks(LOOKUP_IDS) {
             let Some(last) = chunk.last() else { continue };
@@ -134,7 +136,7 @@ impl ResponseItemStore<'_> {
                 q = q.bind(*id);
             }
             for row in q.fetch_all(&self.db.pool).await? {
-                found.push((row.id, row.item));
+                found.push((row.id, row.item, row.created_at));
             }
         }
         Ok(found)
@@ -197,8 +199,8 @@ mod tests {
         wanted.extend(["resp_x", "nope"]);
         let found = store.lookup("usr_a", &wanted, 0).await.expect("lookup");
         assert_eq!(found.len(), LOOKUP_IDS + 5 + 1, "{found:?}");
-        assert!(found.contains(&("resp_x".into(), None)));
-        assert!(found.contains(&("msg_0".into(), Some("{\"type\":\"message\"}".into()))));
+        assert!(found.contains(&("resp_x".into(), None, 1000)));
+        assert!(found.contains(&("msg_0".into(), Some("{\"type\":\"message\"}".into()), 1000)));
         // Bound to the account and to the retention.
         assert!(store
             .lookup("usr_c", &["msg_0"], 0)
@@ -215,7 +217,7 @@ mod tests {
                 .lookup("usr_b", &["resp_x"], 1001)
                 .await
                 .expect("lookup"),
-            vec![("resp_x".to_string(), None)]
+            vec![("resp_x".to_string(), None, 2000)]
         );
         assert_eq!(
             store.prune(1500).await.expect("prune"),
