@@ -216,19 +216,12 @@ impl ItemRegistry {
     /// looked up once more after one write interval. `Err` when the database failed.
     pub async fn lookup(&self, user_id: &str, ids: &[&str]) -> StoreResult<Vec<Option<Known>>> {
         let since = now_ms().saturating_sub(self.retention_ms());
-        let mut found: Vec<Option<Known>> = {
-            let mut cache = self.inner.lock_cache();
-            ids.iter()
-                .map(|id| match cache.map.get(*id) {
-                    Some(e) if &*e.user_id == user_id && e.at >= since => Some(match &e.item {
-                        Some(item) => Known::Item(item.clone()),
-                        None => Known::Provider,
-                    }),
-                    _ => None,
-                })
-                .collect()
-        };
+        let mut found: Vec<Option<Known>> = vec![None; ids.len()];
         for attempt in 0..2 {
+            if attempt == 1 {
+                tokio::time::sleep(self.inner.every * 2).await;
+            }
+            self.fill_from_cache(user_id, ids, since, &mut found);
             let missing: Vec<&str> = ids
                 .iter()
                 .zip(&found)
@@ -238,33 +231,48 @@ impl ItemRegistry {
             if missing.is_empty() {
                 break;
             }
-            if attempt == 1 {
-                tokio::time::sleep(self.inner.every).await;
-            }
             let rows = self.read_database(user_id, &missing, since).await?;
             let owner: Arc<str> = Arc::from(user_id);
             let mut cache = self.inner.lock_cache();
             for (id, item, at) in rows {
-                let item: Option<Arc<str>> = item.map(Arc::from);
-                let known = match &item {
-                    Some(i) => Known::Item(i.clone()),
-                    None => Known::Provider,
-                };
-                for (want, slot) in ids.iter().zip(found.iter_mut()) {
-                    if *want == id && slot.is_none() {
-                        *slot = Some(known.clone());
-                    }
-                }
                 // Known here from now on: the next turn of this conversation needs no query.
                 let entry = Entry {
                     user_id: owner.clone(),
-                    item,
+                    item: item.map(Arc::from),
                     at,
                 };
                 cache.put(id, entry);
             }
+            drop(cache);
+            self.fill_from_cache(user_id, ids, since, &mut found);
+            if found.iter().all(Option::is_some) {
+                break;
+            }
         }
         Ok(found)
+    }
+
+    /// Fills the empty slots of `found` with what the cache knows of `ids` for `user_id`.
+    fn fill_from_cache(
+        &self,
+        user_id: &str,
+        ids: &[&str],
+        since: i64,
+        found: &mut [Option<Known>],
+    ) {
+        let mut cache = self.inner.lock_cache();
+        for (id, slot) in ids.iter().zip(found.iter_mut()) {
+            if slot.is_some() {
+                continue;
+            }
+            *slot = match cache.map.get(*id) {
+                Some(e) if &*e.user_id == user_id && e.at >= since => Some(match &e.item {
+                    Some(item) => Known::Item(item.clone()),
+                    None => Known::Provider,
+                }),
+                _ => None,
+            };
+        }
     }
 
     /// Looks `ids` up on the storage runtime, within the database deadline.
@@ -435,6 +443,31 @@ mod tests {
             rt.block_on(second.lookup("usr_b", &ids)).expect("lookup"),
             vec![None, None, None]
         );
+    }
+
+    /// A follow-up that arrives just before its answer's ids are recorded (another instance
+    /// answered a moment ago) still finds them: a missing id is looked up once more.
+    #[test]
+    fn ids_recorded_while_a_lookup_waits_are_found() {
+        let rt = crate::storage::storage_runtime().expect("runtime");
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let url = format!("sqlite://{}/registry.db", dir.path().display());
+        let db = rt.block_on(Db::connect(&url)).expect("database");
+        let every = Duration::from_millis(100);
+        let day = Duration::from_secs(86_400);
+        let first = ItemRegistry::start(db.clone(), rt.handle(), every, day, day);
+        let other = ItemRegistry::start(db, rt.handle(), every, day, day);
+        let started = std::time::Instant::now();
+        let found = rt.block_on(async {
+            let late = first.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                late.record("usr_a", issued(&[("resp_late", None)]));
+            });
+            other.lookup("usr_a", &["resp_late", "resp_never"]).await
+        });
+        assert_eq!(found.expect("lookup"), vec![Some(Known::Provider), None]);
+        assert!(started.elapsed() >= every * 2, "{:?}", started.elapsed());
     }
 
     #[test]
