@@ -257,7 +257,7 @@ impl ApiError {
 }
 
 /// A client's id as an error message repeats it: at most 128 characters.
-fn shown(id: &str) -> &str {
+pub(crate) fn shown(id: &str) -> &str {
     match id.char_indices().nth(128) {
         Some((at, _)) => &id[..at],
         None => id,

@@ -117,7 +117,7 @@ pub async fn check(
                     "input[{index}] references item {:?}, which this gateway did not issue: on \
                      this model only output items of the gateway's own earlier answers can be \
                      referenced; send the item itself instead.",
-                    truncated(id)
+                    crate::error::shown(id)
                 ),
             ));
         }
@@ -175,14 +175,6 @@ pub async fn check(
         .tokens
         .estimate_input(&serde_json::json!({ "input": inlined }));
     adm.rewrite(tree, extra)
-}
-
-/// A client's id as a message repeats it.
-fn truncated(id: &str) -> &str {
-    match id.char_indices().nth(128) {
-        Some((at, _)) => &id[..at],
-        None => id,
-    }
 }
 
 #[cfg(test)]
