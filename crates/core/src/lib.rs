@@ -14,6 +14,7 @@ pub mod logging;
 pub mod metrics;
 pub mod pricing;
 pub mod quota;
+pub mod response_items;
 pub mod secrets;
 pub mod state;
 pub mod storage;

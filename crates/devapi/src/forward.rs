@@ -31,6 +31,7 @@ use crate::state::SharedApiState;
 use crate::upstream::{Exchange, ProviderRequest, UpstreamError};
 use crate::usage::{StreamKind, StreamUsageTracker};
 use gateway_core::domain::ProviderStyle;
+use gateway_core::response_items::Issued;
 
 /// Provider error bodies read while failing over are bounded.
 const ERROR_BODY_LIMIT: usize = 1024 * 1024;
@@ -452,7 +453,8 @@ pub async fn forward(
     drop(outstanding);
 
     relay.deliver_rest(session, flight, reason).await;
-    relay.read_kept_usage(flight, adm.endpoint.generates());
+    let issued = relay.read_kept_usage(flight, adm.endpoint.generates());
+    relay.record_issued(adm, flight, issued);
     Ok(relay.close(session, flight, reason).await)
 }
 
@@ -686,12 +688,30 @@ impl<'a> Relay<'a> {
     }
 
     /// Reads the usage of an answer whose provider body was kept (a non-stream answer; a stream's
-    /// usage was watched on the way).
-    fn read_kept_usage(&self, flight: &mut InFlight, generates: bool) {
-        if let Some(body) = self.shaper.provider_body() {
-            let kind = self.shaper.usage_kind().unwrap_or(StreamKind::OpenAiChat);
-            flight.read_whole_answer(kind, body, generates);
+    /// usage was watched on the way), and the ids of a Responses answer with it.
+    fn read_kept_usage(&self, flight: &mut InFlight, generates: bool) -> Issued {
+        match self.shaper.provider_body() {
+            Some(body) => {
+                let kind = self.shaper.usage_kind().unwrap_or(StreamKind::OpenAiChat);
+                flight.read_whole_answer(kind, body, generates)
+            }
+            None => Issued::default(),
         }
+    }
+
+    /// Records for the account the Responses ids its answer carried (a provider's, read from
+    /// its body or stream, or the items of a translated answer), unless the request said
+    /// `store: false` or the answer was an error. The client already has the answer: a
+    /// follow-up it sends at once finds the ids in this instance's cache.
+    fn record_issued(&mut self, adm: &Admitted, flight: &mut InFlight, mut issued: Issued) {
+        if !adm.keeps_answer() || self.status >= 400 {
+            return;
+        }
+        if let Some(t) = flight.tracker_mut() {
+            issued.ids.extend(t.take_issued().ids);
+        }
+        issued.ids.extend(self.shaper.take_issued().ids);
+        self.state.items.record(&adm.identity.user.id, issued);
     }
 
     /// Closes both sides according to how the relay ended: the provider's connection is pooled

@@ -1,10 +1,11 @@
 //! The developer API: a Pingora `ProxyHttp` service. This file is the table of contents of one
 //! request's walk; each step lives in its own module:
 //!
-//! `route` (surface, aliases) → `pipeline` (checks 1–8) → `routing` (deployments) and `shape`
-//! (the request translated for deployments of the other style) → quota reserve (check 9) →
-//! `forward` (exchange, streaming, answers shaped into the client's style) → `settle` (exactly
-//! once).
+//! `route` (surface, aliases) → `pipeline` (checks 1–8) → `routing` (deployments) → `items`
+//! (what a Responses request refers to of earlier answers: the account's own, resolved for
+//! translated deployments) → `shape` (the request translated for deployments of the other
+//! style) → quota reserve (check 9) → `forward` (exchange, streaming, answers shaped into the
+//! client's style, their Responses ids recorded) → `settle` (exactly once).
 //!
 //! Everything happens in `request_filter`, which answers the request itself and returns
 //! `Ok(true)`: the body has to be read before routing (the model is in it), and Pingora 0.9
@@ -20,6 +21,7 @@ pub mod ctx;
 pub mod error;
 pub mod forward;
 pub mod in_flight;
+pub mod items;
 pub mod local;
 pub mod pipeline;
 pub mod pool;
@@ -169,13 +171,21 @@ impl DevApi {
         let fail = |e: ApiError| (Stop::Api(e), style_b);
 
         // Held until the request ends: its body is in memory until then.
-        let (adm, _body_permit) = self
+        let (mut adm, _body_permit) = self
             .admit(session, ctx, &cfg, &asked)
             .await
             .map_err(|s| (s, style_b))?;
 
-        // Where it would go, before reserving anything for it.
-        let targets = self.targets(&cfg, &adm).map_err(fail)?;
+        // Where it would go, what it refers to and how it is translated, before reserving
+        // anything for it.
+        let mut targets = self.targets(&cfg, &adm).map_err(fail)?;
+        if let Plan::Forward(attempts) = &mut targets {
+            items::check(&self.state, &mut adm, &attempts.targets)
+                .await
+                .map_err(fail)?;
+            attempts.translated =
+                shape::translate_request(&adm, &attempts.targets).map_err(fail)?;
+        }
 
         let mut flight = self.reserve(ctx, &cfg, &adm).await.map_err(fail)?;
         let result = match targets {
@@ -311,7 +321,7 @@ impl DevApi {
     /// Decides whether the gateway answers itself or which deployments to try. A chat or
     /// Responses request for an Anthropic-style model, a messages request for an OpenAI-style
     /// model and a Responses request for a provider without `/v1/responses` are served by
-    /// translation; the translation runs here, before anything is reserved.
+    /// translation, which `handle` runs next, before anything is reserved.
     fn targets(
         &self,
         cfg: &gateway_core::config::Config,
@@ -358,10 +368,9 @@ impl DevApi {
                     |d| shape::Crossing::of(endpoint, &d.provider).is_some(),
                     cfg.routing.max_attempts,
                 )?;
-                let translated = shape::translate_request(adm, &targets)?;
                 Ok(Plan::Forward(forward::Attempts {
                     targets,
-                    translated,
+                    translated: shape::Translated::none(),
                     deadline: cfg.routing.failover_deadline,
                 }))
             }

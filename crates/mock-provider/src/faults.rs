@@ -37,6 +37,8 @@ pub(crate) struct Behaviour {
     pub(crate) midstream_error: bool,
     pub(crate) no_usage: bool,
     pub(crate) tools: bool,
+    /// `think` in the model name: Anthropic answers open with a signed thinking block.
+    pub(crate) thinking: bool,
 }
 
 /// Pick the behaviour. The header wins over model-name failures, and among
@@ -58,6 +60,7 @@ pub(crate) fn select_behaviour(model: &str, forced_status: Option<StatusCode>) -
         midstream_error: model.contains("midstream-error"),
         no_usage: model.contains("nousage"),
         tools: model.contains("tools"),
+        thinking: model.contains("think"),
     }
 }
 

@@ -100,6 +100,9 @@ pub struct StorageFile {
     /// The crash-safety journal of usage events (default `<secrets.dir>/usage.journal`; empty
     /// turns it off). Processes may share it: each writes its own segments.
     pub usage_journal: Option<String>,
+    /// Days the Responses ids and translated items an account was answered with are kept
+    /// (default 30, OpenAI's own retention).
+    pub responses_retention_days: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, Default)]
