@@ -10,6 +10,7 @@ pub mod credential_mask;
 pub mod domain;
 pub mod identity;
 pub mod journal;
+pub mod json_line;
 pub mod logging;
 pub mod metrics;
 pub mod pricing;

@@ -77,45 +77,40 @@ fn millis_rounded(d: Duration) -> f64 {
     micros as f64 / 1000.0
 }
 
-/// Writes `$line`'s fields as a JSON object into `$out`: each key (the field's own name, which
-/// the derived serializer uses too) and its punctuation as fixed text, each value through
-/// serde_json.
-macro_rules! write_fields {
-    ($line:expr, $out:expr, $first:ident $(, $field:ident)*) => {{
-        $out.extend_from_slice(concat!("{\"", stringify!($first), "\":").as_bytes());
-        serde_json::to_writer(&mut *$out, &$line.$first)?;
-        $(
-            $out.extend_from_slice(concat!(",\"", stringify!($field), "\":").as_bytes());
-            serde_json::to_writer(&mut *$out, &$line.$field)?;
-        )*
-        $out.push(b'}');
-    }};
+impl gateway_core::json_line::WriteJson for Timestamp {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let mut buf = [0u8; 40];
+        let mut cursor = &mut buf[..];
+        // The format has only numeric components: it always fits and is always UTF-8.
+        if let Ok(written) = self.0.format_into(&mut cursor, TIME_FORMAT) {
+            if let Ok(text) = std::str::from_utf8(&buf[..written]) {
+                gateway_core::json_line::write_str(out, text);
+                return;
+            }
+        }
+        out.extend_from_slice(b"null");
+    }
 }
 
 impl AccessLine<'_> {
     /// Appends the line as `serde_json::to_writer(out, self)` would, byte for byte, with the
-    /// keys and punctuation written as they are: the derived serializer scans every key for
-    /// characters to escape (12 keys a line), and none has any. Values still go through
-    /// serde_json (escaping, number formatting).
-    fn write_to(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
-        write_fields!(
-            self,
-            out,
-            time,
-            kind,
-            request_id,
-            route,
-            model,
-            key_id,
-            user_id,
-            status,
-            error_code,
-            input_tokens,
-            output_tokens,
-            latency_ms,
-            deployment
-        );
-        Ok(())
+    /// keys written as fixed text (`gateway_core::json_line`).
+    fn write_to(&self, out: &mut Vec<u8>) {
+        gateway_core::json_object!(out, {
+            "time": self.time,
+            "kind": self.kind,
+            "request_id": self.request_id,
+            "route": self.route,
+            "model": self.model,
+            "key_id": self.key_id,
+            "user_id": self.user_id,
+            "status": self.status,
+            "error_code": self.error_code,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "latency_ms": self.latency_ms,
+            "deployment": self.deployment,
+        });
     }
 }
 
@@ -149,12 +144,7 @@ fn append(line: &AccessLine<'_>) {
     WRITER.call_once(start_writer);
     let full = {
         let mut buf = BUFFER.lock().unwrap_or_else(|p| p.into_inner());
-        let start = buf.len();
-        if line.write_to(&mut buf).is_err() {
-            // No half line in the log.
-            buf.truncate(start);
-            return;
-        }
+        line.write_to(&mut buf);
         buf.push(b'\n');
         (buf.len() >= FLUSH_BYTES).then(|| std::mem::take(&mut *buf))
     };
@@ -364,7 +354,7 @@ mod tests {
         ];
         for line in &lines {
             let mut written = Vec::new();
-            line.write_to(&mut written).expect("writes");
+            line.write_to(&mut written);
             let reference = serde_json::to_vec(line).expect("serializes");
             assert_eq!(
                 String::from_utf8_lossy(&written),

@@ -150,6 +150,55 @@ pub struct Reserved {
     pub unlimited: bool,
 }
 
+impl crate::json_line::WriteJson for Reserved {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        crate::json_object!(out, {
+            "tokens": self.tokens,
+            "requests": self.requests,
+            "weekly_tokens": self.weekly_tokens,
+            "weekly_requests": self.weekly_requests,
+            "unlimited": self.unlimited,
+        });
+    }
+}
+
+/// A breakdown as the settled line's `paid` (the derived `Paid`'s shape).
+struct PaidLine<'a>(&'a Breakdown);
+
+impl crate::json_line::WriteJson for PaidLine<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let b = self.0;
+        crate::json_object!(out, {
+            "at_ms": b.at_ms,
+            "allowance_tokens": b.allowance_tokens,
+            "allowance_requests": b.allowance_requests,
+            "lots": LotsLine(&b.lots),
+        });
+    }
+}
+
+/// `(lot id, "token" | "request", amount)` triples as JSON arrays.
+struct LotsLine<'a>(&'a [(String, LotKind, u64)]);
+
+impl crate::json_line::WriteJson for LotsLine<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        out.push(b'[');
+        for (i, (id, kind, n)) in self.0.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.push(b'[');
+            crate::json_line::write_str(out, id);
+            out.push(b',');
+            crate::json_line::write_str(out, kind.as_str());
+            out.push(b',');
+            crate::json_line::WriteJson::write_json(n, out);
+            out.push(b']');
+        }
+        out.push(b']');
+    }
+}
+
 /// Pays an interrupted request's reservation from its account's balance (the quota engine,
 /// which keeps the hot balance in step with the database), returning the breakdown recorded
 /// with its event.
@@ -262,61 +311,56 @@ impl Journal {
     }
 
     /// Appends the admission line; the hold keeps its segment until the event is committed.
+    /// Written by hand as the derived `Line::Admitted` would be (`json_line`; the replay reads
+    /// it back through serde, and the tests compare the two).
     pub fn admit(&self, e: &UsageEvent, input_estimate: u64, reserved: Reserved) -> Hold {
-        let line = Line::Admitted(Admission {
-            id: &e.id,
-            user_id: &e.user_id,
-            key_id: &e.key_id,
-            model: &e.model,
-            endpoint: e.endpoint,
-            reasoning_effort: e.reasoning_effort.as_deref(),
-            created_at: e.created_at,
-            input_estimate,
-            reserved: Some(reserved),
+        let mut buf = Vec::with_capacity(384);
+        crate::json_object!(&mut buf, {
+            "t": "a",
+            "id": e.id,
+            "user_id": e.user_id,
+            "key_id": e.key_id,
+            "model": e.model,
+            "endpoint": e.endpoint,
+            "reasoning_effort": e.reasoning_effort,
+            "created_at": e.created_at,
+            "input_estimate": input_estimate,
+            "reserved": Some(reserved),
         });
-        self.append(&line)
+        self.append(buf)
     }
 
-    /// Appends the settled event; the hold keeps its segment until the event is committed.
+    /// Appends the settled event (written by hand as the derived `Line::Settled` would be);
+    /// the hold keeps its segment until the event is committed.
     pub fn settle(&self, e: &UsageEvent) -> Hold {
-        let paid = e.breakdown.as_ref().map(|b| Paid {
-            at_ms: b.at_ms,
-            allowance_tokens: b.allowance_tokens,
-            allowance_requests: b.allowance_requests,
-            lots: b
-                .lots
-                .iter()
-                .map(|(id, kind, n)| (id.as_str(), kind.as_str(), *n))
-                .collect(),
+        let mut buf = Vec::with_capacity(512);
+        crate::json_object!(&mut buf, {
+            "t": "s",
+            "id": e.id,
+            "user_id": e.user_id,
+            "key_id": e.key_id,
+            "model": e.model,
+            "endpoint": e.endpoint,
+            "reasoning_effort": e.reasoning_effort,
+            "input_tokens": e.input_tokens,
+            "output_tokens": e.output_tokens,
+            "cached_tokens": e.cached_tokens,
+            "quota_charged": Some(e.quota_charged),
+            "status": e.status,
+            "latency_ms": e.latency_ms,
+            "ttfb_ms": e.ttfb_ms,
+            "settlement": e.settlement,
+            "deployment": e.deployment,
+            "error_code": e.error_code,
+            "created_at": e.created_at,
+            "paid": e.breakdown.as_ref().map(PaidLine),
         });
-        let line = Line::Settled(Settled {
-            id: &e.id,
-            user_id: &e.user_id,
-            key_id: &e.key_id,
-            model: &e.model,
-            endpoint: e.endpoint,
-            reasoning_effort: e.reasoning_effort.as_deref(),
-            input_tokens: e.input_tokens,
-            output_tokens: e.output_tokens,
-            cached_tokens: e.cached_tokens,
-            quota_charged: Some(e.quota_charged),
-            status: e.status,
-            latency_ms: e.latency_ms,
-            ttfb_ms: e.ttfb_ms,
-            settlement: e.settlement,
-            deployment: e.deployment.as_deref(),
-            error_code: e.error_code,
-            created_at: e.created_at,
-            paid,
-        });
-        self.append(&line)
+        self.append(buf)
     }
 
-    /// Copies one line into the current segment; a full segment is rotated first.
-    fn append(&self, line: &Line<'_>) -> Hold {
-        let mut buf = Vec::with_capacity(320);
-        // Serialising plain fields into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut buf, line);
+    /// Copies one line (`buf`, a JSON object) into the current segment; a full segment is
+    /// rotated first.
+    fn append(&self, mut buf: Vec<u8>) -> Hold {
         buf.push(b'\n');
         let mut seg = self.current.load_full();
         // Full again right after a rotation means rotating failed: the line is given up.
@@ -842,6 +886,90 @@ mod tests {
         assert_eq!(i.created_at, cut.created_at);
         // Another process sees these segments as a live process's.
         assert!(try_lock(&base, "a").expect("lock").is_none());
+    }
+
+    /// The lines written by hand are the derived serialization of `Line`, byte for byte.
+    #[test]
+    fn hand_written_lines_are_the_derived_ones() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = dir.path().join("j");
+        let lock = try_lock(&base, "h").expect("lock").expect("free");
+        let j = Journal::open(
+            base.clone(),
+            "h".into(),
+            lock,
+            TEST_CAPACITY,
+            database("d1"),
+        )
+        .expect("open");
+        let mut e = event("evt_\"odd\\id\n");
+        e.reasoning_effort = Some("high".into());
+        e.deployment = Some("mock#0".into());
+        e.ttfb_ms = Some(12);
+        e.error_code = Some("provider_error");
+        let r = reserved(321);
+        let _a = j.admit(&e, 9, r);
+        let _s = j.settle(&e);
+        e.breakdown = None;
+        let _s2 = j.settle(&e);
+        let bytes = std::fs::read(&j.current.load().path).expect("read");
+        let got: Vec<&[u8]> = lines(&bytes).skip(1).collect();
+        let with_paid = event("evt_\"odd\\id\n");
+        let paid = with_paid.breakdown.as_ref().map(|b| Paid {
+            at_ms: b.at_ms,
+            allowance_tokens: b.allowance_tokens,
+            allowance_requests: b.allowance_requests,
+            lots: b
+                .lots
+                .iter()
+                .map(|(id, kind, n)| (id.as_str(), kind.as_str(), *n))
+                .collect(),
+        });
+        let settled = |paid| {
+            serde_json::to_vec(&Line::Settled(Settled {
+                id: &e.id,
+                user_id: &e.user_id,
+                key_id: &e.key_id,
+                model: &e.model,
+                endpoint: e.endpoint,
+                reasoning_effort: e.reasoning_effort.as_deref(),
+                input_tokens: e.input_tokens,
+                output_tokens: e.output_tokens,
+                cached_tokens: e.cached_tokens,
+                quota_charged: Some(e.quota_charged),
+                status: e.status,
+                latency_ms: e.latency_ms,
+                ttfb_ms: e.ttfb_ms,
+                settlement: e.settlement,
+                deployment: e.deployment.as_deref(),
+                error_code: e.error_code,
+                created_at: e.created_at,
+                paid,
+            }))
+            .expect("json")
+        };
+        let admitted = serde_json::to_vec(&Line::Admitted(Admission {
+            id: &e.id,
+            user_id: &e.user_id,
+            key_id: &e.key_id,
+            model: &e.model,
+            endpoint: e.endpoint,
+            reasoning_effort: e.reasoning_effort.as_deref(),
+            created_at: e.created_at,
+            input_estimate: 9,
+            reserved: Some(r),
+        }))
+        .expect("json");
+        assert_eq!(got.len(), 3);
+        assert_eq!(std::str::from_utf8(got[0]), std::str::from_utf8(&admitted));
+        assert_eq!(
+            std::str::from_utf8(got[1]),
+            std::str::from_utf8(&settled(paid))
+        );
+        assert_eq!(
+            std::str::from_utf8(got[2]),
+            std::str::from_utf8(&settled(None))
+        );
     }
 
     #[test]
