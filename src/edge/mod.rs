@@ -336,7 +336,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
         });
     }
 
-    let dev_api = pingora_proxy::http_proxy(&server.configuration, DevApi { state: api_state });
+    let dev_api = DevApi::new(api_state);
     // Each connection is moved to the worker that serves it (see `affinity`), with the write
     // buffer in front of the moved socket; the accepted one needs no buffers. With a single
     // worker the move is needless but costs only a dup and two epoll_ctl per connection: one

@@ -331,12 +331,11 @@ impl Peek for Moved {
 /// A request on this connection is over: until the next one starts, the connection is idle
 /// (and closed after `server.limits.idle_timeout_seconds`). Not while its body is still
 /// unread: Pingora may drain it before the next request, and those bytes are no head.
-pub fn request_done(session: &mut pingora_proxy::Session) {
-    let ds = session.as_downstream_mut();
-    if !ds.is_body_done() {
+pub fn request_done(session: &mut crate::Session) {
+    if !session.is_body_done() {
         return;
     }
-    if let Some(stream) = ds.stream() {
+    if let Some(stream) = session.stream() {
         set_phase(stream, crate::conn_limits::Phase::Idle);
     }
 }

@@ -13,10 +13,10 @@
 use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
+use crate::Session;
 use bytes::{Bytes, BytesMut};
 use http::HeaderName;
 use pingora_http::ResponseHeader;
-use pingora_proxy::Session;
 use serde_json::Value;
 
 use crate::error::ApiError;
@@ -386,7 +386,7 @@ fn coalesce(
 /// without waiting on anything else: its bytes wait in the client's write buffer and leave with
 /// the terminator, one send instead of two ([`crate::affinity::hold_next_flush`]).
 fn end_follows(session: &Session) {
-    if let Some(stream) = session.as_downstream().stream() {
+    if let Some(stream) = session.stream() {
         crate::affinity::hold_next_flush(stream);
     }
 }
@@ -442,7 +442,7 @@ pub async fn forward(
     }
     let (mut relay, outstanding) = Relay::new(state, adm, reply, answer, flight);
 
-    session.as_downstream_mut().set_abort_on_close(true);
+    session.set_abort_on_close(true);
     if let Err(early) = relay.send_header(session, flight).await {
         return relay.give_up(early).await;
     }
@@ -560,7 +560,7 @@ impl<'a> Relay<'a> {
             )
         });
         let header = header.ok_or(Early::Unbuildable)?;
-        if session.write_response_header(header, false).await.is_err() {
+        if session.write_response_header(header).await.is_err() {
             return Err(Early::ClientGone);
         }
         flight.mark_first_byte();
@@ -592,7 +592,7 @@ impl<'a> Relay<'a> {
                         return reason;
                     }
                 }
-                gone = session.as_downstream_mut().read_body_or_idle(true) => {
+                gone = session.read_body_or_idle(true) => {
                     if gone.is_err() {
                         return Reason::ClientDisconnect;
                     }
@@ -622,7 +622,7 @@ impl<'a> Relay<'a> {
             if matches!(after, After::End) && self.owed.is_none() {
                 end_follows(session);
             }
-            if session.write_response_body(Some(out), false).await.is_err() {
+            if session.write_response_body(out, false).await.is_err() {
                 return Some(Reason::ClientDisconnect);
             }
             if let Some(left) = self.owed.as_mut() {
@@ -671,9 +671,9 @@ impl<'a> Relay<'a> {
                 )
             });
             if let Some(header) = header {
-                if session.write_response_header(header, false).await.is_ok() {
+                if session.write_response_header(header).await.is_ok() {
                     flight.mark_first_byte();
-                    let _ = session.write_response_body(Some(body), false).await;
+                    let _ = session.write_response_body(body, false).await;
                 }
             }
         } else if !self.shaper.holds_header() {
@@ -682,7 +682,7 @@ impl<'a> Relay<'a> {
                 if reason == Reason::Complete {
                     end_follows(session);
                 }
-                let _ = session.write_response_body(Some(tail), false).await;
+                let _ = session.write_response_body(tail, false).await;
             }
         }
     }
@@ -726,7 +726,7 @@ impl<'a> Relay<'a> {
                     state.routing.succeeded(&self.target, request_id);
                 }
                 state.upstreams.finish(self.ex).await;
-                let _ = session.write_response_body(None, true).await;
+                let _ = session.write_response_body(Bytes::new(), true).await;
                 if self.status >= 400 {
                     (Reason::ProviderError, Some("provider_error"))
                 } else {
@@ -743,16 +743,16 @@ impl<'a> Relay<'a> {
                 if self.shaper.is_plain() {
                     // A cut plain body cannot be marked as failed in-band: close the connection
                     // so the client sees the truncation.
-                    session.as_downstream_mut().shutdown().await;
+                    session.shutdown().await;
                 } else {
-                    let _ = session.write_response_body(None, true).await;
+                    let _ = session.write_response_body(Bytes::new(), true).await;
                 }
                 (Reason::UpstreamError, Some("upstream_error"))
             }
             Reason::Aborted => {
                 // The shutdown drain ended: the answer was closed with an error (`deliver_rest`).
                 state.upstreams.abort(self.ex).await;
-                let _ = session.write_response_body(None, true).await;
+                let _ = session.write_response_body(Bytes::new(), true).await;
                 (Reason::Aborted, Some("shutting_down"))
             }
             other => {

@@ -7,9 +7,10 @@
 //! style) → quota reserve (check 9) → `forward` (exchange, streaming, answers shaped into the
 //! client's style, their Responses ids recorded) → `settle` (exactly once).
 //!
-//! Everything happens in `request_filter`, which answers the request itself and returns
-//! `Ok(true)`: the body has to be read before routing (the model is in it), and Pingora 0.9
-//! cannot re-send a read body larger than its 64 KiB retry buffer through the stock path.
+//! The service is a Pingora `HttpServerApp` of its own (`DevApi::process_new_http`): it reads
+//! the head, answers the request itself and hands the connection back for the next one. The
+//! body has to be read before routing (the model is in it), and Pingora 0.9 cannot re-send a
+//! read body larger than its 64 KiB retry buffer through the stock proxy path.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
@@ -40,15 +41,16 @@ pub mod tokens;
 pub mod upstream;
 pub mod usage;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use pingora_core::modules::http::HttpModules;
+use pingora_core::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream};
 use pingora_core::protocols::http::ServerSession;
-use pingora_core::upstreams::peer::HttpPeer;
-use pingora_error::{Error, ErrorType};
-use pingora_proxy::{ProxyHttp, Session};
+use pingora_core::server::ShutdownWatch;
+use tokio::sync::Notify;
 
 use crate::ctx::RequestCtx;
 use crate::error::ApiError;
@@ -59,16 +61,31 @@ use crate::state::SharedApiState;
 use gateway_core::quota::{Denied, RateView};
 use gateway_core::util::new_id;
 
-/// The developer-API service.
+/// The downstream HTTP session one developer request is read from and answered on.
+pub type Session = ServerSession;
+
+/// The developer-API service: a Pingora HTTP application of its own, not a `ProxyHttp` behind
+/// `pingora_proxy`. Every request is answered here (the body has to be read before routing,
+/// and the exchange with the provider is the gateway's own), so the proxy's phases, its
+/// per-request session wrapper and its large per-request state machine were all overhead: the
+/// state machine alone was copied into each request's task.
 pub struct DevApi {
     pub state: SharedApiState,
+    /// Set when the service shuts down: kept-alive connections stop waiting for a next request.
+    shutting_down: AtomicBool,
+    shutdown: Notify,
 }
 
-#[async_trait]
-impl ProxyHttp for DevApi {
-    type CTX = RequestCtx;
+impl DevApi {
+    pub fn new(state: SharedApiState) -> DevApi {
+        DevApi {
+            state,
+            shutting_down: AtomicBool::new(false),
+            shutdown: Notify::new(),
+        }
+    }
 
-    fn new_ctx(&self) -> RequestCtx {
+    fn new_ctx() -> RequestCtx {
         RequestCtx {
             request_id: new_id("req"),
             started: Instant::now(),
@@ -85,28 +102,36 @@ impl ProxyHttp for DevApi {
         }
     }
 
-    /// No downstream modules. Pingora's default is a response-compression module at level 0
-    /// (off), which still builds a context and runs its filters on every request; the gateway
-    /// relays answers as the provider encoded them.
-    fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
-
-    /// Never reached: `request_filter` always answers the request itself.
-    async fn upstream_peer(
-        &self,
-        _session: &mut Session,
-        _ctx: &mut RequestCtx,
-    ) -> pingora_error::Result<Box<HttpPeer>> {
-        Err(Error::explain(
-            ErrorType::InternalError,
-            "developer API requests are answered in request_filter",
-        ))
+    /// Reads the next request head on a (possibly kept-alive) connection; false when there is
+    /// none to serve (closed, bad head answered with 400, or the service is shutting down).
+    async fn read_head(&self, session: &mut Session) -> bool {
+        let read = tokio::select! {
+            // Biased: a request already buffered is served before a shutdown is noticed.
+            biased;
+            read = session.read_request() => read,
+            _ = self.shutdown.notified() => return false,
+        };
+        match read {
+            Ok(true) => {}
+            Ok(false) => return false,
+            Err(e) => {
+                if matches!(e.etype, pingora_error::ErrorType::InvalidHTTPHeader) {
+                    let _ = session.respond_error(400).await;
+                }
+                session.shutdown().await;
+                return false;
+            }
+        }
+        if session.req_header().method == http::Method::CONNECT {
+            let _ = session.respond_error(405).await;
+            session.shutdown().await;
+            return false;
+        }
+        true
     }
 
-    async fn request_filter(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-    ) -> pingora_error::Result<bool> {
+    /// Answers one request (`request_filter` of the proxy this replaced) and records it.
+    async fn serve(&self, session: &mut Session, ctx: &mut RequestCtx) {
         let _in_flight = crate::in_flight::InFlightGuard::enter();
         // Boxed (as are the large futures below it): an async state machine is moved by value
         // when it is built, and a request's nested states inline would be copied in `memcpy`
@@ -120,12 +145,40 @@ impl ProxyHttp for DevApi {
                 respond::error(session, &err, style_b, &ctx.request_id, &ctx.rate).await;
             }
         }
-        Ok(true)
-    }
-
-    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
         crate::affinity::request_done(session);
         crate::accesslog::developer_request(ctx, self.state.config.load().server.access_log);
+    }
+}
+
+#[async_trait]
+impl HttpServerApp for DevApi {
+    async fn process_new_http(
+        self: &Arc<Self>,
+        mut session: ServerSession,
+        shutdown: &ShutdownWatch,
+    ) -> Option<ReusedHttpStream> {
+        if !self.read_head(&mut session).await {
+            return None;
+        }
+        if *shutdown.borrow() || self.shutting_down.load(Ordering::Acquire) {
+            // Shutting down soon: no next request on this connection.
+            session.set_keepalive(None);
+        }
+        let mut ctx = DevApi::new_ctx();
+        self.serve(&mut session, &mut ctx).await;
+        let settings = HttpPersistentSettings::for_session(&session);
+        session
+            .finish()
+            .await
+            .ok()
+            .flatten()
+            .map(|s| ReusedHttpStream::from_reusable_stream(s, settings))
+    }
+
+    async fn http_cleanup(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+        // Kept-alive connections waiting for a next request end now.
+        self.shutdown.notify_waiters();
     }
 }
 
@@ -244,7 +297,7 @@ impl DevApi {
                 .await
             {
                 // The body stays unread: the connection cannot be reused.
-                session.as_downstream_mut().set_keepalive(None);
+                session.set_keepalive(None);
                 return Err(denied_error(denied).into());
             }
         }
@@ -505,7 +558,7 @@ impl Asked {
 /// pipelining on, Pingora keeps those bytes for the next request instead of dropping them (the
 /// next request would then arrive cut).
 fn keep_pipelined_bytes(session: &mut Session) {
-    if let ServerSession::H1(h1) = session.as_downstream_mut() {
+    if let ServerSession::H1(h1) = session {
         h1.set_pipelining_enabled(true);
         // The head is in: no read deadline until a body is read (a streamed answer watches
         // the connection for a disconnect for as long as it runs).

@@ -1,9 +1,9 @@
 //! Writing gateway-made responses (errors, local JSON) to the client.
 
+use crate::Session;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
 use pingora_http::ResponseHeader;
-use pingora_proxy::Session;
 
 use crate::error::ApiError;
 use gateway_core::quota::RateView;
@@ -81,12 +81,8 @@ pub async fn json(
         let _ = h.insert_header(k.clone(), v.clone());
     }
     let _ = h.insert_header(http::header::CONTENT_LENGTH, content_length(body.len()));
-    if session
-        .write_response_header(Box::new(h), false)
-        .await
-        .is_ok()
-    {
-        let _ = session.write_response_body(Some(body), true).await;
+    if session.write_response_header(Box::new(h)).await.is_ok() {
+        let _ = session.write_response_body(body, true).await;
     }
 }
 

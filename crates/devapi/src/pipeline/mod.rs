@@ -10,8 +10,8 @@ pub use numbers::type_name;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::Session;
 use bytes::{Bytes, BytesMut};
-use pingora_proxy::Session;
 use serde_json::Value;
 
 use crate::auth::{presented_key, Presented};
@@ -258,7 +258,7 @@ pub async fn read_body(
     budget: u64,
 ) -> Result<(Bytes, BodyPermit), Stop> {
     let declared = declared_length(session);
-    let ds = session.as_downstream_mut();
+    let ds = session;
     if declared.is_some_and(|n| n > limit) {
         // The body will not be read: the connection cannot be reused.
         ds.set_keepalive(None);
