@@ -233,20 +233,25 @@ impl Local {
 
     /// Settles a ticket this engine may not hold (a Redis reservation settled while Redis is
     /// unreachable, or one of ours after `clear`): loads the account first, so the usage is
-    /// paid from its real balance. Without the database the whole usage goes on the allowance,
-    /// so the record still adds up.
+    /// paid from its real balance, and pays on the balance it loaded, even if the account is
+    /// forgotten meanwhile (the Redis engine forgets an account after each such settlement, and
+    /// two settling at once must both pay). Without the database the whole usage goes on the
+    /// allowance, so the record still adds up.
     pub async fn settle_loading(&self, db: &Db, t: &Ticket, used: Used, now: i64) -> Breakdown {
-        if let Err(d) = self.account(db, &t.user_id, now).await {
-            log::error!("settling {} without its balance ({d:?})", t.id);
-            return Breakdown {
-                user_id: t.user_id.clone(),
-                at_ms: now,
-                allowance_tokens: t.charge(used),
-                allowance_requests: t.requests,
-                lots: vec![],
-            };
-        }
-        self.settle(t, used, now)
+        let cell = match self.account(db, &t.user_id, now).await {
+            Ok(cell) => cell,
+            Err(d) => {
+                log::error!("settling {} without its balance ({d:?})", t.id);
+                return Breakdown {
+                    user_id: t.user_id.clone(),
+                    at_ms: now,
+                    allowance_tokens: t.charge(used),
+                    allowance_requests: t.requests,
+                    lots: vec![],
+                };
+            }
+        };
+        self.settle_on(&cell, t, used, now)
     }
 
     /// The accounts this engine has loaded.
@@ -266,23 +271,31 @@ impl Local {
     }
 
     pub fn settle(&self, t: &Ticket, used: Used, now: i64) -> Breakdown {
-        let breakdown = match self
-            .accounts
-            .get(&t.user_id)
-            .and_then(|c| c.get().map(|_| c.clone()))
-        {
-            Some(cell) => match cell.get() {
-                Some(m) => m
-                    .lock()
-                    .settle(&t.id, t.charge(used), t.requests, &t.limits, now),
-                None => Breakdown::default(),
-            },
+        match self.accounts.get(&t.user_id).map(|c| c.clone()) {
+            Some(cell) => self.settle_on(&cell, t, used, now),
+            None => {
+                self.correct_windows(t, used);
+                Breakdown::default()
+            }
+        }
+    }
+
+    /// Pays `t` on the account balance in `cell` and corrects its per-minute windows.
+    fn settle_on(&self, cell: &Cell, t: &Ticket, used: Used, now: i64) -> Breakdown {
+        let breakdown = match cell.get() {
+            Some(m) => m
+                .lock()
+                .settle(&t.id, t.charge(used), t.requests, &t.limits, now),
             None => Breakdown::default(),
         };
+        self.correct_windows(t, used);
+        breakdown
+    }
+
+    fn correct_windows(&self, t: &Ticket, used: Used) {
         if let Some(mut w) = self.windows.get_mut(&t.plan.scope) {
             correct(&mut w, t, used);
         }
-        breakdown
     }
 
     pub fn add_lot(&self, lot: Lot) {
@@ -329,5 +342,62 @@ fn correct(w: &mut Windows, t: &Ticket, used: Used) {
         (2, (t.output_cost, used.output_tokens)),
     ] {
         slot[d] = slot[d].saturating_sub(charged).saturating_add(actual);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TierLimits;
+    use crate::quota::RatePlan;
+
+    fn ticket(id: &str) -> Ticket {
+        Ticket {
+            id: id.into(),
+            user_id: "usr_1".into(),
+            tokens: 100,
+            requests: 1,
+            input_cost: 10,
+            output_cost: 90,
+            weights: Weights::default(),
+            minute: 0,
+            plan: RatePlan {
+                scope: "acct:usr_1".into(),
+                rpm: 0,
+                itpm: 0,
+                otpm: 0,
+            },
+            limits: TierLimits {
+                weekly_tokens: 1_000,
+                ..TierLimits::default()
+            },
+            unlimited: false,
+            in_process: true,
+            leased: false,
+        }
+    }
+
+    /// The Redis engine settles a fallback ticket with `settle_loading` and then forgets the
+    /// account; another settlement of the same account that loaded it just before must still
+    /// pay (it used to find the account gone and record nothing paid).
+    #[tokio::test]
+    async fn a_settlement_pays_on_the_balance_it_loaded_even_if_forgotten_meanwhile() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::connect(&format!("sqlite://{}/q.db", dir.path().display()))
+            .await
+            .expect("db");
+        let local = Local::new(Duration::from_secs(5));
+        let used = Used {
+            input_tokens: 10,
+            output_tokens: 30,
+            cached_input_tokens: 0,
+        };
+        let cell = local.account(&db, "usr_1", 0).await.expect("loaded");
+        local.forget("usr_1");
+        let paid = local.settle_on(&cell, &ticket("t1"), used, 0);
+        assert_eq!((paid.allowance_tokens, paid.allowance_requests), (40, 1));
+        // And through the public path: loaded, forgotten by a concurrent settlement, paid.
+        let paid = local.settle_loading(&db, &ticket("t2"), used, 0).await;
+        assert_eq!((paid.allowance_tokens, paid.allowance_requests), (40, 1));
     }
 }
