@@ -34,6 +34,7 @@ requests_per_minute = 60
 
 [quota.tiers.persistent]
 requests_per_minute = 700
+weekly_requests = 100000
 "#;
 
 /// `POST /api/payment/orders` as the signed-in browser.
@@ -307,17 +308,11 @@ orders_per_hour = 2
 "#;
     let (_mock, gw) = config::start_with_toml(extra);
     let mut b = signed_in(&gw, "cheap@example.com").await;
-    for kind in ["token", "request"] {
-        let (status, code) = b
-            .order(json!({"quotaType": kind, "quantity": 1000}))
-            .await
-            .error();
-        assert_eq!(
-            (status, code.as_str()),
-            (503, "price_not_configured"),
-            "{kind}"
-        );
-    }
+    let (status, code) = b
+        .order(json!({"quotaType": "token", "quantity": 1000}))
+        .await
+        .error();
+    assert_eq!((status, code.as_str()), (503, "price_not_configured"));
     let v = b.get("/api/payment/orders").await.ok_json();
     assert_eq!(v["pricing"]["tokenPricePerMillion"], Value::Null);
     let personal = v["paymentCode"].as_str().expect("code").to_string();
@@ -341,6 +336,92 @@ orders_per_hour = 2
     assert_eq!(statuses(&v), ["unmatched"]);
     assert_eq!(v["processed"][0]["paymentCode"], json!(personal));
     assert!(lots::lots_of(&gw, "cheap@example.com").await.is_empty());
+}
+
+/// With every tier uncapped (the shipped tiers) requests are not metered: a request lot would
+/// never be drawn, so none is sold, `config check` says why and granting one warns.
+#[tokio::test]
+async fn request_lots_are_sold_only_while_a_tier_caps_requests() {
+    let uncapped = r#"
+[limits]
+request_code_per_hour = 1000
+
+[payment]
+token_price_vnd_per_million = 1000
+request_price_vnd_per_thousand = 500
+"#;
+    let (_mock, gw) = config::start_with_toml(uncapped);
+    let email = "uncapped@example.com";
+    let mut b = signed_in(&gw, email).await;
+    let v = b.get("/api/payment/orders").await.ok_json();
+    assert_eq!(v["pricing"]["tokenPricePerMillion"], json!(1000));
+    assert_eq!(v["pricing"]["requestPricePerThousand"], Value::Null, "{v}");
+    let (status, code) = b
+        .order(json!({"quotaType": "request", "quantity": 100_000}))
+        .await
+        .error();
+    assert_eq!((status, code.as_str()), (400, "invalid_quota_type"));
+    assert_eq!(
+        count(&gw, "SELECT CAST(COUNT(*) AS BIGINT) FROM payment_orders").await,
+        0
+    );
+
+    let out = gw.admin_output(&["config", "check"]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let checked: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(
+        stderr.contains("warning: payment.request_price_vnd_per_thousand is set but no tier"),
+        "{stderr}"
+    );
+    assert!(checked["warnings"]
+        .to_string()
+        .contains("request lots are not sold"));
+
+    let out = gw.admin_output(&[
+        "lot", "grant", "--email", email, "--type", "request", "--amount", "1000",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let lot: Value = serde_json::from_slice(&out.stdout).expect("lot json");
+    assert_eq!(lot["type"], "request");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("warning: uncapped@example.com's tier beginner has no weekly request cap")
+            && stderr.contains("never drawn"),
+        "{stderr}"
+    );
+    // A token lot is drawn whatever the tier: no warning.
+    let out = gw.admin_output(&[
+        "lot", "grant", "--email", email, "--type", "token", "--amount", "1000",
+    ]);
+    assert!(out.status.success() && out.stderr.is_empty(), "{out:?}");
+
+    // Once a tier caps requests they are sold, and granting a lot on that tier is quiet.
+    let (_mock2, capped) = config::start_with_toml(PAY);
+    let mut b = signed_in(&capped, "capped@example.com").await;
+    let v = b.get("/api/payment/orders").await.ok_json();
+    assert_eq!(v["pricing"]["requestPricePerThousand"], json!(500));
+    capped.admin_json(&[
+        "user",
+        "set-tier",
+        "--email",
+        "capped@example.com",
+        "--tier",
+        "persistent",
+    ]);
+    let out = capped.admin_output(&[
+        "lot",
+        "grant",
+        "--email",
+        "capped@example.com",
+        "--type",
+        "request",
+        "--amount",
+        "10",
+    ]);
+    assert!(out.status.success() && out.stderr.is_empty(), "{out:?}");
+    let out = capped.admin_output(&["config", "check"]);
+    assert!(out.stderr.is_empty(), "{out:?}");
 }
 
 #[tokio::test]

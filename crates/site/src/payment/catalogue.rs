@@ -5,7 +5,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::error::SiteError;
-use gateway_core::config::PaymentConfig;
+use gateway_core::config::{Config, PaymentConfig};
 use gateway_core::domain::{LotKind, Tier};
 use gateway_core::storage::payments::NewOrder;
 
@@ -78,7 +78,9 @@ impl PackageView {
     }
 }
 
-/// The prices of custom orders; a price that is absent or 0 is `null` (not sold).
+/// The prices of custom orders; a price that is absent or 0 is `null` (not sold). Requests
+/// are sold only while some tier caps them: otherwise the request meter is never drawn and a
+/// request lot would buy nothing.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Pricing {
@@ -89,24 +91,30 @@ pub struct Pricing {
 }
 
 impl Pricing {
-    pub fn new(cfg: &PaymentConfig) -> Pricing {
+    pub fn new(cfg: &Config) -> Pricing {
+        let pay = &cfg.payment;
         Pricing {
             currency: "VND",
-            token_price_per_million: cfg.token_price_vnd_per_million.filter(|p| *p > 0),
-            request_price_per_thousand: cfg.request_price_vnd_per_thousand.filter(|p| *p > 0),
-            lot_days: cfg.lot_days,
+            token_price_per_million: pay.token_price_vnd_per_million.filter(|p| *p > 0),
+            request_price_per_thousand: request_price(cfg),
+            lot_days: pay.lot_days,
         }
     }
 }
 
+/// The price of a thousand requests, when requests are sold: priced, and metered by some tier.
+fn request_price(cfg: &Config) -> Option<u64> {
+    cfg.payment
+        .request_price_vnd_per_thousand
+        .filter(|p| *p > 0 && cfg.quota.meters_requests())
+}
+
 /// Reads `{packageId}` or `{quotaType, quantity}` and prices it. Custom quantities are counted
 /// in tokens or requests (what the lot will hold) and cost `ceil(quantity × price / unit)` VND,
-/// the unit being a million tokens or a thousand requests.
-pub fn order_request(
-    cfg: &PaymentConfig,
-    user_id: &str,
-    body: &Value,
-) -> Result<NewOrder, SiteError> {
+/// the unit being a million tokens or a thousand requests. `quotaType: "request"` is
+/// `invalid_quota_type` while no tier caps requests (see [`Pricing`]).
+pub fn order_request(cfg: &Config, user_id: &str, body: &Value) -> Result<NewOrder, SiteError> {
+    let pay = &cfg.payment;
     if let Some(id) = body.get("packageId") {
         let p = id
             .as_str()
@@ -128,6 +136,7 @@ pub fn order_request(
     let kind = kind
         .as_str()
         .and_then(LotKind::parse)
+        .filter(|k| *k == LotKind::Token || cfg.quota.meters_requests())
         .ok_or(SiteError::InvalidQuotaType)?;
     let quantity = body
         .get("quantity")
@@ -135,8 +144,8 @@ pub fn order_request(
         .filter(|q| (1..=MAX_CUSTOM_QUANTITY).contains(q))
         .ok_or(SiteError::InvalidQuantity)?;
     let (price, unit) = match kind {
-        LotKind::Token => (cfg.token_price_vnd_per_million, 1_000_000u128),
-        LotKind::Request => (cfg.request_price_vnd_per_thousand, 1_000u128),
+        LotKind::Token => (pay.token_price_vnd_per_million, 1_000_000u128),
+        LotKind::Request => (pay.request_price_vnd_per_thousand, 1_000u128),
     };
     let price = price
         .filter(|p| *p > 0)
@@ -183,14 +192,26 @@ mod tests {
             "[payment]\ntoken_price_vnd_per_million = 1000\n",
         )
         .expect("config");
-        let p = &cfg.payment;
+        let p = &cfg;
         let o = order_request(p, "u", &json!({"quotaType":"token","quantity":1_500_001}))
             .expect("order");
         assert_eq!(o.amount_vnd, 1501);
         let err = |b: Value| order_request(p, "u", &b).err().map(|e| e.code());
         let code = |c: &str| Some(c.to_string());
+        // No tier caps requests: a request lot would never be drawn, so none is sold.
         assert_eq!(
             err(json!({"quotaType":"request","quantity":5})),
+            code("invalid_quota_type")
+        );
+        let capped = gateway_core::config::Config::from_str(
+            std::path::Path::new("t.toml"),
+            "[quota.tiers.beginner]\nweekly_requests = 100\n",
+        )
+        .expect("config");
+        assert_eq!(
+            order_request(&capped, "u", &json!({"quotaType":"request","quantity":5}))
+                .err()
+                .map(|e| e.code()),
             code("price_not_configured")
         );
         assert_eq!(
