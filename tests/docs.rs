@@ -134,7 +134,11 @@ fn probe_for(path: &str) -> String {
         "models.deployments" => {
             "[[models]]\nid = \"m\"\ndeployments = [{ __probe__ = 1 }]\n".into()
         }
-        p => format!("[{}]\n__probe__ = 1\n", p.replace("<tier>", "beginner")),
+        p => format!(
+            "[{}]\n__probe__ = 1\n",
+            p.replace("<tier>", "beginner")
+                .replace("<package>", "steady-100m")
+        ),
     }
 }
 

@@ -25,6 +25,7 @@ orders_per_hour = 100
 lot_days = 30
 token_price_vnd_per_million = 1000
 request_price_vnd_per_thousand = 500
+min_order_vnd = 500
 bank_bin = "970415"
 account_number = "0123456789"
 account_name = "GATEWAY CO"
@@ -336,6 +337,73 @@ orders_per_hour = 2
     assert_eq!(statuses(&v), ["unmatched"]);
     assert_eq!(v["processed"][0]["paymentCode"], json!(personal));
     assert!(lots::lots_of(&gw, "cheap@example.com").await.is_empty());
+}
+
+/// A custom order below `min_order_vnd` (default 10,000 VND) is refused before anything is
+/// stored; the operator's package amounts replace the catalogue's.
+#[tokio::test]
+async fn small_orders_are_refused_and_operators_price_packages() {
+    let priced = r#"
+[limits]
+request_code_per_hour = 1000
+
+[payment]
+token_price_vnd_per_million = 1000
+
+[payment.packages.steady-100m]
+amount_vnd = 99000
+"#;
+    let (_mock, gw) = config::start_with_toml(priced);
+    let mut b = signed_in(&gw, "small@example.com").await;
+    let v = b.get("/api/payment/orders").await.ok_json();
+    assert_eq!(v["pricing"]["minOrderAmount"], json!(10_000));
+    assert_eq!(v["packages"][0]["id"], "steady-100m");
+    assert_eq!(v["packages"][0]["amount"], json!(99_000));
+    assert_eq!(v["packages"][1]["amount"], json!(240_000));
+
+    // 1,500 tokens would be a 2 VND order.
+    let (status, code) = b
+        .order(json!({"quotaType": "token", "quantity": 1_500}))
+        .await
+        .error();
+    assert_eq!((status, code.as_str()), (400, "order_below_minimum"));
+    let (status, code) = b
+        .order(json!({"quotaType": "token", "quantity": 9_999_000}))
+        .await
+        .error();
+    assert_eq!((status, code.as_str()), (400, "order_below_minimum"));
+    assert_eq!(
+        count(&gw, "SELECT CAST(COUNT(*) AS BIGINT) FROM payment_orders").await,
+        0
+    );
+    let o = b
+        .order(json!({"quotaType": "token", "quantity": 10_000_000}))
+        .await
+        .ok_json()["order"]
+        .clone();
+    assert_eq!(o["amount"], json!(10_000));
+    let o = b.order(json!({"packageId": "steady-100m"})).await.ok_json()["order"].clone();
+    assert_eq!(o["amount"], json!(99_000));
+    assert_eq!(o["transfer"]["amount"], json!(99_000));
+    assert_eq!(o["quantity"], json!(100_000_000u64));
+
+    // A bad override names its key; the running config is not touched by `config check`.
+    let bad = gw.dir.path().join("bad.toml");
+    let text = std::fs::read_to_string(&gw.config_path).expect("config")
+        + "\n[payment.packages.gold-1t]\namount_vnd = 5\n";
+    std::fs::write(&bad, text).expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .arg("--config")
+        .arg(&bad)
+        .args(["config", "check"])
+        .output()
+        .expect("config check");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("payment.packages.gold-1t") && err.contains("unknown package"),
+        "{err}"
+    );
 }
 
 /// With every tier uncapped (the shipped tiers) requests are not metered: a request lot would

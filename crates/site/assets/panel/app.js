@@ -35,6 +35,8 @@ const MESSAGES = {
   active_key_limit_reached: 'You already have the maximum number of active keys.',
   too_many_pending_payment_orders: 'You have too many unpaid orders; pay or let one expire first.',
   invalid_quantity: 'Enter a valid quantity.',
+  order_below_minimum: 'That order is below the smallest amount we accept; order more.',
+  invalid_quota_type: 'That cannot be bought here.',
   unauthorized: 'Your session has ended; sign in again.',
 };
 const explain = (e) => (e instanceof ApiError ? MESSAGES[e.code] || `Error: ${e.code}` : `Error: ${e.message}`);
@@ -668,17 +670,37 @@ function renderBilling(data, shownId) {
   const kind = el('select', { id: 'quota-type' },
     pr.tokenPricePerMillion ? el('option', { value: 'token' }, `Tokens (${vnd(pr.tokenPricePerMillion)} per million)`) : null,
     pr.requestPricePerThousand ? el('option', { value: 'request' }, `Requests (${vnd(pr.requestPricePerThousand)} per thousand)`) : null);
-  const qty = el('input', { type: 'number', id: 'quantity', min: 1, step: 1, required: true, value: 1000000 });
+  const minimum = pr.minOrderAmount || 0;
+  // The price of `n` of the selected kind, as the server computes it (rounded up to whole VND).
+  const priceOf = (n) => (kind.value === 'request'
+    ? Math.ceil((n * (pr.requestPricePerThousand || 0)) / 1000)
+    : Math.ceil((n * (pr.tokenPricePerMillion || 0)) / 1e6));
+  const smallest = () => {
+    const per = kind.value === 'request' ? (pr.requestPricePerThousand || 0) / 1000 : (pr.tokenPricePerMillion || 0) / 1e6;
+    return per > 0 ? Math.ceil(minimum / per) : 1;
+  };
+  const qty = el('input', { type: 'number', id: 'quantity', min: 1, step: 1, required: true, value: Math.max(1000000, smallest()), 'aria-describedby': 'custom-price' });
+  const priceLine = el('p', { class: 'muted small', id: 'custom-price', 'aria-live': 'polite' });
+  const showPrice = () => {
+    const n = Number(qty.value);
+    const what = kind.value === 'request' ? 'requests' : 'tokens';
+    const min = minimum ? ` The smallest order is ${vnd(minimum)} (${fmt(smallest())} ${what}).` : '';
+    priceLine.textContent = Number.isInteger(n) && n > 0 ? `Costs ${vnd(priceOf(n))}.${min}` : min.trim();
+  };
+  kind.addEventListener('change', showPrice);
+  qty.addEventListener('input', showPrice);
+  showPrice();
   const submit = el('button', { type: 'submit' }, 'Create order');
   orderButtons.push(submit);
   const custom = el('form', { id: 'custom-order', novalidate: true },
     el('label', { for: 'quota-type' }, 'What to buy'), kind,
-    el('label', { for: 'quantity' }, 'Quantity'), qty,
+    el('label', { for: 'quantity' }, 'Quantity'), qty, priceLine,
     el('div', { class: 'row' }, submit));
   custom.addEventListener('submit', (ev) => {
     ev.preventDefault();
     const n = Number(qty.value);
     if (!Number.isInteger(n) || n < 1) { error.textContent = MESSAGES.invalid_quantity; return; }
+    if (priceOf(n) < minimum) { error.textContent = `The smallest order is ${vnd(minimum)}: buy at least ${fmt(smallest())}.`; return; }
     order({ quotaType: kind.value, quantity: n }, submit);
   });
 

@@ -32,7 +32,7 @@ use axum::Router;
 use gateway_core::state::SharedState;
 use gateway_core::util::now_ms;
 
-pub use catalogue::{package, Package, CATALOGUE, MAX_CUSTOM_QUANTITY};
+pub use catalogue::{package, MAX_CUSTOM_QUANTITY};
 pub use vietqr::{vietqr_image_url, vietqr_payload};
 pub use views::{order_json, transaction_json, OrderView, TransactionView};
 pub use webhook::WEBHOOK_BODY_LIMIT;

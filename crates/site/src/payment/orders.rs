@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::catalogue::{order_request, PackageView, Pricing, CATALOGUE};
+use super::catalogue::{order_request, PackageView, Pricing};
 use super::views::{OrderView, PaymentSettings};
 use crate::access::check_beta;
 use crate::error::{Failing, SiteError};
@@ -94,7 +94,11 @@ pub(super) async fn list_orders(
     Ok(Reply(Orders {
         ok: true,
         authenticated: true,
-        packages: CATALOGUE.iter().map(|p| PackageView::new(p, pay)).collect(),
+        packages: pay
+            .packages
+            .iter()
+            .map(|p| PackageView::new(p, pay))
+            .collect(),
         orders: orders.iter().map(|o| OrderView::new(o, pay, now)).collect(),
         quota_lots: views::all(&lots),
         pricing: Pricing::new(&cfg),
