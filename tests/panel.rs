@@ -1,7 +1,8 @@
 //! The web panel: its headers and QR endpoint through the real server, and the whole panel in
 //! headless Chromium (`tests/browser/panel.mjs` through playwright-core): sign-in with the code
 //! delivered to a test SMTP server, key rotation and copy, developer calls with the new key, the
-//! usage chart, the two-factor QR code, a billing order with its VietQR code, revocation.
+//! usage chart, the two-factor QR code and new recovery codes, a billing order with its VietQR
+//! code, an operator's key beside the global key, revocation of each.
 //! Screenshots land in `target/panel-screenshots/`.
 //!
 //! The browser test skips (with a message) when `node`, `/usr/bin/chromium` or
@@ -356,6 +357,10 @@ async fn panel_in_headless_chromium() {
             .arg(&mail_dir)
             .arg(&shots)
             .env("WEBHOOK_SECRET", WEBHOOK_SECRET)
+            // For `gateway key create` (an operator's key beside the panel's global key).
+            .env("GATEWAY_BIN", env!("CARGO_BIN_EXE_gateway"))
+            .env("GATEWAY_CONFIG", &gw.config_path)
+            .envs(gw.env.iter().cloned())
             .kill_on_drop(true)
             .output(),
     )
@@ -398,6 +403,7 @@ async fn panel_in_headless_chromium() {
             "05-security-scan",
             "05-security-recovery",
             "05-security-on",
+            "05-security-regenerated",
             "06-billing",
             "07-order",
             "08-paid",
