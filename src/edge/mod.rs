@@ -190,7 +190,7 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
             );
             gateway_core::quota::Backend::Shared(Box::new(shared))
         }
-        None => gateway_core::quota::Backend::Local(gateway_core::quota::local::Local::new(
+        None => gateway_core::quota::Backend::Local(gateway_core::quota::local::Local::in_process(
             cfg.storage.database_timeout,
         )),
     };
