@@ -274,6 +274,8 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     let pid_file = cfg.server.pid_file.clone();
     let panel_url = format!("{}/panel", cfg.server.site_origin.trim_end_matches('/'));
     let upgrading = std::env::var("GATEWAY_UPGRADE").is_ok_and(|v| v == "1");
+    // Before anything else: a second gateway on this deployment's pid file is refused.
+    let _pid_lock = crate::lifecycle::PidLock::acquire(&pid_file, upgrading)?;
     if !upgrading {
         // A graceful upgrade receives the listeners from the old process instead.
         let mut listeners = vec![
