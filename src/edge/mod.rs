@@ -401,7 +401,9 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
         "gateway listening api={api_listen} site={site_listen}{admin_note} panel={panel_url}"
     );
     println!("{line}");
-    log::info!("{line}");
+    if !crate::lifecycle::stderr_is_stdout() {
+        log::info!("{line}");
+    }
     server.run(RunArgs {
         shutdown_signal: Box::new(Signals),
     });
