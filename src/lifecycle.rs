@@ -71,8 +71,7 @@ impl PidLock {
     /// that waits for it) once the predecessor exits. `None` only in that case, until then.
     pub fn acquire(pid_file: &Path, upgrading: bool) -> Result<Option<PidLock>, String> {
         if let Some(dir) = pid_file.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            gateway_core::util::create_private_dir(dir)?;
         }
         let path = lock_path(pid_file);
         let file = OpenOptions::new()
@@ -135,8 +134,7 @@ impl PidFile {
     pub fn write(path: &Path) -> Result<PidFile, String> {
         let pid = std::process::id();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            gateway_core::util::create_private_dir(dir)?;
         }
         let tmp = path.with_extension(format!("pid.{pid}.tmp"));
         std::fs::write(&tmp, format!("{pid}\n"))

@@ -665,8 +665,17 @@ async fn pid_file_while_serving_gone_after_sigterm_and_the_panel_url_at_start() 
         "{line}"
     );
 
-    // The shipped default is data/gateway.pid; the harness's data directory is <dir>/data.
+    // The shipped default is data/gateway.pid; the harness's data directory is <dir>/data,
+    // created by the gateway for its owner only.
     let pid_file = dir.path().join("data/gateway.pid");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("data"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700, "data/ is {:o}", mode & 0o777);
+    }
     let written = std::fs::read_to_string(&pid_file).expect("pid file while serving");
     assert_eq!(written.trim(), child.id().to_string());
 

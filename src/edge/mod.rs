@@ -289,8 +289,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     }
     for p in [&upgrade_sock, &pid_file] {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            gateway_core::util::create_private_dir(dir)?;
         }
     }
     gateway_core::metrics::init();
