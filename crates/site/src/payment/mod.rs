@@ -8,7 +8,7 @@
 //! grants its quota lot, exactly once (`storage::payments`). A transfer that carries the
 //! account's personal code instead tops up tokens at the configured price.
 //!
-//! Decisions the spec leaves open (README "Payments"):
+//! Decisions the spec leaves open (docs/payments.md):
 //! - Paying at least the order's amount matches (the surplus stays on record); less is
 //!   `amount_mismatch` and the order stays pending.
 //! - A pending order can be cancelled by its owner (`POST /orders/{id}/cancel`). A transfer for
