@@ -27,7 +27,7 @@ pub const SESSION_SECRET: &str = "test-session-secret-0123456789";
 pub const WEBHOOK_SECRET: &str = "test-webhook-secret";
 
 /// Reads the first stdout line starting with `prefix` within `timeout`.
-fn wait_line(child: &mut Child, prefix: &str, timeout: Duration) -> String {
+pub fn wait_line(child: &mut Child, prefix: &str, timeout: Duration) -> String {
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel();
     let prefix = prefix.to_string();
