@@ -15,10 +15,22 @@
 //! process keeps running. Binding each address once up front turns that into an error at start
 //! that names the address. Pingora writes `pid_file` only when it daemonises; a foreground run
 //! writes it here, so `kill -HUP $(cat data/gateway.pid)` works either way.
+//!
+//! The account service listens on a private Unix socket, one per process (during a graceful
+//! upgrade the old and the new process both serve). It sits beside the upgrade socket, in the
+//! deployment's own directory; a process killed without its clean exit leaves the file behind,
+//! so each start removes the files of processes that no longer run ([`site_socket`]).
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::net::SocketAddr;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
+
+/// The account service's socket is `gateway-site-<pid>.sock` (earlier versions added
+/// `-<random>` and kept it in the temporary directory).
+const SITE_SOCKET_PREFIX: &str = "gateway-site-";
+/// A Unix socket path holds at most 107 bytes (`sun_path` with its terminating NUL).
+const MAX_SOCKET_PATH: usize = 107;
 
 /// Binds each `(what, address)` pair the way Pingora's listener will (`SO_REUSEADDR`, so a port
 /// in `TIME_WAIT` still passes) and releases it at once. The first address that cannot be bound
@@ -162,6 +174,77 @@ impl PidFile {
     }
 }
 
+/// The path of this process's account-service socket: `gateway-site-<pid>.sock` in the
+/// directory of `upgrade_sock` (the deployment's own, `data/` by default), or in the temporary
+/// directory when that path would be too long for a socket. Sockets left there, and in the
+/// temporary directory, by processes that no longer run are removed first.
+pub fn site_socket(upgrade_sock: &Path) -> PathBuf {
+    let pid = std::process::id();
+    let dir = upgrade_sock
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let temp = std::env::temp_dir();
+    sweep_stale_site_sockets(dir);
+    if temp != dir {
+        sweep_stale_site_sockets(&temp);
+    }
+    let path = dir.join(format!("{SITE_SOCKET_PREFIX}{pid}.sock"));
+    if path.as_os_str().len() <= MAX_SOCKET_PATH {
+        return path;
+    }
+    log::warn!(
+        "{} is too long for a Unix socket; the account service listens in {} instead",
+        path.display(),
+        temp.display()
+    );
+    temp.join(format!(
+        "{SITE_SOCKET_PREFIX}{pid}-{}.sock",
+        gateway_core::util::random_base62(8)
+    ))
+}
+
+/// Removes the account-service sockets in `dir` whose process is gone. Only sockets with the
+/// service's name are touched, and only when their pid names no running process: a live
+/// process's socket (a graceful upgrade's old process, another deployment's) stays. Failures
+/// (another user's file in a shared directory) are left alone.
+fn sweep_stale_site_sockets(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(site_socket_pid) else {
+            continue;
+        };
+        let is_socket = entry.file_type().is_ok_and(|t| t.is_socket());
+        if is_socket && !process_runs(pid) && std::fs::remove_file(entry.path()).is_ok() {
+            log::info!("removed {}, left by process {pid}", entry.path().display());
+        }
+    }
+}
+
+/// The pid in a socket name `gateway-site-<pid>.sock` or `gateway-site-<pid>-<random>.sock`.
+fn site_socket_pid(name: &str) -> Option<i32> {
+    let rest = name
+        .strip_prefix(SITE_SOCKET_PREFIX)?
+        .strip_suffix(".sock")?;
+    let digits = rest.split_once('-').map_or(rest, |(pid, _)| pid);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<i32>().ok().filter(|pid| *pid > 0)
+}
+
+/// True unless no process has the id `pid` (signal 0 probes without signalling; a process of
+/// another user answers `EPERM`, which still means it runs).
+fn process_runs(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks that the process exists and may be signalled;
+    // `pid` is positive, so it names one process, never a group.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,6 +279,28 @@ mod tests {
         assert!(again.is_some());
         // The new process of an upgrade starts while its predecessor holds the lock.
         assert!(matches!(PidLock::acquire(&path, true), Ok(None)));
+    }
+
+    #[test]
+    fn site_socket_names_give_their_pid() {
+        assert_eq!(site_socket_pid("gateway-site-123.sock"), Some(123));
+        assert_eq!(site_socket_pid("gateway-site-123-AbC9.sock"), Some(123));
+        for other in [
+            "gateway-site-.sock",
+            "gateway-site-0.sock",
+            "gateway-site--5.sock",
+            "gateway-site-12a.sock",
+            "gateway-site-99999999999.sock",
+            "gateway-site-123.sock.bak",
+            "upgrade.sock",
+        ] {
+            assert_eq!(site_socket_pid(other), None, "{other}");
+        }
+        assert!(process_runs(i32::try_from(std::process::id()).unwrap()));
+        assert!(
+            process_runs(1),
+            "init runs (and belongs to another user or to us)"
+        );
     }
 
     #[test]

@@ -948,7 +948,8 @@ async fn two_factor_on_and_off() {
     let r = Browser::new(&gw).sign_in_with(&gw, email, None).await;
     assert_eq!(r.status, 200, "{}", r.text);
 
-    // Guessing is bounded: five tries an hour, then even the right code waits.
+    // Guessing is bounded: five wrong codes per account in fifteen minutes, then even the right
+    // code waits.
     let v = request_two_factor(&mut b).await;
     let secret = v["security"]["totpSecret"]
         .as_str()
@@ -956,8 +957,8 @@ async fn two_factor_on_and_off() {
         .to_string();
     let confirm = twofactor::code_at(&secret, now_s() - 30).expect("code");
     two_factor_with_code(&mut b, true, &confirm).await.ok_json();
-    // Two codes tried above, three more now; the sixth is refused unchecked.
-    for _ in 0..3 {
+    // One wrong code above, four more now; the next is refused unchecked.
+    for _ in 0..4 {
         let (s, c) = two_factor_with_code(&mut b, false, "abcdef").await.error();
         assert_eq!((s, c.as_str()), (400, "invalid_code"));
     }

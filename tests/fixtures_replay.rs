@@ -734,7 +734,13 @@ async fn provider_credential_refusals_become_502_with_a_code_of_their_own() {
         assert_eq!(got.status, 502, "{name} via {path}: {}", got.text());
         let v = got.json();
         assert_eq!(v["error"]["code"], "provider_auth_failed", "{v}");
-        assert_eq!(v["error"]["type"], "server_error", "{v}");
+        // Each style's own type for the gateway's failure.
+        let want = if path.starts_with("/v1/messages") {
+            "api_error"
+        } else {
+            "server_error"
+        };
+        assert_eq!(v["error"]["type"], want, "{v}");
         assert_eq!(
             v.get("type").is_some(),
             path.starts_with("/v1/messages"),

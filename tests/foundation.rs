@@ -182,15 +182,18 @@ async fn key_secret_not_configured_is_503() {
 
 /// The mock answers like a real provider, with a cookie, its account's organization and its
 /// account's rate-limit headers: none of them may reach the client, and the client's
-/// `x-ratelimit-*` are the gateway's own, one value each.
+/// `x-ratelimit-*` (and, in style B, `anthropic-ratelimit-*`) are the gateway's own, one value
+/// each.
 fn assert_no_provider_account_headers(h: &reqwest::header::HeaderMap) {
-    for name in [
-        "set-cookie",
-        "openai-organization",
-        "anthropic-ratelimit-requests-limit",
-    ] {
+    for name in ["set-cookie", "openai-organization"] {
         assert!(h.get(name).is_none(), "{name} reached the client: {h:?}");
     }
+    let anthropic: Vec<_> = h
+        .get_all("anthropic-ratelimit-requests-limit")
+        .iter()
+        .collect();
+    assert!(anthropic.len() <= 1, "{h:?}");
+    assert!(anthropic.iter().all(|v| *v != "4000"), "{h:?}");
     let limits: Vec<_> = h.get_all("x-ratelimit-limit-requests").iter().collect();
     assert_eq!(limits.len(), 1, "{h:?}");
     assert_ne!(limits[0], "5000", "{h:?}");

@@ -215,6 +215,91 @@ async fn live_reload_swaps_whole_configs_and_refuses_broken_ones() {
     );
 }
 
+/// A file cut short at a section boundary is valid TOML; taken live it would return every
+/// later section to its defaults. A reload (by the watcher or SIGHUP) that would lose a section
+/// the running config has, or every model, is refused with an error naming the file; a bare
+/// section header is how a section goes back to its defaults.
+#[tokio::test]
+async fn a_file_cut_at_a_section_boundary_is_refused_by_watch_and_sighup() {
+    let mock = Mock::start(&[]);
+    let tail = "\n[tools]\nsearch_provider = \"mock\"\n\n[limits]\nrequest_code_per_hour = 1000\n";
+    let gw = Gateway::start(&mock, Options::with_toml(tail));
+    let key = gw.user_with_key("cut@example.com", &[]);
+    let search = || {
+        let (url, key) = (gw.url("/v1/search"), key.clone());
+        async move {
+            client()
+                .post(url)
+                .bearer_auth(key)
+                .json(&json!({"query": "rust"}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let hup = || {
+        let pid = gw.pid().expect("pid").to_string();
+        assert!(Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success());
+    };
+    let refusals = || gw.log().matches("config reload refused").count();
+    assert_eq!(search().await, 200);
+
+    let original = std::fs::read_to_string(&gw.config_path).unwrap();
+    let cut = &original[..original.find("[tools]").expect("[tools]")];
+    let file = gw.config_path.display().to_string();
+    std::fs::write(&gw.config_path, cut).unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(search().await, 200, "the cut file went live");
+    let log = gw.log();
+    assert!(
+        log.contains(&format!(
+            "config reload refused, keeping the running config: {file}: [limits], [tools] missing"
+        )),
+        "{log}"
+    );
+    let seen = refusals();
+    hup();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(search().await, 200, "SIGHUP took the cut file");
+    assert!(refusals() > seen, "{}", gw.log());
+
+    // Cut before the models: none left, refused on either path.
+    let no_models = &original[..original.find("[[models]]").expect("[[models]]")];
+    let seen = refusals();
+    std::fs::write(&gw.config_path, no_models).unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(refusals() > seen, "{}", gw.log());
+    let seen = refusals();
+    hup();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(refusals() > seen, "{}", gw.log());
+    assert_eq!(search().await, 200);
+    assert!(
+        gw.log().contains(&format!(
+            "{file}: models: missing: a config needs at least one"
+        )),
+        "{}",
+        gw.log()
+    );
+
+    // A bare header returns the section to its defaults: search is off.
+    let seen = refusals();
+    let bare = original.replace("search_provider = \"mock\"\n", "");
+    std::fs::write(&gw.config_path, bare).unwrap();
+    let start = Instant::now();
+    while search().await != 404 {
+        assert!(start.elapsed() < Duration::from_secs(10), "{}", gw.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(refusals(), seen);
+}
+
 #[tokio::test]
 async fn sigterm_drains_streams_and_flushes_usage() {
     let mock = Mock::start(&["--chunks", "15", "--chunk-delay-ms", "100"]);
@@ -870,4 +955,52 @@ fn version_names_the_commit_it_was_built_from() {
     } else {
         assert!(!commit.is_empty(), "{text}");
     }
+}
+
+/// The account service's private socket lives in the data directory, one per process; the
+/// files a killed process leaves (there, or in the temporary directory where earlier versions
+/// kept them) are removed at the next start, and never a running process's.
+#[tokio::test]
+async fn sockets_left_by_killed_processes_are_removed_at_start() {
+    use std::os::unix::net::UnixListener;
+    let (_mock, mut gw) = config::start_with_toml("");
+    let data = gw.dir.path().join("data");
+    let killed = gw.pid().expect("pid");
+    let left = data.join(format!("gateway-site-{killed}.sock"));
+    assert!(left.exists(), "the socket is in the data directory");
+    gw.kill();
+    assert!(left.exists(), "kill -9 leaves it behind");
+
+    let tag = gateway_core::util::random_base62(8);
+    let tmp = std::env::temp_dir();
+    let old_style = tmp.join(format!("gateway-site-{killed}-{tag}.sock"));
+    let live = std::process::id();
+    let live_here = data.join(format!("gateway-site-{live}.sock"));
+    let live_tmp = tmp.join(format!("gateway-site-{live}-{tag}.sock"));
+    let _listeners: Vec<UnixListener> = [&old_style, &live_here, &live_tmp]
+        .iter()
+        .map(|p| UnixListener::bind(p).expect("bind"))
+        .collect();
+    // Not a socket, whatever its name says.
+    let not_a_socket = data.join(format!("gateway-site-{killed}-kept.sock"));
+    std::fs::write(&not_a_socket, "x").expect("write");
+
+    gw.spawn();
+    let now = gw.pid().expect("pid");
+    let after = [&left, &old_style, &live_here, &live_tmp, &not_a_socket].map(|p| p.exists());
+    let _ = std::fs::remove_file(&old_style);
+    let _ = std::fs::remove_file(&live_tmp);
+    assert_eq!(
+        after,
+        [false, false, true, true, true],
+        "killed process's socket, its old-style one in {}, a running process's two, a file",
+        tmp.display()
+    );
+    assert!(data.join(format!("gateway-site-{now}.sock")).exists());
+    let r = client()
+        .get(gw.site_url("/api/auth/session"))
+        .send()
+        .await
+        .expect("site");
+    assert_eq!(r.status(), 200, "the site is served through the new socket");
 }

@@ -1,8 +1,10 @@
 //! The web panel: its headers and QR endpoint through the real server, and the whole panel in
-//! headless Chromium (`tests/browser/panel.mjs` through playwright-core): sign-in with the code
-//! delivered to a test SMTP server, key rotation and copy, developer calls with the new key, the
-//! usage chart, the two-factor QR code and new recovery codes, a billing order with its VietQR
-//! code, an operator's key beside the global key, revocation of each.
+//! headless Chromium (`tests/browser/panel.mjs` through playwright-core, at 1280x800 and
+//! 390x844): sign-in with the code and with the magic link delivered to a test SMTP server (the
+//! link's confirmation form submitted in the browser that asked, in a fresh one, and with a
+//! second factor), key rotation and copy, developer calls with the new key, the usage chart,
+//! the two-factor QR code and new recovery codes, a billing order with its VietQR code, an
+//! operator's key beside the global key, revocation of each.
 //! Screenshots land in `target/panel-screenshots/`.
 //!
 //! The browser test skips (with a message) when `node`, `/usr/bin/chromium` or
@@ -413,6 +415,12 @@ async fn panel_in_headless_chromium() {
             "12-not-found",
             "13-confirm",
             "14-revoked",
+            "15-link-fresh-confirm",
+            "15-link-fresh-signed-in",
+            "16-link-same-confirm",
+            "16-link-same-signed-in",
+            "17-link-two-factor-confirm",
+            "17-link-two-factor-signed-in",
         ] {
             assert!(
                 shots.join(format!("{size}-{name}.png")).exists(),

@@ -989,14 +989,106 @@ async fn personal_code_tops_up_tokens() {
     .await;
     assert_eq!(statuses(&v), ["matched"]);
     assert_eq!(v["processed"][0]["orderId"], order["id"]);
-    // Too little to buy a single token: left for an operator.
+    // Nothing to buy anything with: refused, nothing stored.
     let v = hook(
         &gw,
         &notification(vec![item("TOPUP-3", "IN", 0, &personal)]),
     )
     .await;
-    assert_eq!(statuses(&v), ["unmatched"]);
+    assert_eq!(statuses(&v), ["amount_mismatch"]);
     assert_eq!(lots::lots_of(&gw, email).await.len(), 2);
+}
+
+#[tokio::test]
+async fn amounts_outside_the_configured_range_are_refused_and_stored_nowhere() {
+    let toml = PAY.replace(
+        "lot_days = 30\n",
+        "lot_days = 30\nmax_webhook_amount_vnd = 5000000\n",
+    );
+    let (_mock, gw) = config::start_with_toml(&toml);
+    let email = "absurd@example.com";
+    let mut b = signed_in(&gw, email).await;
+    let personal = b.get("/api/payment/orders").await.ok_json()["paymentCode"]
+        .as_str()
+        .expect("code")
+        .to_string();
+    let order = b.order(json!({"packageId": "steady-100m"})).await.ok_json()["order"].clone();
+    let code = order["paymentCode"].as_str().expect("code").to_string();
+    let transactions = "SELECT CAST(COUNT(*) AS BIGINT) FROM payment_transactions";
+    let paid_orders = "SELECT CAST(COUNT(*) AS BIGINT) FROM payment_orders WHERE status = 'paid'";
+
+    // Too much (a top-up of i64::MAX đồng would buy ~9.2e21 tokens), nothing, less than
+    // nothing, for a personal code and for an order, and for a transfer out.
+    let v = hook(
+        &gw,
+        &notification(vec![
+            item("ABSURD-MAX", "IN", i64::MAX, &personal),
+            item("ABSURD-9E18", "IN", 9_200_000_000_000_000_000, &personal),
+            item("ABSURD-OVER", "IN", 5_000_001, &code),
+            item("ABSURD-ZERO", "IN", 0, &code),
+            item("ABSURD-NEG", "IN", -85_000, &code),
+            item("ABSURD-MIN", "IN", i64::MIN, &personal),
+            item("ABSURD-OUT", "OUT", -1, &code),
+        ]),
+    )
+    .await;
+    // CONTRACT §3's statuses: no order or price matches such an amount; an outgoing transfer
+    // is ignored whatever its amount.
+    let mut expected = ["amount_mismatch"; 7];
+    expected[6] = "ignored";
+    assert_eq!(statuses(&v), expected);
+    for p in v["processed"].as_array().expect("processed") {
+        assert_eq!(p["orderId"], Value::Null, "{p}");
+        assert_eq!(p["paymentCode"], Value::Null, "{p}");
+    }
+    assert_eq!(count(&gw, transactions).await, 0, "nothing stored");
+    assert_eq!(count(&gw, paid_orders).await, 0);
+    assert!(
+        lots::lots_of(&gw, email).await.is_empty(),
+        "nothing granted"
+    );
+    assert_eq!(
+        b.get("/api/payment/orders").await.ok_json()["orders"][0]["paymentStatus"],
+        "pending"
+    );
+    let log = gw.log();
+    assert!(
+        log.contains("payment webhook item ABSURD-NEG refused: amount -85000 VND"),
+        "{log}"
+    );
+
+    // The edge of the range counts, and a refused transaction id is judged afresh when the
+    // bank sends it again with a real amount.
+    let v = hook(
+        &gw,
+        &notification(vec![
+            item("ABSURD-OVER", "IN", 85_000, &code),
+            item("EDGE", "IN", 5_000_000, &personal),
+        ]),
+    )
+    .await;
+    assert_eq!(statuses(&v), ["matched", "matched"]);
+    assert_eq!(count(&gw, transactions).await, 2);
+    let mut amounts: Vec<u64> = lots::lots_of(&gw, email)
+        .await
+        .iter()
+        .map(|l| l.amount)
+        .collect();
+    amounts.sort_unstable();
+    // The package's 100M tokens; 5,000,000 VND at 1,000 VND per million tokens: 5e9 tokens.
+    assert_eq!(amounts, [100_000_000, 5_000_000_000]);
+
+    // An order no single transfer may pay cannot be made (500 VND per thousand requests).
+    let (s, c) = b
+        .order(json!({"quotaType": "request", "quantity": 10_000_002}))
+        .await
+        .error();
+    assert_eq!((s, c.as_str()), (400, "invalid_quantity"));
+    let v = b
+        .order(json!({"quotaType": "request", "quantity": 10_000_000}))
+        .await
+        .ok_json();
+    assert_eq!(v["order"]["amount"], json!(5_000_000));
 }
 
 #[tokio::test]

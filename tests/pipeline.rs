@@ -721,7 +721,9 @@ async fn official_sdks() {
         return;
     };
     let mock = Mock::start(&[]);
-    let gw = Gateway::start(&mock, Options::default());
+    // An id with a slash, which the SDKs percent-encode in a retrieval's path.
+    let routed = "\n[[models]]\nid = \"openai/gpt-4o\"\nprovider = \"mock\"\n";
+    let gw = Gateway::start(&mock, Options::with_toml(routed));
     let key = gw.user_with_key("sdk@example.com", &[]);
     sdk::run_script(&python, "sdk_clients.py", &[&gw.api, &key, "native"]);
 }

@@ -9,6 +9,7 @@
 mod common;
 
 use common::api::event_tokens;
+use common::responses::{last_upstream, options, responses_events, types};
 use common::*;
 use serde_json::{json, Value};
 
@@ -17,14 +18,6 @@ const ANSWER: &str = "Hello from the mock provider.";
 /// Style A: Bearer key. Style B paths get `x-api-key` and a version header.
 async fn post(gw: &Gateway, path: &str, key: &str, body: &Value) -> reqwest::Response {
     api::post_in_style(gw, path, key, body).await
-}
-
-/// The mock's record of the last request it served: path and JSON body.
-async fn last_upstream(mock: &Mock) -> (String, Value) {
-    let seen = mock.requests().await;
-    let last = seen.last().expect("the mock saw a request").clone();
-    let body = serde_json::from_str(last["body"].as_str().unwrap_or("null")).expect("body JSON");
-    (last["path"].as_str().unwrap_or("").to_string(), body)
 }
 
 /// A messages request as agents send it: cache breakpoints, a system turn in the middle, signed
@@ -105,52 +98,6 @@ async fn messages_features_pass_natively_and_are_dropped_across_styles() {
     assert!(sent.get("prompt_cache_key").is_none() && sent.get("verbosity").is_none());
 }
 
-/// A chat-only OpenAI-style provider (no `/v1/responses`), and models that make the mock fail.
-const EXTRA: &str = r#"
-[[providers]]
-name = "mock-chat-only"
-style = "openai"
-base_url = "MOCK_URL"
-api_key_env = "MOCK_OPENAI_KEY"
-endpoints = ["chat"]
-
-[[models]]
-id = "gpt-chat-only"
-provider = "mock-chat-only"
-default_output_tokens = 256
-
-[[models]]
-id = "gpt-chat-tools"
-provider = "mock-chat-only"
-upstream_model = "tools"
-
-[[models]]
-id = "gpt-chat-bad"
-provider = "mock-chat-only"
-upstream_model = "fail400"
-
-[[models]]
-id = "claude-bad"
-provider = "mock-anthropic"
-upstream_model = "fail400"
-
-[[models]]
-id = "claude-big"
-provider = "mock-anthropic"
-
-[[models]]
-id = "claude-cut"
-provider = "mock-anthropic"
-upstream_model = "cut"
-"#;
-
-fn options(mock: &Mock, extra: &str) -> Options {
-    Options {
-        extra_toml: format!("{}{extra}", EXTRA.replace("MOCK_URL", &mock.url())),
-        ..Options::default()
-    }
-}
-
 /// A Responses request as Codex sends it: instructions, a developer item, tools, reasoning.
 fn codex_like(model: &str) -> Value {
     json!({
@@ -165,37 +112,6 @@ fn codex_like(model: &str) -> Value {
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "weather in Paris?"}]}
         ]
     })
-}
-
-/// The Responses events of a stream, checking every frame's `event:` line matches its type and
-/// that the sequence numbers count up from zero.
-fn responses_events(text: &str) -> Vec<Value> {
-    let events: Vec<Value> = text
-        .split("\n\n")
-        .filter(|f| !f.is_empty())
-        .map(|f| {
-            let mut lines = f.lines();
-            let event = lines
-                .next()
-                .and_then(|l| l.strip_prefix("event: "))
-                .expect("event line");
-            let data = lines
-                .next()
-                .and_then(|l| l.strip_prefix("data: "))
-                .expect("data line");
-            let v: Value = serde_json::from_str(data).expect("event JSON");
-            assert_eq!(v["type"], event, "{text}");
-            v
-        })
-        .collect();
-    for (i, e) in events.iter().enumerate() {
-        assert_eq!(e["sequence_number"], i, "{text}");
-    }
-    events
-}
-
-fn types(events: &[Value]) -> Vec<&str> {
-    events.iter().filter_map(|e| e["type"].as_str()).collect()
 }
 
 /// Codex's request on an Anthropic-style model and on a chat-only OpenAI-style one: whole and
@@ -362,17 +278,16 @@ async fn responses_refusals_and_errors_in_the_client_style() {
     let key = gw.user_with_key("responses-errors@example.com", &[]);
 
     for model in ["claude-mock", "gpt-chat-only"] {
-        for (field, value) in [
-            ("previous_response_id", json!("resp_1")),
-            ("store", json!(true)),
-            ("background", json!(true)),
+        for (field, value, code) in [
+            ("previous_response_id", json!("resp_1"), "invalid_request"),
+            ("background", json!(true), "unsupported_parameter"),
         ] {
             let mut body = json!({"model": model, "input": "hi"});
             body[field] = value;
             let r = post(&gw, "/v1/responses", &key, &body).await;
             assert_eq!(r.status(), 400, "{model} {field}");
             let v: Value = r.json().await.unwrap();
-            assert_eq!(v["error"]["code"], "invalid_request", "{v}");
+            assert_eq!(v["error"]["code"], code, "{v}");
             assert!(
                 v["error"]["message"].as_str().unwrap().contains(field),
                 "{v}"

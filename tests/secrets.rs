@@ -1,6 +1,7 @@
 //! Secrets and config safety through the real server: broken config files refused by
 //! `config check` and by live reload, no secret in the log at `RUST_LOG=trace`, TOTP seeds
-//! sealed at rest and codes accepted once, data files readable by their owner only.
+//! sealed at rest and codes accepted once, data files readable by their owner only, no provider
+//! credential echoed back to a client in any encoding.
 
 mod common;
 
@@ -11,13 +12,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use base64::Engine;
+use common::api::post_in_style;
 use common::site::{
     latest_code, now_s, recovery_codes, request_two_factor, signed_in, two_factor_with_code,
     Browser,
 };
 use common::*;
 use gateway_site::twofactor;
-use serde_json::json;
+use serde_json::{json, Value};
 use sqlx::Row;
 
 fn mode(path: &Path) -> u32 {
@@ -372,4 +375,177 @@ async fn data_files_are_private() {
     let secrets = gw.dir.path().join("data").join("secrets");
     assert_eq!(mode(&secrets), 0o700);
     assert_eq!(mode(&secrets.join("GATEWAY_WEBHOOK_SECRET")), 0o600);
+}
+
+/// The mock's `echo-key:<form>` encodings of the credential it received.
+const ECHO_FORMS: [&str; 18] = [
+    "plain",
+    "pct-upper",
+    "pct-lower",
+    "pct-all",
+    "form",
+    "json-upper",
+    "json-lower",
+    "json-slash",
+    "hex",
+    "hex-upper",
+    "b64-0",
+    "b64-1",
+    "b64-2",
+    "b64url-0",
+    "b64url-1",
+    "b64url-2",
+    "b64-json",
+    "b64-pct",
+];
+
+/// `s` percent-decoded (and with `+` as a space when `form`); bytes that are no escape stay.
+fn percent_decoded(s: &str, form: bool) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (b[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+            (b'+', _) if form => out.push(b' '),
+            (c, _) => out.push(c),
+        }
+        i += 1;
+    }
+    out
+}
+
+/// How `key` can be read back from `text` (plainly, percent-decoded, from any run of base64 or
+/// hex characters at any offset), or `None` when it cannot.
+fn recoverable(text: &[u8], key: &[u8]) -> Option<String> {
+    let lenient = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new()
+            .with_decode_allow_trailing_bits(true)
+            .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+    );
+    let has = |hay: &[u8]| hay.windows(key.len()).any(|w| w == key);
+    let text = String::from_utf8_lossy(text).to_string();
+    for (how, view) in [
+        ("as it is", text.as_bytes().to_vec()),
+        ("percent-decoded", percent_decoded(&text, false)),
+        ("form-decoded", percent_decoded(&text, true)),
+    ] {
+        if has(&view) {
+            return Some(how.into());
+        }
+        let base64_char = |c: &u8| c.is_ascii_alphanumeric() || b"+/-_".contains(c);
+        for run in view.split(|c| !base64_char(c)).filter(|r| r.len() >= 8) {
+            let run: Vec<u8> = run
+                .iter()
+                .map(|&c| match c {
+                    b'-' => b'+',
+                    b'_' => b'/',
+                    c => c,
+                })
+                .collect();
+            for skip in 0..4 {
+                let mut part = run[skip..].to_vec();
+                if part.len() % 4 == 1 {
+                    part.pop();
+                }
+                if lenient.decode(&part).is_ok_and(|d| has(&d)) {
+                    return Some(format!("base64 ({how})"));
+                }
+            }
+        }
+        for run in view.split(|c| !c.is_ascii_hexdigit()) {
+            for skip in 0..2.min(run.len()) {
+                let part = &run[skip..skip + (run.len() - skip) / 2 * 2];
+                if hex::decode(part).is_ok_and(|d| has(&d)) {
+                    return Some(format!("hex ({how})"));
+                }
+            }
+        }
+    }
+    None
+}
+
+#[tokio::test]
+async fn provider_credentials_echoed_in_any_encoding_never_reach_the_client() {
+    // `/`, `+` and a space make every encoding differ from the plain key; the Anthropic
+    // provider keeps the harness's ordinary key.
+    const OPENAI_KEY: &str = "sk-proj/Echo+Key 7~x.Q_9";
+    const ANTHROPIC_KEY: &str = "provider-anthropic-secret";
+    let mut toml = String::new();
+    for form in ECHO_FORMS {
+        for provider in ["mock", "mock-anthropic"] {
+            toml.push_str(&format!(
+                "\n[[models]]\nid = \"{provider}-echo-{form}\"\nprovider = \"{provider}\"\n\
+                 upstream_model = \"echo-key:{form}\"\n"
+            ));
+        }
+    }
+    let mock = Mock::start(&[]);
+    let gw = Gateway::start(
+        &mock,
+        Options {
+            extra_toml: toml,
+            env: vec![("MOCK_OPENAI_KEY".into(), OPENAI_KEY.into())],
+            ..Options::default()
+        },
+    );
+    let key = gw.user_with_key("echo@example.com", &["--rpm", "1000"]);
+    // (provider, its key, client path): same style and translated, both ways.
+    let cases = [
+        ("mock", OPENAI_KEY, "/v1/chat/completions"),
+        ("mock", OPENAI_KEY, "/v1/messages"),
+        ("mock-anthropic", ANTHROPIC_KEY, "/v1/messages"),
+        ("mock-anthropic", ANTHROPIC_KEY, "/v1/chat/completions"),
+    ];
+    for form in ECHO_FORMS {
+        for (provider, secret, path) in cases {
+            let model = format!("{provider}-echo-{form}");
+            let body = json!({
+                "model": model,
+                "max_tokens": 16,
+                "messages": [{"role": "user", "content": "hi"}],
+            });
+            let r = post_in_style(&gw, path, &key, &body).await;
+            let status = r.status().as_u16();
+            let text = r.bytes().await.expect("body");
+            let shown = String::from_utf8_lossy(&text);
+            assert_eq!(status, 400, "{model} via {path}: {shown}");
+            let v: Value = serde_json::from_slice(&text).expect("JSON error");
+            let message = v["error"]["message"].as_str().expect("message");
+            // The error is still the provider's, with the credential masked out of it.
+            assert!(
+                message.starts_with("Incorrect API key provided: ") && message.contains("***"),
+                "{model} via {path}: {message}"
+            );
+            for (what, seen) in [("body", &text[..]), ("message", message.as_bytes())] {
+                if let Some(how) = recoverable(seen, secret.as_bytes()) {
+                    panic!("{model} via {path}: the key is in the {what}, {how}: {shown}");
+                }
+            }
+        }
+    }
+    // The mock really did quote the key: asked directly, every form gives it back.
+    for form in ECHO_FORMS {
+        let r = client()
+            .post(format!("{}/v1/chat/completions", mock.url()))
+            .bearer_auth(OPENAI_KEY)
+            .json(&json!({"model": format!("echo-key:{form}"), "messages": []}))
+            .send()
+            .await
+            .expect("mock");
+        let v: Value = r.json().await.expect("mock JSON");
+        let message = v["error"]["message"].as_str().expect("message");
+        assert!(
+            recoverable(message.as_bytes(), OPENAI_KEY.as_bytes()).is_some(),
+            "{form}: {message}"
+        );
+    }
 }

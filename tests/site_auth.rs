@@ -289,6 +289,11 @@ async fn magic_link_needs_a_post() {
         assert_eq!(r.header("cache-control"), "no-store");
         let csp = r.header("content-security-policy");
         assert!(csp.contains("default-src 'none'") && csp.contains("form-action 'self'"));
+        // Browsers send `Origin: null` for a form POST from a page under `no-referrer`, a
+        // `sandbox` CSP or a `rel=noreferrer` form, and the same-origin check refuses it.
+        assert_eq!(r.header("referrer-policy"), "strict-origin");
+        assert!(!csp.contains("sandbox"), "{csp}");
+        assert!(!r.text.contains("noreferrer"), "{}", r.text);
         assert!(r.header("set-cookie").is_empty());
         assert!(r.text.contains("method=\"post\""));
         assert!(r.text.contains(&format!("value=\"{}\"", mail.token)));

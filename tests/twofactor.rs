@@ -1,8 +1,9 @@
 //! Two-factor enrolment and recovery codes (CONTRACT §3), through the real server: enrolment
 //! stays pending until a code of its secret confirms it; confirmation shows ten single-use
 //! recovery codes once and stores only their digests; sign-in then needs a TOTP code (each
-//! accepted once) or an unused recovery code; turning it off needs a valid one; operators clear
-//! it all with `gateway user reset-2fa`.
+//! accepted once) or an unused recovery code; turning it off needs a valid one; an account has
+//! one budget of five wrong codes per fifteen minutes, whichever request spends them; operators
+//! clear it all with `gateway user reset-2fa`.
 
 mod common;
 
@@ -60,6 +61,34 @@ async fn sign_in(gw: &Gateway, email: &str, two_factor: Option<&str>) -> (u16, S
     } else {
         r.error()
     }
+}
+
+/// Asks a fresh browser for a sign-in mail to `email` and posts its magic link's token with
+/// `two_factor` from another fresh browser; returns the answer.
+async fn sign_in_by_link(gw: &Gateway, email: &str, two_factor: &str) -> common::site::Reply {
+    Browser::new(gw)
+        .post(
+            "/api/auth/request-code",
+            &json!({"email": email, "acceptedTerms": true}),
+        )
+        .await
+        .ok_json();
+    let mail = common::site::outbox_mails(gw, email)
+        .pop()
+        .expect("the sign-in mail");
+    let token = mail
+        .split("verify-link?token=")
+        .nth(1)
+        .expect("link")
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .collect::<String>();
+    Browser::new(gw)
+        .post_form(
+            "/api/auth/verify-link",
+            &[("token", &token), ("twoFactorCode", two_factor)],
+        )
+        .await
 }
 
 /// `(totp_secret, totp_pending_secret)` as stored.
@@ -211,8 +240,12 @@ async fn sign_in_takes_a_totp_code_once_or_an_unused_recovery_code() {
 
     assert_eq!(
         sign_in(&gw, email, None).await,
-        (400, "invalid_code".to_string())
+        (401, "two_factor_code_required".to_string())
     );
+    // The magic link takes a recovery code too.
+    let r = sign_in_by_link(&gw, email, &codes[2]).await;
+    assert_eq!(r.status, 303, "{}", r.text);
+    // The wrong codes below are five in all: the account's whole budget of them.
     assert_eq!(
         sign_in(&gw, email, Some(&wrong_totp(&secret))).await,
         (400, "invalid_code".to_string())
@@ -248,40 +281,15 @@ async fn sign_in_takes_a_totp_code_once_or_an_unused_recovery_code() {
         sign_in(&gw, email, Some(&codes[1])).await,
         (400, "invalid_code".to_string())
     );
-    // Another account's code is no code here.
+    // Another account's code is no code there (asked of the other account: this one has spent
+    // its five wrong codes).
     let mut other = signed_in(&gw, "other@example.com").await;
-    let (_, foreign) = enrol(&mut other).await;
+    enrol(&mut other).await;
     assert_eq!(
-        sign_in(&gw, email, Some(&foreign[0])).await,
+        sign_in(&gw, "other@example.com", Some(&codes[9])).await,
         (400, "invalid_code".to_string())
     );
 
-    // The magic link takes a recovery code too.
-    let mut link_browser = Browser::new(&gw);
-    link_browser
-        .post(
-            "/api/auth/request-code",
-            &json!({"email": email, "acceptedTerms": true}),
-        )
-        .await
-        .ok_json();
-    let mail = common::site::outbox_mails(&gw, email)
-        .pop()
-        .expect("the sign-in mail");
-    let token = mail
-        .split("verify-link?token=")
-        .nth(1)
-        .expect("link")
-        .chars()
-        .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
-        .collect::<String>();
-    let r = Browser::new(&gw)
-        .post_form(
-            "/api/auth/verify-link",
-            &[("token", &token), ("twoFactorCode", &codes[2])],
-        )
-        .await;
-    assert_eq!(r.status, 303, "{}", r.text);
     assert_eq!(
         security(&mut b).await["recoveryCodesLeft"],
         json!(7),
@@ -446,6 +454,102 @@ async fn recovery_codes_are_regenerated_with_a_second_factor() {
     );
 }
 
+const SPENT: (u16, &str) = (429, "too_many_attempts");
+
+#[tokio::test]
+async fn enrolment_confirmation_takes_five_wrong_codes() {
+    let (_mock, mut gw) = gateway();
+    let email = "guesser@example.com";
+    let mut b = signed_in(&gw, email).await;
+    let secret = start(&mut b).await;
+    let wrong = wrong_totp(&secret);
+    for n in 1..=5 {
+        let (s, c) = two_factor_with_code(&mut b, true, &wrong).await.error();
+        assert_eq!((s, c.as_str()), (400, "invalid_code"), "wrong code {n}");
+    }
+    // Spent: even the right code is refused, and the refusals do not go on counting.
+    let right = twofactor::code_at(&secret, now_s()).expect("code");
+    for _ in 0..3 {
+        let (s, c) = two_factor_with_code(&mut b, true, &right).await.error();
+        assert_eq!((s, c.as_str()), SPENT);
+    }
+    // A new enrolment, a new sign-in (a new emailed code) and another instance of the service
+    // (a restart here, on the same database) bring no new guesses.
+    let secret = start(&mut b).await;
+    let mut again = signed_in(&gw, email).await;
+    let (s, c) = two_factor_with_code(&mut again, true, &wrong_totp(&secret))
+        .await
+        .error();
+    assert_eq!((s, c.as_str()), SPENT);
+    assert!(gw.terminate(), "clean shutdown");
+    gw.spawn();
+    let mut after = signed_in(&gw, email).await;
+    let right = twofactor::code_at(&secret, now_s()).expect("code");
+    let (s, c) = two_factor_with_code(&mut after, true, &right).await.error();
+    assert_eq!((s, c.as_str()), SPENT);
+    assert_eq!(
+        security(&mut after).await,
+        json!({"twoFactorEnabled": false, "twoFactorPending": true})
+    );
+}
+
+#[tokio::test]
+async fn sign_in_and_turning_off_share_the_wrong_code_budget() {
+    let (_mock, gw) = gateway();
+    let email = "budget@example.com";
+    let mut b = signed_in(&gw, email).await;
+    let (secret, codes) = enrol(&mut b).await;
+    // Right codes cost nothing: six sign-ins in a row.
+    for code in &codes[..6] {
+        assert_eq!(sign_in(&gw, email, Some(code)).await, (200, String::new()));
+    }
+    // Five wrong codes, spread over the three ways in; each sign-in by code has a new emailed
+    // code, so each brings five tries of its own for that code, none for the second factor.
+    let wrong = wrong_totp(&secret);
+    let (s, c) = two_factor_with_code(&mut b, false, &wrong).await.error();
+    assert_eq!((s, c.as_str()), (400, "invalid_code"));
+    for _ in 0..2 {
+        assert_eq!(
+            sign_in(&gw, email, Some(&wrong)).await,
+            (400, "invalid_code".to_string())
+        );
+    }
+    let r = sign_in_by_link(&gw, email, &wrong).await;
+    assert_eq!(r.error(), (400, "invalid_code".to_string()));
+    assert_eq!(
+        sign_in(&gw, email, Some("aaaaa-aaaaa")).await,
+        (400, "invalid_code".to_string())
+    );
+    // Spent: a right code is refused by every way in, a fresh emailed code included.
+    let right = twofactor::code_at(&secret, now_s()).expect("code");
+    assert_eq!(
+        sign_in(&gw, email, Some(&right)).await,
+        (SPENT.0, SPENT.1.to_string())
+    );
+    assert_eq!(
+        sign_in(&gw, email, Some(&codes[6])).await,
+        (SPENT.0, SPENT.1.to_string())
+    );
+    let r = sign_in_by_link(&gw, email, &codes[7]).await;
+    assert_eq!(r.error(), (SPENT.0, SPENT.1.to_string()));
+    let (s, c) = two_factor_with_code(&mut b, false, &codes[8]).await.error();
+    assert_eq!((s, c.as_str()), SPENT);
+    // Without a code nothing is guessed: the answer is still that one is needed.
+    assert_eq!(
+        sign_in(&gw, email, None).await,
+        (401, "two_factor_code_required".to_string())
+    );
+    assert_eq!(security(&mut b).await["recoveryCodesLeft"], json!(4));
+    // Another account's budget is its own.
+    let mut other = signed_in(&gw, "bystander@example.com").await;
+    let (other_secret, _) = enrol(&mut other).await;
+    let code = twofactor::code_at(&other_secret, now_s()).expect("code");
+    assert_eq!(
+        sign_in(&gw, "bystander@example.com", Some(&code)).await,
+        (200, String::new())
+    );
+}
+
 #[tokio::test]
 async fn operators_reset_two_factor_with_the_cli() {
     let (_mock, gw) = gateway();
@@ -456,7 +560,7 @@ async fn operators_reset_two_factor_with_the_cli() {
     assert_eq!(stored_recovery_hashes(&gw, &on_id).await.len(), 10);
     assert_eq!(
         sign_in(&gw, on, None).await,
-        (400, "invalid_code".to_string())
+        (401, "two_factor_code_required".to_string())
     );
 
     let reset = gw.admin_json(&["user", "reset-2fa", "--email", on]);

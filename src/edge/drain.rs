@@ -57,6 +57,7 @@ pub(super) fn spawn_drain_monitor(
             return;
         }
         state.usage.flush().await;
+        state.items.flush().await;
         gateway_devapi::accesslog::flush();
         let _ = std::fs::remove_file(&uds);
         pid.remove();

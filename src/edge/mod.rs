@@ -166,6 +166,13 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
         cfg.storage.usage_flush,
         journal.clone(),
     );
+    let items = gateway_core::response_items::ItemRegistry::start(
+        db.clone(),
+        rt.handle(),
+        cfg.storage.usage_flush,
+        cfg.storage.responses_retention,
+        cfg.storage.database_timeout,
+    );
     let identity = Arc::new(IdentityCache::new(cfg.storage.database_timeout));
     rt.spawn(identity.clone().run_feed(db.clone()));
     let backend = match cfg.storage.redis_target() {
@@ -226,6 +233,7 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
         identity,
         usage,
         quota,
+        items,
     });
     Ok(state)
 }
@@ -318,11 +326,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     let api_state = build_api_state(state.clone(), &rt)?;
 
     // The account service, on a private socket served by the storage runtime.
-    let uds = std::env::temp_dir().join(format!(
-        "gateway-site-{}-{}.sock",
-        std::process::id(),
-        gateway_core::util::random_base62(8)
-    ));
+    let uds = crate::lifecycle::site_socket(&upgrade_sock);
     {
         let state = state.clone();
         let path = uds.clone();
@@ -409,6 +413,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     // Reached when the drain deadline passed with requests still in flight: they were dropped
     // and settled by their guards; write what they recorded.
     rt.block_on(state.usage.flush());
+    rt.block_on(state.items.flush());
     gateway_devapi::accesslog::flush();
     let _ = std::fs::remove_file(&uds);
     pid.remove();

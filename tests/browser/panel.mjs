@@ -1,5 +1,7 @@
 // Drives Debian's Chromium (playwright-core, no downloaded browser) through the web panel, once
-// on a desktop window and once on a 390×844 phone: sign-in with the emailed code, key creation
+// on a 1280×800 desktop window and once on a 390×844 phone: sign-in with the emailed code and
+// with the emailed magic link (its confirmation page submitted in the browser that asked and in
+// a fresh one, and for a two-factor account with the code typed into the page), key creation
 // and copy, developer API calls with the new key, the quota left, the usage chart (hourly bars
 // for 24h), two-factor enrolment (scan the QR code, confirm with a TOTP code computed here from
 // the secret the page shows, save the recovery codes) and signing in again with the second
@@ -61,21 +63,52 @@ function totp(secret, atMs = Date.now()) {
   return String((mac.readUInt32BE(at) & 0x7fffffff) % 1000000).padStart(6, '0');
 }
 
+/** The sign-in mails to `to`, newest first: `{code, link}` of each. */
+function mailsTo(to) {
+  let names = [];
+  try { names = readdirSync(mailDir).filter((n) => n.endsWith('.eml')).sort().reverse(); } catch { /* not yet */ }
+  return names
+    .map((n) => readFileSync(join(mailDir, n), 'utf8'))
+    .filter((raw) => raw.includes(to))
+    .map((raw) => ({
+      code: raw.split(/\r?\n/).map((l) => l.trim()).find((l) => /^\d{6}$/.test(l)),
+      link: (raw.match(/https?:\/\/\S+\/api\/auth\/verify-link\?token=[A-Za-z0-9_-]+/) || [])[0],
+    }));
+}
+
 async function mailCode(to, timeoutMs = 15000, notCode = null) {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
-    let names = [];
-    try { names = readdirSync(mailDir).filter((n) => n.endsWith('.eml')).sort().reverse(); } catch { /* not yet */ }
-    for (const n of names) {
-      const raw = readFileSync(join(mailDir, n), 'utf8');
-      if (!raw.includes(to)) continue;
-      const code = raw.split(/\r?\n/).map((l) => l.trim()).find((l) => /^\d{6}$/.test(l));
-      const link = /verify-link\?token=/.test(raw);
-      if (code && code !== notCode) return { code, link };
-    }
+    const mail = mailsTo(to).find((m) => m.code);
+    if (mail && mail.code !== notCode) return mail;
     await sleep(100);
   }
   throw new Error(`no mail with a code to ${to} in ${mailDir}`);
+}
+
+/** The magic link of the newest mail to `to`, once more than `seen` mails were sent there. */
+async function mailLink(to, seen, timeoutMs = 15000) {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    const mails = mailsTo(to);
+    if (mails.length > seen && mails[0].link) return mails[0].link;
+    await sleep(100);
+  }
+  throw new Error(`no new mail with a magic link to ${to} in ${mailDir}`);
+}
+
+/** Asks for a sign-in mail for `email` as the panel's sign-in page does; returns how many
+ * mails were sent there before. */
+async function requestSignIn(email) {
+  const seen = mailsTo(email).length;
+  const r = await fetch(`${site}/api/auth/request-code`, {
+    method: 'POST',
+    headers: { origin: new URL(site).origin, 'content-type': 'application/json' },
+    body: JSON.stringify({ email, acceptedTerms: true }),
+  });
+  const body = await r.text();
+  check(r.status === 200, `a sign-in mail is requested for ${email} (${r.status} ${body})`);
+  return seen;
 }
 
 /** The bank's notifier reporting a transfer with `description`. */
@@ -109,21 +142,25 @@ async function scenario(tag, contextOptions) {
   // Answers the scenario provokes on purpose (a wrong two-factor code, a sign-in that needs the
   // second factor), which Chromium logs as console errors: each step allows one.
   let expectedRefusals = 0;
-  page.on('console', (m) => {
-    if (m.type() !== 'error' || /status of 404/.test(m.text())) return;
-    if (expectedRefusals > 0 && /status of 40[01]/.test(m.text())) { expectedRefusals -= 1; return; }
-    problems.push(`console: ${m.text()}`);
-  });
-  page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
-  page.on('request', (r) => {
-    const u = new URL(r.url());
-    if (u.origin !== new URL(site).origin) problems.push(`third-party request: ${r.url()}`);
-  });
-  const ready = (path) => page.waitForSelector(`body[data-ready="${path}"]`, { timeout: 15000 });
-  const shot = (name) => page.screenshot({ path: join(shots, `${tag}-${name}.png`), fullPage: true });
+  /** Collects what goes wrong on `p`: console errors, page errors, requests to other hosts. */
+  const watch = (p) => {
+    p.on('console', (m) => {
+      if (m.type() !== 'error' || /status of 404/.test(m.text())) return;
+      if (expectedRefusals > 0 && /status of 40[01]/.test(m.text())) { expectedRefusals -= 1; return; }
+      problems.push(`console: ${m.text()}`);
+    });
+    p.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+    p.on('request', (r) => {
+      const u = new URL(r.url());
+      if (u.origin !== new URL(site).origin) problems.push(`third-party request: ${r.url()}`);
+    });
+  };
+  watch(page);
+  const ready = (path, p = page) => p.waitForSelector(`body[data-ready="${path}"]`, { timeout: 15000 });
+  const shot = (name, p = page) => p.screenshot({ path: join(shots, `${tag}-${name}.png`), fullPage: true });
   /** Nothing on the page is wider than the window: no sideways scrolling. */
-  const fits = async (what) => {
-    const m = await page.evaluate(() => {
+  const fits = async (what, p = page) => {
+    const m = await p.evaluate(() => {
       const root = document.documentElement;
       const wide = [...document.querySelectorAll('body *')]
         .filter((e) => e.getBoundingClientRect().right > root.clientWidth + 1 && !e.closest('.table-wrap, header nav'))
@@ -180,6 +217,68 @@ async function scenario(tag, contextOptions) {
   await page.waitForURL(`${site}/panel/keys`);
   await ready('/panel/keys');
   check((await page.textContent('#who')) === email, `${tag}: signed in as the address`);
+
+  /**
+   * Signs `p` in with the magic `link` as a person does: opens it, checks the confirmation page
+   * (which fits the window and posts with the site's origin, never `Origin: null`), types
+   * `second` into its two-factor field when given, presses the button, and lands on the panel.
+   */
+  const signInByLink = async (p, link, what, name, second = null) => {
+    const origins = [];
+    const onRequest = (r) => {
+      if (r.method() === 'POST' && new URL(r.url()).pathname === '/api/auth/verify-link') {
+        origins.push(r.allHeaders().then((h) => h.origin));
+      }
+    };
+    p.on('request', onRequest);
+    const opened = await p.goto(link);
+    check(opened.status() === 200, `${tag}: ${what}: the link opens the confirmation page (${opened.status()})`);
+    await p.waitForSelector('form[action="/api/auth/verify-link"] button[type=submit]');
+    check((await p.textContent('h1')) === 'Confirm sign-in', `${tag}: ${what}: the page asks to confirm`);
+    if (second) {
+      check((await p.textContent('label[for=tfa]')).includes('Two-factor'), `${tag}: ${what}: the page asks for the second factor`);
+      await p.fill('#tfa', second);
+    }
+    await fits(`${what}: the confirmation page`, p);
+    await shot(`${name}-confirm`, p);
+    await p.click('form[action="/api/auth/verify-link"] button[type=submit]');
+    await p.waitForURL((u) => !u.search.includes('token='));
+    p.off('request', onRequest);
+    const sent = await Promise.all(origins);
+    check(sent.length === 1 && sent[0] === new URL(site).origin,
+      `${tag}: ${what}: the form is posted with the site's origin (${JSON.stringify(sent)})`);
+    if (new URL(p.url()).pathname !== '/panel/keys') {
+      throw new Error(`${tag}: ${what}: the form's POST did not sign in: ${p.url()} ${await p.textContent('body')}`);
+    }
+    await ready('/panel/keys', p);
+    check((await p.textContent('#who')) === email, `${tag}: ${what}: signed in by the link`);
+    await fits(`${what}: the panel after the link`, p);
+    await shot(`${name}-signed-in`, p);
+  };
+
+  // The magic link opened in a fresh browser (the mail read on another device) signs that
+  // browser in; this one stays signed in.
+  const freshLink = await mailLink(email, await requestSignIn(email));
+  const fresh = await browser.newContext(contextOptions);
+  const freshPage = await fresh.newPage();
+  watch(freshPage);
+  await signInByLink(freshPage, freshLink, 'a fresh browser', '15-link-fresh');
+  await fresh.close();
+  await page.reload();
+  await ready('/panel/keys');
+  check((await page.textContent('#who')) === email, `${tag}: the first browser is still signed in`);
+
+  // The magic link in the browser that asked for it, after signing out.
+  await page.click('#signout');
+  await page.waitForURL(`${site}/panel/signin`);
+  await ready('/panel/signin');
+  await page.fill('#email', email);
+  await page.check('#terms');
+  const seen = mailsTo(email).length;
+  await page.click('#request-form button[type=submit]');
+  await page.waitForSelector('#code-form:not([hidden])');
+  const sameLink = await mailLink(email, seen);
+  await signInByLink(page, sameLink, 'the same browser', '16-link-same');
 
   // The first key needs no confirmation; the secret is shown once and copies exactly.
   await page.click('#rotate');
@@ -306,8 +405,8 @@ async function scenario(tag, contextOptions) {
   await page.fill('#regenerate-code', recovery[9]);
   await page.click('#regenerate-recovery');
   await page.waitForSelector('#recovery-codes li');
-  const fresh = await page.$$eval('#recovery-codes li', (lis) => lis.map((li) => li.textContent.trim()));
-  check(fresh.length === 10 && fresh.every((c) => !recovery.includes(c)), `${tag}: new recovery codes replace the old ones`);
+  const renewed = await page.$$eval('#recovery-codes li', (lis) => lis.map((li) => li.textContent.trim()));
+  check(renewed.length === 10 && renewed.every((c) => !recovery.includes(c)), `${tag}: new recovery codes replace the old ones`);
   check((await page.textContent('#tfa-state')) === 'on', `${tag}: two-factor stays on`);
   const style = (sel) => page.$eval(sel, (b) => { const s = getComputedStyle(b); return [s.backgroundColor, s.color, s.fontSize, s.paddingTop].join(' '); });
   const primary = await page.evaluate(() => {
@@ -343,6 +442,15 @@ async function scenario(tag, contextOptions) {
   await page.waitForURL(`${site}/panel/keys`);
   await ready('/panel/keys');
   check((await page.textContent('#who')) === email, `${tag}: signed in again with the second factor`);
+
+  // The magic link of a two-factor account: the page takes the second factor (a recovery code:
+  // the TOTP steps around now are spent) in a fresh browser.
+  const tfaLink = await mailLink(email, await requestSignIn(email));
+  const tfaContext = await browser.newContext(contextOptions);
+  const tfaPage = await tfaContext.newPage();
+  watch(tfaPage);
+  await signInByLink(tfaPage, tfaLink, 'two-factor by link', '17-link-two-factor', renewed[0]);
+  await tfaContext.close();
 
   // Billing: a double click on Buy creates one order; bank name and copy buttons.
   await page.goto(`${site}/panel/billing`);

@@ -9,6 +9,7 @@ pub mod config;
 pub mod lots;
 pub mod private_redis;
 pub mod redis_cluster;
+pub mod responses;
 pub mod sdk;
 pub mod site;
 pub mod slow_relay;

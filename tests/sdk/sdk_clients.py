@@ -1,7 +1,8 @@
 """Drives the gateway with the official openai and anthropic SDKs.
 
 usage: sdk_clients.py BASE_URL API_KEY MODE
-  MODE native: each SDK against models of its own style
+  MODE native: each SDK against models of its own style (the config also has a model
+               `openai/gpt-4o`)
   MODE cross:  each SDK against models of the other style (translation)
 Exits non-zero with a message on the first failed expectation.
 """
@@ -51,6 +52,16 @@ if mode == "native":
     check(len(sp.content) == 65536, "openai speech")
     models = [m.id for m in oai.models.list()]
     check("mock-gpt" in models, "openai models")
+    m = oai.models.retrieve("mock-gpt")
+    check(m.id == "mock-gpt" and m.object == "model", "openai models.retrieve")
+    # The SDK percent-encodes the slash of a routed id.
+    m = oai.models.retrieve("openai/gpt-4o")
+    check(m.id == "openai/gpt-4o", "openai models.retrieve of an id with a slash")
+    try:
+        oai.models.retrieve("no-such-model")
+        check(False, "retrieving an unknown model must fail")
+    except openai.NotFoundError as e:
+        check(e.body.get("code") == "model_not_found", "openai models.retrieve of an unknown id")
 
 # Tools, plain and streamed.
 r = oai.chat.completions.create(
@@ -90,6 +101,35 @@ check(final.usage.output_tokens > 0, "anthropic stream usage")
 ct = ant.messages.count_tokens(model=claude, messages=[{"role": "user", "content": "hi"}])
 check(ct.input_tokens > 0, "anthropic count_tokens")
 
+# Anthropic SDK: request ids, the model list (its pages too) and one model, in Anthropic's shapes.
+check(m._request_id and m._request_id.startswith("req_"), "anthropic _request_id of a message")
+with ant.messages.stream(model=claude, max_tokens=16, messages=[{"role": "user", "content": "hi"}]) as s:
+    s.get_final_message()
+    check(s.request_id and s.request_id.startswith("req_"), "anthropic request_id of a stream")
+check(ct._request_id, "anthropic _request_id of count_tokens")
+listed = list(ant.models.list())
+check(claude in [x.id for x in listed], "anthropic models.list")
+for x in listed:
+    check(x.type == "model" and x.id and x.display_name and x.created_at,
+          f"anthropic models.list fields of {x.id}")
+page = ant.models.list(limit=1)
+check(len(page.data) == 1 and page.has_more and page.first_id == page.last_id == listed[0].id,
+      "anthropic models.list limit=1 page")
+check([x.id for x in ant.models.list(limit=2)] == [x.id for x in listed],
+      "anthropic models.list pages through after_id")
+back = ant.models.list(limit=2, before_id=listed[-1].id)
+check([x.id for x in back.data] == [x.id for x in listed[-3:-1]], "anthropic models.list before_id")
+info = ant.models.retrieve(claude)
+check(info.id == claude and info.type == "model" and info.display_name and info.created_at,
+      "anthropic models.retrieve")
+check(info._request_id and info._request_id.startswith("req_"), "anthropic _request_id of a retrieval")
+try:
+    ant.models.retrieve("no-such-model")
+    check(False, "retrieving an unknown model must fail")
+except anthropic.NotFoundError as e:
+    check(e.body["error"]["type"] == "not_found_error", "anthropic not_found_error")
+    check(e.request_id and e.request_id.startswith("req_"), "anthropic request id of an error")
+
 # Errors surface as SDK exceptions with the gateway's code.
 try:
     oai.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
@@ -102,4 +142,5 @@ try:
     check(False, "bad key must fail")
 except anthropic.AuthenticationError as e:
     check(e.status_code == 401, "anthropic auth error")
+    check(e.request_id and e.request_id.startswith("req_"), "anthropic request id of an auth error")
 print("all SDK checks passed")

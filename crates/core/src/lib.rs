@@ -6,6 +6,7 @@
 
 pub mod apikey;
 pub mod config;
+pub mod credential_mask;
 pub mod domain;
 pub mod identity;
 pub mod journal;
@@ -13,6 +14,7 @@ pub mod logging;
 pub mod metrics;
 pub mod pricing;
 pub mod quota;
+pub mod response_items;
 pub mod secrets;
 pub mod state;
 pub mod storage;

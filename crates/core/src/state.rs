@@ -8,6 +8,7 @@ use arc_swap::ArcSwap;
 use crate::config::Config;
 use crate::identity::IdentityCache;
 use crate::quota::Quota;
+use crate::response_items::ItemRegistry;
 use crate::secrets::Secrets;
 use crate::storage::Db;
 use crate::usage::UsageSink;
@@ -24,6 +25,8 @@ pub struct AppState {
     pub identity: Arc<IdentityCache>,
     pub usage: UsageSink,
     pub quota: Quota,
+    /// Which account each Responses id belongs to, and the items translated answers issued.
+    pub items: ItemRegistry,
 }
 
 pub type SharedState = Arc<AppState>;

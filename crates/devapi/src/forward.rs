@@ -31,6 +31,7 @@ use crate::state::SharedApiState;
 use crate::upstream::{Exchange, ProviderRequest, UpstreamError};
 use crate::usage::{StreamKind, StreamUsageTracker};
 use gateway_core::domain::ProviderStyle;
+use gateway_core::response_items::Issued;
 
 /// Provider error bodies read while failing over are bounded.
 const ERROR_BODY_LIMIT: usize = 1024 * 1024;
@@ -65,9 +66,10 @@ static COMPAT_VERSION: HeaderName = HeaderName::from_static("compat-version");
 static ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
 
 /// The body to send to one target. Same style: the client's bytes untouched unless the model is
-/// renamed or a streaming chat request needs `stream_options.include_usage` (the gateway always
-/// wants the provider's own count). Other style: the translated body (which asks for usage
-/// itself) with this deployment's model name.
+/// renamed, a streaming chat request needs `stream_options.include_usage` (the gateway always
+/// wants the provider's own count) or its output is clamped to the model's limit. Other style:
+/// the translated body (which asks for usage itself) with this deployment's model name and any
+/// clamp.
 fn upstream_body(
     adm: &Admitted,
     target: &Target,
@@ -82,6 +84,9 @@ fn upstream_body(
         let model = target.upstream_model.as_deref().unwrap_or(&adm.model_name);
         if let Some(obj) = j.as_object_mut() {
             obj.insert("model".into(), Value::String(model.to_string()));
+        }
+        if let Some(limit) = adm.output_clamp {
+            crate::tokens::clamp_output(&mut j, limit);
         }
         return serde_json::to_vec(&j)
             .map(Bytes::from)
@@ -98,10 +103,13 @@ fn upstream_body(
         && adm.endpoint == Endpoint::ChatCompletions
         && target.provider.style == ProviderStyle::OpenAi
         && !adm.client_wants_usage;
-    if rename.is_none() && !want_usage {
+    if rename.is_none() && !want_usage && adm.output_clamp.is_none() {
         return Ok(adm.body.clone());
     }
     let mut j = adm.tree_for_rewrite()?.into_owned();
+    if let Some(limit) = adm.output_clamp {
+        crate::tokens::clamp_output(&mut j, limit);
+    }
     if let (Some(m), Some(obj)) = (rename, j.as_object_mut()) {
         obj.insert("model".into(), Value::String(m.to_string()));
     }
@@ -317,6 +325,9 @@ fn client_header(
         respond::X_REQUEST_ID,
         http::HeaderValue::from_str(reply.request_id).ok()?,
     );
+    if reply.style_b {
+        respond::add_style_b(headers, reply.rate, reply.request_id);
+    }
     Some(Box::new(ResponseHeader::from(parts)))
 }
 
@@ -442,7 +453,8 @@ pub async fn forward(
     drop(outstanding);
 
     relay.deliver_rest(session, flight, reason).await;
-    relay.read_kept_usage(flight, adm.endpoint.generates());
+    let issued = relay.read_kept_usage(flight, adm.endpoint.generates());
+    relay.record_issued(adm, flight, issued);
     Ok(relay.close(session, flight, reason).await)
 }
 
@@ -454,7 +466,7 @@ async fn refused(state: &SharedApiState, answer: Answer) -> ApiError {
     let body = ex.read_all(ERROR_BODY_LIMIT).await.unwrap_or_default();
     state.upstreams.finish(ex).await;
     let p = &target.provider;
-    sanitize::operator_refused(&p.name, status, &body, p.api_key.as_deref())
+    sanitize::operator_refused(&p.name, status, &body, &p.api_key_mask)
 }
 
 /// Why the relay stopped before the client's header went out.
@@ -645,7 +657,7 @@ impl<'a> Relay<'a> {
         if self.shaper.holds_header() && client_here {
             let (client_status, body) = self.shaper.whole(reason);
             let body = match client_status {
-                400.. => sanitize::mask_credential(body, self.target.provider.api_key.as_deref()),
+                400.. => sanitize::mask_credential(body, &self.target.provider.api_key_mask),
                 _ => body,
             };
             self.status = client_status;
@@ -676,12 +688,30 @@ impl<'a> Relay<'a> {
     }
 
     /// Reads the usage of an answer whose provider body was kept (a non-stream answer; a stream's
-    /// usage was watched on the way).
-    fn read_kept_usage(&self, flight: &mut InFlight, generates: bool) {
-        if let Some(body) = self.shaper.provider_body() {
-            let kind = self.shaper.usage_kind().unwrap_or(StreamKind::OpenAiChat);
-            flight.read_whole_answer(kind, body, generates);
+    /// usage was watched on the way), and the ids of a Responses answer with it.
+    fn read_kept_usage(&self, flight: &mut InFlight, generates: bool) -> Issued {
+        match self.shaper.provider_body() {
+            Some(body) => {
+                let kind = self.shaper.usage_kind().unwrap_or(StreamKind::OpenAiChat);
+                flight.read_whole_answer(kind, body, generates)
+            }
+            None => Issued::default(),
         }
+    }
+
+    /// Records for the account the Responses ids its answer carried (a provider's, read from
+    /// its body or stream, or the items of a translated answer), unless the request said
+    /// `store: false` or the answer was an error. The client already has the answer: a
+    /// follow-up it sends at once finds the ids in this instance's cache.
+    fn record_issued(&mut self, adm: &Admitted, flight: &mut InFlight, mut issued: Issued) {
+        if !adm.keeps_answer() || self.status >= 400 {
+            return;
+        }
+        if let Some(t) = flight.tracker_mut() {
+            issued.ids.extend(t.take_issued().ids);
+        }
+        issued.ids.extend(self.shaper.take_issued().ids);
+        self.state.items.record(&adm.identity.user.id, issued);
     }
 
     /// Closes both sides according to how the relay ended: the provider's connection is pooled

@@ -1,10 +1,11 @@
 //! The developer API: a Pingora `ProxyHttp` service. This file is the table of contents of one
 //! request's walk; each step lives in its own module:
 //!
-//! `route` (surface, aliases) → `pipeline` (checks 1–8) → `routing` (deployments) and `shape`
-//! (the request translated for deployments of the other style) → quota reserve (check 9) →
-//! `forward` (exchange, streaming, answers shaped into the client's style) → `settle` (exactly
-//! once).
+//! `route` (surface, aliases) → `pipeline` (checks 1–8) → `routing` (deployments) → `items`
+//! (what a Responses request refers to of earlier answers: the account's own, resolved for
+//! translated deployments) → `shape` (the request translated for deployments of the other
+//! style) → quota reserve (check 9) → `forward` (exchange, streaming, answers shaped into the
+//! client's style, their Responses ids recorded) → `settle` (exactly once).
 //!
 //! Everything happens in `request_filter`, which answers the request itself and returns
 //! `Ok(true)`: the body has to be read before routing (the model is in it), and Pingora 0.9
@@ -20,6 +21,7 @@ pub mod ctx;
 pub mod error;
 pub mod forward;
 pub mod in_flight;
+pub mod items;
 pub mod local;
 pub mod pipeline;
 pub mod pool;
@@ -54,7 +56,6 @@ use crate::pipeline::{Admitted, Stop};
 use crate::route::{Endpoint, Route};
 use crate::settle::{new_event, InFlight, Reason};
 use crate::state::SharedApiState;
-use gateway_core::identity::Identity;
 use gateway_core::quota::{Denied, RateView};
 use gateway_core::util::new_id;
 
@@ -143,12 +144,14 @@ impl DevApi {
             Ok(asked) => asked,
             Err(Route::Health) => {
                 ctx.status = 200;
+                let style_b = route::style_b_path(session.req_header().uri.path());
+                let extra = respond::gateway_headers(&ctx.rate, style_b, &ctx.request_id);
                 respond::json(
                     session,
                     200,
                     Bytes::from_static(b"{\"ok\":true}"),
                     &ctx.request_id,
-                    &[],
+                    &extra,
                 )
                 .await;
                 return Ok(());
@@ -159,24 +162,35 @@ impl DevApi {
                 respond::json(session, status, body, &ctx.request_id, &[]).await;
                 return Ok(());
             }
-            Err(_) => return Err((ApiError::NotFound.into(), false)),
+            Err(_) => {
+                let style_b = route::style_b_path(session.req_header().uri.path());
+                return Err((ApiError::NotFound.into(), style_b));
+            }
         };
         let style_b = asked.style_b;
         let fail = |e: ApiError| (Stop::Api(e), style_b);
 
         // Held until the request ends: its body is in memory until then.
-        let (adm, _body_permit) = self
+        let (mut adm, _body_permit) = self
             .admit(session, ctx, &cfg, &asked)
             .await
             .map_err(|s| (s, style_b))?;
 
-        // Where it would go, before reserving anything for it.
-        let targets = self.targets(&cfg, &adm).map_err(fail)?;
+        // Where it would go, what it refers to and how it is translated, before reserving
+        // anything for it.
+        let mut targets = self.targets(&cfg, &adm).map_err(fail)?;
+        if let Plan::Forward(attempts) = &mut targets {
+            items::check(&self.state, &mut adm, &attempts.targets)
+                .await
+                .map_err(fail)?;
+            attempts.translated =
+                shape::translate_request(&adm, &attempts.targets).map_err(fail)?;
+        }
 
         let mut flight = self.reserve(ctx, &cfg, &adm).await.map_err(fail)?;
         let result = match targets {
             Plan::Local => {
-                self.answer_locally(session, ctx, &cfg, &adm, &adm.identity, &mut flight)
+                self.answer_locally(session, ctx, &cfg, &adm, style_b, &mut flight)
                     .await
             }
             Plan::Forward(attempts) => {
@@ -244,7 +258,11 @@ impl DevApi {
             )
             .await?
         };
-        let adm = pipeline::admit(&self.state, cfg, endpoint, identity, body).await?;
+        let mut adm = pipeline::admit(&self.state, cfg, endpoint, identity, body).await?;
+        if endpoint == Endpoint::Model {
+            // A retrieval names its model in the path, not in a body.
+            adm.model_name = route::model_id(session.req_header().uri.path()).unwrap_or_default();
+        }
         if !adm.model_name.is_empty() {
             ctx.model = Some(adm.model_name.clone());
         }
@@ -303,7 +321,7 @@ impl DevApi {
     /// Decides whether the gateway answers itself or which deployments to try. A chat or
     /// Responses request for an Anthropic-style model, a messages request for an OpenAI-style
     /// model and a Responses request for a provider without `/v1/responses` are served by
-    /// translation; the translation runs here, before anything is reserved.
+    /// translation, which `handle` runs next, before anything is reserved.
     fn targets(
         &self,
         cfg: &gateway_core::config::Config,
@@ -312,6 +330,11 @@ impl DevApi {
         use gateway_core::domain::ProviderStyle;
         match adm.endpoint {
             Endpoint::Models | Endpoint::ModelInfo => Ok(Plan::Local),
+            // An unknown id, or one the key may not see, is not found before anything is
+            // reserved for it.
+            Endpoint::Model => local::visible_model(cfg, &adm.identity, &adm.model_name)
+                .map(|_| Plan::Local)
+                .ok_or_else(|| ApiError::UnknownModel(adm.model_name.clone())),
             Endpoint::Search | Endpoint::WebFetch => {
                 let provider = if adm.endpoint == Endpoint::Search {
                     cfg.tools.search.as_ref()
@@ -345,10 +368,9 @@ impl DevApi {
                     |d| shape::Crossing::of(endpoint, &d.provider).is_some(),
                     cfg.routing.max_attempts,
                 )?;
-                let translated = shape::translate_request(adm, &targets)?;
                 Ok(Plan::Forward(forward::Attempts {
                     targets,
-                    translated,
+                    translated: shape::Translated::none(),
                     deadline: cfg.routing.failover_deadline,
                 }))
             }
@@ -361,11 +383,17 @@ impl DevApi {
         ctx: &RequestCtx,
         cfg: &gateway_core::config::Config,
         adm: &Admitted,
-        who: &Identity,
+        style_b: bool,
         flight: &mut InFlight,
     ) -> Result<forward::Outcome, ApiError> {
+        let who = &adm.identity;
         let body = match adm.endpoint {
-            Endpoint::Models => local::models(cfg, who),
+            Endpoint::Models => {
+                let query = session.req_header().uri.query();
+                local::models(cfg, who, style_b, query)?
+            }
+            Endpoint::Model => local::model(cfg, who, &adm.model_name, style_b)
+                .ok_or_else(|| ApiError::UnknownModel(adm.model_name.clone()))?,
             Endpoint::ModelInfo => local::model_info(cfg, who),
             _ => serde_json::json!({ "input_tokens": adm.input_estimate }),
         };
@@ -373,12 +401,13 @@ impl DevApi {
         flight.waive_input_estimate();
         flight.costs_no_tokens();
         flight.mark_first_byte();
+        let extra = respond::gateway_headers(&ctx.rate, style_b, &ctx.request_id);
         respond::json(
             session,
             200,
             Bytes::from(body.to_string()),
             &ctx.request_id,
-            &[],
+            &extra,
         )
         .await;
         Ok(forward::Outcome {

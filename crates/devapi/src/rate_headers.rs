@@ -1,7 +1,8 @@
 //! The `x-ratelimit-*` headers: the per-minute windows a request was reserved against
 //! ([`RateView`]), rendered for the client. OpenAI-style headers
 //! (`x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, where tokens are input tokens) plus
-//! explicit input and output token headers.
+//! explicit input and output token headers on every answer, and Anthropic's
+//! `anthropic-ratelimit-*` beside them on style-B answers ([`anthropic`]).
 
 use std::sync::OnceLock;
 
@@ -86,6 +87,42 @@ fn each(rate: &RateView, mut f: impl FnMut(&'static HeaderName, HeaderValue)) {
     }
 }
 
+/// Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`
+/// for a style-B answer at `now_unix` (seconds): the reset is the RFC 3339 time the window
+/// refills, as Anthropic sends it. `tokens` is the more restrictive of the input and output
+/// windows (the one with fewer tokens left), as Anthropic defines it.
+pub fn anthropic(rate: &RateView, now_unix: i64) -> Vec<(HeaderName, HeaderValue)> {
+    let tokens = match (rate.input_tokens, rate.output_tokens) {
+        (Some(i), Some(o)) => Some(if o.remaining < i.remaining { o } else { i }),
+        (i, o) => i.or(o),
+    };
+    let windows = [
+        (rate.requests, &ANTHROPIC_HEADERS[0]),
+        (tokens, &ANTHROPIC_HEADERS[1]),
+        (rate.input_tokens, &ANTHROPIC_HEADERS[2]),
+        (rate.output_tokens, &ANTHROPIC_HEADERS[3]),
+    ];
+    let mut h = Vec::with_capacity(12);
+    for (window, [limit, remaining, reset]) in windows {
+        let Some(w) = window else { continue };
+        let at = now_unix.saturating_add(i64::try_from(w.reset_secs).unwrap_or(i64::MAX));
+        let Some(at) = rfc3339(at) else { continue };
+        h.push((limit.clone(), HeaderValue::from(w.limit)));
+        h.push((remaining.clone(), HeaderValue::from(w.remaining)));
+        h.push((reset.clone(), at));
+    }
+    h
+}
+
+/// `2026-11-28T20:06:46Z` for a unix time in seconds.
+fn rfc3339(unix: i64) -> Option<HeaderValue> {
+    let t = time::OffsetDateTime::from_unix_timestamp(unix).ok()?;
+    let text = t
+        .format(&time::format_description::well_known::Rfc3339)
+        .ok()?;
+    HeaderValue::from_str(&text).ok()
+}
+
 /// `x-ratelimit-reset-*` values of a per-minute window (`0s` to `60s`), never allocated.
 const RESET_VALUES: [&str; 61] = [
     "0s", "1s", "2s", "3s", "4s", "5s", "6s", "7s", "8s", "9s", "10s", "11s", "12s", "13s", "14s",
@@ -129,6 +166,31 @@ static RATE_HEADERS: [[HeaderName; 3]; 4] = [
         HeaderName::from_static("x-ratelimit-limit-output-tokens"),
         HeaderName::from_static("x-ratelimit-remaining-output-tokens"),
         HeaderName::from_static("x-ratelimit-reset-output-tokens"),
+    ],
+];
+
+/// `anthropic-ratelimit-{limit,remaining,reset}-*` for requests, tokens, input and output
+/// tokens.
+static ANTHROPIC_HEADERS: [[HeaderName; 3]; 4] = [
+    [
+        HeaderName::from_static("anthropic-ratelimit-requests-limit"),
+        HeaderName::from_static("anthropic-ratelimit-requests-remaining"),
+        HeaderName::from_static("anthropic-ratelimit-requests-reset"),
+    ],
+    [
+        HeaderName::from_static("anthropic-ratelimit-tokens-limit"),
+        HeaderName::from_static("anthropic-ratelimit-tokens-remaining"),
+        HeaderName::from_static("anthropic-ratelimit-tokens-reset"),
+    ],
+    [
+        HeaderName::from_static("anthropic-ratelimit-input-tokens-limit"),
+        HeaderName::from_static("anthropic-ratelimit-input-tokens-remaining"),
+        HeaderName::from_static("anthropic-ratelimit-input-tokens-reset"),
+    ],
+    [
+        HeaderName::from_static("anthropic-ratelimit-output-tokens-limit"),
+        HeaderName::from_static("anthropic-ratelimit-output-tokens-remaining"),
+        HeaderName::from_static("anthropic-ratelimit-output-tokens-reset"),
     ],
 ];
 
@@ -207,6 +269,60 @@ mod tests {
                 assert_eq!(from_map, list(&view), "set {set} round {round}");
             }
         }
+    }
+
+    #[test]
+    fn anthropic_headers_name_the_tighter_token_window_and_reset_times() {
+        let view = RateView {
+            requests: window(60, 59, 12),
+            input_tokens: window(100_000, 98_765, 7),
+            output_tokens: window(20_000, 19_000, 75),
+        };
+        // 2026-11-28T20:00:00Z
+        let now = 1_795_896_000;
+        let listed: Vec<(String, String)> = anthropic(&view, now)
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("?").to_string()))
+            .collect();
+        let expected = [
+            ("anthropic-ratelimit-requests-limit", "60"),
+            ("anthropic-ratelimit-requests-remaining", "59"),
+            ("anthropic-ratelimit-requests-reset", "2026-11-28T20:00:12Z"),
+            ("anthropic-ratelimit-tokens-limit", "20000"),
+            ("anthropic-ratelimit-tokens-remaining", "19000"),
+            ("anthropic-ratelimit-tokens-reset", "2026-11-28T20:01:15Z"),
+            ("anthropic-ratelimit-input-tokens-limit", "100000"),
+            ("anthropic-ratelimit-input-tokens-remaining", "98765"),
+            (
+                "anthropic-ratelimit-input-tokens-reset",
+                "2026-11-28T20:00:07Z",
+            ),
+            ("anthropic-ratelimit-output-tokens-limit", "20000"),
+            ("anthropic-ratelimit-output-tokens-remaining", "19000"),
+            (
+                "anthropic-ratelimit-output-tokens-reset",
+                "2026-11-28T20:01:15Z",
+            ),
+        ];
+        let expected: Vec<(String, String)> = expected
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(listed, expected);
+
+        // Only an input window: it is the tokens window too.
+        let view = RateView {
+            requests: None,
+            input_tokens: window(5, 4, 1),
+            output_tokens: None,
+        };
+        let names: Vec<String> = anthropic(&view, now)
+            .iter()
+            .map(|(n, _)| n.to_string())
+            .collect();
+        assert_eq!(names.len(), 6);
+        assert!(names.contains(&"anthropic-ratelimit-tokens-remaining".to_string()));
+        assert!(anthropic(&RateView::default(), now).is_empty());
     }
 
     #[test]

@@ -13,6 +13,40 @@ pub const JSON: &str = "application/json; charset=utf-8";
 /// The request-id header name, built at compile time (a `&str` name is parsed on every use).
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// Anthropic's name for the request id: its SDKs read it into `_request_id`. Style-B answers
+/// carry it beside `x-request-id`, with the same value.
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("request-id");
+
+/// The headers of the gateway's own answers beyond [`header`]'s: the rate-limit windows and,
+/// for style B, `request-id` and Anthropic's rate-limit headers.
+pub fn gateway_headers(
+    rate: &RateView,
+    style_b: bool,
+    request_id: &str,
+) -> Vec<(HeaderName, HeaderValue)> {
+    let mut h = crate::rate_headers::list(rate);
+    if style_b {
+        add_style_b(&mut h, rate, request_id);
+    }
+    h
+}
+
+/// What a style-B answer carries beyond a style-A one: `request-id` and Anthropic's
+/// rate-limit headers.
+pub fn add_style_b(
+    h: &mut impl Extend<(HeaderName, HeaderValue)>,
+    rate: &RateView,
+    request_id: &str,
+) {
+    if let Ok(id) = HeaderValue::from_str(request_id) {
+        h.extend([(REQUEST_ID, id)]);
+    }
+    h.extend(crate::rate_headers::anthropic(
+        rate,
+        time::OffsetDateTime::now_utc().unix_timestamp(),
+    ));
+}
+
 /// `content-length: n` without a `String` in between.
 pub fn content_length(n: usize) -> HeaderValue {
     HeaderValue::from(n as u64)
@@ -64,7 +98,7 @@ pub async fn error(
     request_id: &str,
     rate: &RateView,
 ) {
-    let mut extra = crate::rate_headers::list(rate);
+    let mut extra = gateway_headers(rate, style_b, request_id);
     if let ApiError::RateLimited {
         retry_after_secs, ..
     } = err

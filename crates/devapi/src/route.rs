@@ -5,6 +5,8 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Endpoint {
     Models,
+    /// `GET /v1/models/{id}`: one model; the id is the rest of the path ([`model_id`]).
+    Model,
     ModelInfo,
     ChatCompletions,
     Responses,
@@ -21,7 +23,7 @@ impl Endpoint {
     /// The scope name that grants this endpoint (CONTRACT §3).
     pub fn scope(self) -> &'static str {
         match self {
-            Endpoint::Models | Endpoint::ModelInfo => "models",
+            Endpoint::Models | Endpoint::Model | Endpoint::ModelInfo => "models",
             Endpoint::ChatCompletions => "chat",
             Endpoint::Responses => "responses",
             Endpoint::Messages => "messages",
@@ -38,6 +40,7 @@ impl Endpoint {
     pub fn path(self) -> &'static str {
         match self {
             Endpoint::Models => "/v1/models",
+            Endpoint::Model => "/v1/models/{model}",
             Endpoint::ModelInfo => "/v1/model/info",
             Endpoint::ChatCompletions => "/v1/chat/completions",
             Endpoint::Responses => "/v1/responses",
@@ -52,14 +55,21 @@ impl Endpoint {
     }
 
     pub fn is_get(self) -> bool {
-        matches!(self, Endpoint::Models | Endpoint::ModelInfo)
+        matches!(
+            self,
+            Endpoint::Models | Endpoint::Model | Endpoint::ModelInfo
+        )
     }
 
-    /// Endpoints whose body must name a `model`.
+    /// Endpoints whose body must name a `model` (a retrieval names it in its path).
     pub fn needs_model(self) -> bool {
         !matches!(
             self,
-            Endpoint::Models | Endpoint::ModelInfo | Endpoint::Search | Endpoint::WebFetch
+            Endpoint::Models
+                | Endpoint::Model
+                | Endpoint::ModelInfo
+                | Endpoint::Search
+                | Endpoint::WebFetch
         )
     }
 
@@ -74,6 +84,7 @@ impl Endpoint {
     pub fn name(self) -> &'static str {
         match self {
             Endpoint::Models => "models",
+            Endpoint::Model => "model",
             Endpoint::ModelInfo => "model_info",
             Endpoint::ChatCompletions => "chat_completions",
             Endpoint::Responses => "responses",
@@ -87,8 +98,9 @@ impl Endpoint {
         }
     }
 
-    pub const ALL: [Endpoint; 11] = [
+    pub const ALL: [Endpoint; 12] = [
         Endpoint::Models,
+        Endpoint::Model,
         Endpoint::ModelInfo,
         Endpoint::ChatCompletions,
         Endpoint::Responses,
@@ -161,6 +173,36 @@ fn normalize(path: &str) -> Option<String> {
     None
 }
 
+/// The still-encoded id of a normalized retrieval path (`/v1/models/{id}`), when it names one.
+fn retrieved_id(norm: &str) -> Option<&str> {
+    norm.strip_prefix("/v1/models/").filter(|id| !id.is_empty())
+}
+
+/// The model id a retrieval path names (`/v1/models/{id}`, `/alt/v1/models/{id}`), decoded: SDKs
+/// send an id such as `openai/gpt-4o` percent-encoded (`openai%2Fgpt-4o`), other clients with
+/// the slash as it is; both name the same model. An id that is not UTF-8 once decoded keeps
+/// replacement characters, so it names no model.
+pub fn model_id(raw_path: &str) -> Option<String> {
+    let path = raw_path.split('?').next().unwrap_or("");
+    let norm = normalize(path)?;
+    let id = retrieved_id(&norm)?;
+    Some(
+        percent_encoding::percent_decode_str(id)
+            .decode_utf8_lossy()
+            .into_owned(),
+    )
+}
+
+/// Whether a path is a style-B one (`/alt…` as whole segments, `/v1/messages…`), whatever it
+/// routes to: its answers, a 404 included, take style B's shape and headers.
+pub fn style_b_path(raw_path: &str) -> bool {
+    let path = raw_path.split('?').next().unwrap_or("");
+    path == "/alt"
+        || path.starts_with("/alt/")
+        || path == "/v1/messages"
+        || path.starts_with("/v1/messages/")
+}
+
 pub fn classify(method: &str, raw_path: &str) -> Route {
     let path = raw_path.split('?').next().unwrap_or("");
     if (path == "/" || path == "/health") && (method == "GET" || method == "HEAD") {
@@ -182,8 +224,12 @@ pub fn classify(method: &str, raw_path: &str) -> Route {
     let Some(norm) = normalize(path) else {
         return Route::NotFound;
     };
-    let style_b = path.starts_with("/alt") || norm.starts_with("/v1/messages");
-    let endpoint = Endpoint::ALL.into_iter().find(|e| e.path() == norm);
+    let style_b = style_b_path(path);
+    let endpoint = if retrieved_id(&norm).is_some() {
+        Some(Endpoint::Model)
+    } else {
+        Endpoint::ALL.into_iter().find(|e| e.path() == norm)
+    };
     let method_ok = match endpoint {
         Some(e) if e.is_get() => method == "GET",
         Some(_) => method == "POST",
@@ -256,5 +302,62 @@ mod tests {
             classify("POST", "/v1/messages"),
             Route::Api { style_b: true, .. }
         ));
+    }
+
+    #[test]
+    fn model_retrieval_paths() {
+        assert_eq!(ep("GET", "/v1/models/mock-gpt"), Some(Endpoint::Model));
+        assert_eq!(ep("GET", "/alt/v1/models/claude"), Some(Endpoint::Model));
+        assert!(matches!(
+            classify("GET", "/alt/v1/models/claude"),
+            Route::Api { style_b: true, .. }
+        ));
+        assert!(matches!(
+            classify("POST", "/v1/models/x"),
+            Route::Api {
+                endpoint: Some(Endpoint::Model),
+                method_ok: false,
+                ..
+            }
+        ));
+        assert_eq!(ep("GET", "/v1/models/"), None);
+        assert_eq!(ep("GET", "/v1/models"), Some(Endpoint::Models));
+        assert_eq!(
+            model_id("/v1/models/mock-gpt?x=1").as_deref(),
+            Some("mock-gpt")
+        );
+        assert_eq!(
+            model_id("/v1/models/openai%2Fgpt-4o").as_deref(),
+            Some("openai/gpt-4o")
+        );
+        assert_eq!(
+            model_id("/alt/v1/models/openai/gpt-4o").as_deref(),
+            Some("openai/gpt-4o")
+        );
+        assert_eq!(
+            model_id("/v1/models/llama3%3A8b").as_deref(),
+            Some("llama3:8b")
+        );
+        assert_eq!(model_id("/v1/models/a:b").as_deref(), Some("a:b"));
+        assert_eq!(model_id("/v1/models/%FF").as_deref(), Some("\u{fffd}"));
+        assert_eq!(model_id("/v1/models"), None);
+        assert_eq!(model_id("/v1/chat/completions"), None);
+    }
+
+    #[test]
+    fn style_b_paths() {
+        for p in [
+            "/alt",
+            "/alt/",
+            "/alt/other",
+            "/alt/v1/models/x",
+            "/v1/messages",
+            "/v1/messages/count_tokens?x",
+        ] {
+            assert!(style_b_path(p), "{p}");
+        }
+        for p in ["/altogether", "/v1/models", "/v1/messagesx", "/"] {
+            assert!(!style_b_path(p), "{p}");
+        }
     }
 }

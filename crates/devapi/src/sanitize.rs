@@ -11,9 +11,13 @@
 //! it is, it would tell the developer that *their* key is bad (and may quote the operator's
 //! key). It becomes a 502 of its own ([`ApiError::ProviderAuthFailed`]) whose message says
 //! nothing of the provider's. Every other provider error keeps its status and body, with any
-//! echo of the provider credential masked.
+//! echo of the provider credential masked, in whatever encoding it came
+//! ([`gateway_core::credential_mask`]).
+
+use std::borrow::Cow;
 
 use bytes::Bytes;
+use gateway_core::credential_mask::CredentialMask;
 use http::HeaderName;
 
 use crate::error::ApiError;
@@ -22,13 +26,6 @@ use crate::error::ApiError;
 /// client's request, so the provider's (`x-request-id` at OpenAI, `request-id` at Anthropic)
 /// is passed on under this name.
 pub const PROVIDER_REQUEST_ID: HeaderName = HeaderName::from_static("x-provider-request-id");
-
-/// What replaces an echoed provider credential.
-const MASK: &str = "***";
-
-/// Credentials shorter than this are not masked: masking a two-letter test key would rewrite
-/// ordinary words in the body.
-const MIN_MASKED_LEN: usize = 8;
 
 /// The name a provider response header is passed to the client under, or `None` when it stays
 /// behind. Framing headers (`content-length`, `transfer-encoding`) are the gateway's own and
@@ -65,9 +62,9 @@ pub fn operator_refused(
     provider: &str,
     status: u16,
     body: &[u8],
-    secret: Option<&str>,
+    secret: &CredentialMask,
 ) -> ApiError {
-    let body = mask_credential(Bytes::copy_from_slice(body), secret);
+    let body = secret.mask(body);
     let text = String::from_utf8_lossy(&body);
     let text: String = text.chars().take(300).collect();
     log::error!(
@@ -77,26 +74,13 @@ pub fn operator_refused(
     ApiError::ProviderAuthFailed
 }
 
-/// `body` with every occurrence of `secret` replaced by `***`. Runs on provider error bodies
-/// only, which are held whole before they are sent.
-pub fn mask_credential(body: Bytes, secret: Option<&str>) -> Bytes {
-    let Some(secret) = secret.filter(|s| s.len() >= MIN_MASKED_LEN) else {
-        return body;
-    };
-    let finder = memchr::memmem::Finder::new(secret.as_bytes());
-    let mut hits = finder.find_iter(&body).peekable();
-    if hits.peek().is_none() {
-        return body;
+/// `body` with every echo of the credential `secret` masks replaced by `***`. Runs on provider
+/// error bodies only, which are held whole before they are sent.
+pub fn mask_credential(body: Bytes, secret: &CredentialMask) -> Bytes {
+    match secret.mask(&body) {
+        Cow::Borrowed(_) => body,
+        Cow::Owned(masked) => Bytes::from(masked),
     }
-    let mut out = Vec::with_capacity(body.len());
-    let mut at = 0;
-    for hit in hits {
-        out.extend_from_slice(&body[at..hit]);
-        out.extend_from_slice(MASK.as_bytes());
-        at = hit + secret.len();
-    }
-    out.extend_from_slice(&body[at..]);
-    Bytes::from(out)
 }
 
 #[cfg(test)]
@@ -140,14 +124,15 @@ mod tests {
         let body = Bytes::from_static(
             b"{\"error\":{\"message\":\"key sk-operator-123 has no access; sk-operator-123\"}}",
         );
-        let out = mask_credential(body.clone(), Some("sk-operator-123"));
+        let mask = |s: Option<&str>| mask_credential(body.clone(), &CredentialMask::new(s));
+        let out = mask(Some("sk-operator-123"));
         assert_eq!(
             &out[..],
             b"{\"error\":{\"message\":\"key *** has no access; ***\"}}"
         );
-        assert_eq!(mask_credential(body.clone(), Some("absent-secret")), body);
-        assert_eq!(mask_credential(body.clone(), Some("sk-")), body);
-        assert_eq!(mask_credential(body.clone(), None), body);
+        assert_eq!(mask(Some("absent-secret")), body);
+        assert_eq!(mask(Some("sk-")), body);
+        assert_eq!(mask(None), body);
         assert!(refuses_operator(401) && refuses_operator(403) && !refuses_operator(429));
     }
 }

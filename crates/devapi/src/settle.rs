@@ -9,7 +9,8 @@
 
 use std::time::Instant;
 
-use crate::usage::{usage_from_body, StreamKind, StreamUsageTracker};
+use crate::usage::{responses_answer, usage_from_body, StreamKind, StreamUsageTracker};
+use gateway_core::response_items::Issued;
 
 use crate::state::SharedApiState;
 use gateway_core::domain::Usage;
@@ -139,16 +140,25 @@ impl InFlight {
     }
 
     /// Reads the usage a whole answer states; an answer that generated text but states none
-    /// has its text counted as output instead.
-    pub fn read_whole_answer(&mut self, kind: StreamKind, body: &[u8], generates: bool) {
+    /// has its text counted as output instead. A Responses answer's ids are read in the same
+    /// pass and handed back, for the item registry.
+    pub fn read_whole_answer(&mut self, kind: StreamKind, body: &[u8], generates: bool) -> Issued {
         if self.tracker.as_ref().and_then(|t| t.usage()).is_some() {
-            return;
+            return Issued::default();
         }
-        self.body_usage = usage_from_body(kind, body);
+        let issued = if kind == StreamKind::OpenAiResponses {
+            let (usage, issued) = responses_answer(body);
+            self.body_usage = usage;
+            issued
+        } else {
+            self.body_usage = usage_from_body(kind, body);
+            Issued::default()
+        };
         if self.body_usage.is_none() && generates {
             let text = String::from_utf8_lossy(body);
             self.counted_output = Some(self.state.tokens.count(&text));
         }
+        issued
     }
 
     /// The request costs one request and no tokens, whatever the provider says.

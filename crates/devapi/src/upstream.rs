@@ -404,6 +404,7 @@ mod tests {
             host_header: "127.0.0.1:9000".into(),
             api_key: None,
             api_key_env: None,
+            api_key_mask: Default::default(),
             connect_timeout: Duration::from_secs(1),
             first_byte_timeout: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(1),

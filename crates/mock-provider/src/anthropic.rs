@@ -22,13 +22,25 @@ pub(crate) fn tool_use_block() -> Value {
     json!({ "type": "tool_use", "id": "toolu_mock", "name": "get_weather", "input": { "city": "Paris" } })
 }
 
+/// The thinking of `think` models, and its signature.
+pub(crate) const THINKING_TEXT: &str = "Let me think.";
+pub(crate) const THINKING_SIGNATURE: &str = "sig-mock";
+
 pub(crate) fn anthropic_message(model: &str, b: &Behaviour) -> Value {
-    let (content, stop) = if b.tools {
+    let (mut content, stop) = if b.tools {
         let text = json!({ "type": "text", "text": "Let me check." });
-        (json!([text, tool_use_block()]), "tool_use")
+        (vec![text, tool_use_block()], "tool_use")
     } else {
-        (json!([{ "type": "text", "text": ANSWER_TEXT }]), "end_turn")
+        (
+            vec![json!({ "type": "text", "text": ANSWER_TEXT })],
+            "end_turn",
+        )
     };
+    if b.thinking {
+        let thinking = json!({ "type": "thinking", "thinking": THINKING_TEXT,
+                               "signature": THINKING_SIGNATURE });
+        content.insert(0, thinking);
+    }
     let mut body = json!({
         "id": "msg_mock",
         "type": "message",
@@ -87,35 +99,48 @@ pub(crate) fn messages_stream(info: &RequestInfo, b: &Behaviour, chunks: usize) 
         )],
         ..EventPlan::default()
     };
+    // A signed thinking block first for `think` models; the other blocks follow it.
+    let first = usize::from(b.thinking);
+    if b.thinking {
+        let delta =
+            |d: Value| anthropic_event("content_block_delta", json!({ "index": 0, "delta": d }));
+        plan.prelude.extend([
+            block_start(0, json!({ "type": "thinking", "thinking": "" })),
+            delta(json!({ "type": "thinking_delta", "thinking": THINKING_TEXT })),
+            delta(json!({ "type": "signature_delta", "signature": THINKING_SIGNATURE })),
+            block_stop(0),
+        ]);
+    }
     let (last_index, stop_reason) = if b.tools {
         // A short text block first, so clients see text then a tool block.
+        let tool = first + 1;
         plan.prelude.extend([
-            block_start(0, json!({ "type": "text", "text": "" })),
+            block_start(first, json!({ "type": "text", "text": "" })),
             anthropic_event("ping", json!({})),
-            anthropic_text_delta(0, "Let me check."),
-            block_stop(0),
+            anthropic_text_delta(first, "Let me check."),
+            block_stop(first),
             block_start(
-                1,
+                tool,
                 json!({ "type": "tool_use", "id": "toolu_mock", "name": "get_weather", "input": {} }),
             ),
         ]);
         plan.deltas = TOOL_ARG_PARTS
             .iter()
             .map(|part| {
-                let delta = json!({ "index": 1, "delta": { "type": "input_json_delta", "partial_json": part } });
+                let delta = json!({ "index": tool, "delta": { "type": "input_json_delta", "partial_json": part } });
                 anthropic_event("content_block_delta", delta)
             })
             .collect();
-        (1, "tool_use")
+        (tool, "tool_use")
     } else {
         plan.prelude.extend([
-            block_start(0, json!({ "type": "text", "text": "" })),
+            block_start(first, json!({ "type": "text", "text": "" })),
             anthropic_event("ping", json!({})),
         ]);
         plan.deltas = (0..info.delta_count(chunks))
-            .map(|i| anthropic_text_delta(0, &format!("tok{i} ")))
+            .map(|i| anthropic_text_delta(first, &format!("tok{i} ")))
             .collect();
-        (0, "end_turn")
+        (first, "end_turn")
     };
     let mut message_delta =
         json!({ "delta": { "stop_reason": stop_reason, "stop_sequence": null } });

@@ -11,7 +11,7 @@ use crate::anthropic::{anthropic_message, messages_stream};
 use crate::faults::Behaviour;
 use crate::openai::{
     chat_completion, chat_stream, function_call_item, output_message, response_object,
-    responses_stream,
+    responses_stream, AnswerIds,
 };
 use crate::recording::Config;
 use crate::reply::{not_found, unix_secs, Reply, ANSWER_TEXT, TOOL_ARG_PARTS};
@@ -99,12 +99,23 @@ pub(crate) fn model_reply(
             Reply::Events(responses_stream(info, b, cfg.chunks))
         }
         Route::Responses => {
+            let ids = AnswerIds::next();
             let output = if b.tools {
-                vec![function_call_item(&TOOL_ARG_PARTS.concat(), "completed")]
+                vec![function_call_item(
+                    &ids.call,
+                    &TOOL_ARG_PARTS.concat(),
+                    "completed",
+                )]
             } else {
-                vec![output_message(ANSWER_TEXT, "completed")]
+                vec![output_message(&ids.message, ANSWER_TEXT, "completed")]
             };
-            Reply::ok(&response_object(model, "completed", output, !b.no_usage))
+            Reply::ok(&response_object(
+                &ids.response,
+                model,
+                "completed",
+                output,
+                !b.no_usage,
+            ))
         }
         Route::Messages if info.streaming() => Reply::Events(messages_stream(info, b, cfg.chunks)),
         Route::Messages => Reply::ok(&anthropic_message(model, b)),

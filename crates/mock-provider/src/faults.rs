@@ -37,6 +37,8 @@ pub(crate) struct Behaviour {
     pub(crate) midstream_error: bool,
     pub(crate) no_usage: bool,
     pub(crate) tools: bool,
+    /// `think` in the model name: Anthropic answers open with a signed thinking block.
+    pub(crate) thinking: bool,
 }
 
 /// Pick the behaviour. The header wins over model-name failures, and among
@@ -58,6 +60,7 @@ pub(crate) fn select_behaviour(model: &str, forced_status: Option<StatusCode>) -
         midstream_error: model.contains("midstream-error"),
         no_usage: model.contains("nousage"),
         tools: model.contains("tools"),
+        thinking: model.contains("think"),
     }
 }
 
@@ -110,4 +113,91 @@ pub(crate) fn failure_reply(failure: Failure) -> Reply {
             }
         }
     }
+}
+
+/// The model-name prefix of the echo mode: `echo-key:<form>` answers 400 with an error whose
+/// message quotes the credential the request carried, written in `<form>` (as a careless
+/// provider might), so tests can check that the gateway masks every encoding of its key.
+const ECHO_KEY: &str = "echo-key:";
+
+/// The 400 answer of the echo mode, or `None` when the model does not ask for it. An unknown
+/// form is a 400 of its own that quotes nothing.
+pub(crate) fn echo_key_reply(model: &str, headers: &http::HeaderMap) -> Option<Reply> {
+    let form = model.strip_prefix(ECHO_KEY)?;
+    let key = headers
+        .get("x-api-key")
+        .or_else(|| headers.get(http::header::AUTHORIZATION))
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.strip_prefix("Bearer ").unwrap_or(v))
+        .unwrap_or("");
+    let Some(quoted) = echo_form(form, key) else {
+        return Some(Reply::json(
+            StatusCode::BAD_REQUEST,
+            &error_value(
+                &format!("unknown echo form {form:?}"),
+                "invalid_request_error",
+            ),
+        ));
+    };
+    // Written by hand: the escapes of the JSON forms must reach the wire as they are.
+    let body = format!(
+        "{{\"error\":{{\"message\":\"Incorrect API key provided: {quoted}. Check it.\",\
+         \"type\":\"invalid_request_error\",\"code\":\"invalid_api_key\"}}}}"
+    );
+    Some(Reply::Json {
+        status: StatusCode::BAD_REQUEST,
+        body: Bytes::from(body),
+        retry_after: None,
+    })
+}
+
+/// `key` written in `form`, as the inside of a JSON string.
+fn echo_form(form: &str, key: &str) -> Option<String> {
+    use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
+    use base64::Engine;
+    /// Every byte but ASCII letters and digits (and all of them when `all`) as `<lead>hh`.
+    fn escaped(key: &str, all: bool, upper: bool, lead: &str) -> String {
+        key.bytes()
+            .map(|b| match b {
+                b if !all && b.is_ascii_alphanumeric() => char::from(b).to_string(),
+                b if upper => format!("{lead}{b:02X}"),
+                b => format!("{lead}{b:02x}"),
+            })
+            .collect()
+    }
+    let json = |s: &str| {
+        let quoted = serde_json::Value::from(s).to_string();
+        quoted[1..quoted.len() - 1].to_string()
+    };
+    // A key inside a larger encoded blob, starting at each of the three byte alignments.
+    let blob = |prefix: &str| format!("{prefix}{key}\"}}");
+    let quoted = match form {
+        "plain" => json(key),
+        "pct-upper" => escaped(key, false, true, "%"),
+        "pct-lower" => escaped(key, false, false, "%"),
+        "pct-all" => escaped(key, true, true, "%"),
+        "form" => key
+            .split(' ')
+            .map(|part| escaped(part, false, true, "%"))
+            .collect::<Vec<_>>()
+            .join("+"),
+        "json-upper" => escaped(key, false, true, "\\u00"),
+        "json-lower" => escaped(key, false, false, "\\u00"),
+        "json-slash" => json(key).replace('/', "\\/"),
+        "hex" => hex::encode(key),
+        "hex-upper" => hex::encode_upper(key),
+        "b64-0" => STANDARD_NO_PAD.encode(blob("")),
+        "b64-1" => STANDARD_NO_PAD.encode(blob("u")),
+        "b64-2" => STANDARD_NO_PAD.encode(blob("us")),
+        "b64url-0" => URL_SAFE_NO_PAD.encode(blob("{\"k\":\"")),
+        "b64url-1" => URL_SAFE_NO_PAD.encode(blob("user:")),
+        "b64url-2" => URL_SAFE_NO_PAD.encode(blob("user")),
+        "b64-json" => STANDARD_NO_PAD.encode(blob("u")).replace('/', "\\/"),
+        "b64-pct" => STANDARD_NO_PAD
+            .encode(blob("us"))
+            .replace('+', "%2B")
+            .replace('/', "%2F"),
+        _ => return None,
+    };
+    Some(quoted)
 }

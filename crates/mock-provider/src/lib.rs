@@ -3,9 +3,11 @@
 //! It speaks just enough of the OpenAI and Anthropic HTTP APIs for the gateway
 //! to proxy real-looking traffic (JSON bodies, SSE streams, binary audio) and
 //! lets tests provoke failures through the request's `model` value or an
-//! `x-mock-status` header. A model named with `tools` calls the tool `get_weather` on every
-//! endpoint until the conversation ends with the tool's result, then answers with text, so
-//! clients' tool loops run one round trip and end. Every request can be recorded in memory and read
+//! `x-mock-status` header, and make it quote the credential it received back in many encodings
+//! (`echo-key:<form>`, see `faults.rs`). A model named with `tools` calls the tool
+//! `get_weather` on every endpoint until the conversation ends with the tool's result, then
+//! answers with text, so clients' tool loops run one round trip and end. Every request can be
+//! recorded in memory and read
 //! back through `/__mock/requests`, so tests can prove what the gateway sent
 //! upstream. `POST /__mock/fail` scripts the next few answers' status (a
 //! provider failing N times, then well again). It doubles as the benchmark baseline, hence
@@ -45,7 +47,9 @@ use tokio::net::TcpListener;
 
 use body::BoxedBody;
 use endpoints::model_reply;
-use faults::{failure_reply, forced_status, select_behaviour, Behaviour, Failure, SLOW_DELAY};
+use faults::{
+    echo_key_reply, failure_reply, forced_status, select_behaviour, Behaviour, Failure, SLOW_DELAY,
+};
 use recording::{control_reply, lock, make_record, unix_millis, Config, State};
 use render::{internal_error, render};
 use reply::{error_value, not_found, Reply};
@@ -162,6 +166,8 @@ async fn answer(
         )
     } else if let Some(failure) = behaviour.failure {
         failure_reply(failure)
+    } else if let Some(echo) = echo_key_reply(info.model(), &parts.headers) {
+        echo
     } else {
         model_reply(route, &info, &body, &behaviour, &state.config)
     };

@@ -139,10 +139,30 @@ pub(crate) fn responses_usage() -> Value {
     })
 }
 
-pub(crate) fn output_message(text: &str, status: &str) -> Value {
+/// The ids of one Responses answer: every answer gets its own, as the real API's are unique
+/// (`resp_mock_<n>`, `msg_mock_<n>`, `fc_mock_<n>`).
+pub(crate) struct AnswerIds {
+    pub(crate) response: String,
+    pub(crate) message: String,
+    pub(crate) call: String,
+}
+
+impl AnswerIds {
+    pub(crate) fn next() -> AnswerIds {
+        static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        AnswerIds {
+            response: format!("resp_mock_{n}"),
+            message: format!("msg_mock_{n}"),
+            call: format!("fc_mock_{n}"),
+        }
+    }
+}
+
+pub(crate) fn output_message(id: &str, text: &str, status: &str) -> Value {
     json!({
         "type": "message",
-        "id": "msg_mock",
+        "id": id,
         "status": status,
         "role": "assistant",
         "content": [{ "type": "output_text", "text": text, "annotations": [] }]
@@ -151,10 +171,10 @@ pub(crate) fn output_message(text: &str, status: &str) -> Value {
 
 /// The Responses API's tool call: the same call as the chat answer's, as a `function_call`
 /// output item.
-pub(crate) fn function_call_item(arguments: &str, status: &str) -> Value {
+pub(crate) fn function_call_item(id: &str, arguments: &str, status: &str) -> Value {
     json!({
         "type": "function_call",
-        "id": "fc_mock",
+        "id": id,
         "call_id": "call_mock",
         "name": "get_weather",
         "arguments": arguments,
@@ -162,9 +182,15 @@ pub(crate) fn function_call_item(arguments: &str, status: &str) -> Value {
     })
 }
 
-pub(crate) fn response_object(model: &str, status: &str, output: Vec<Value>, usage: bool) -> Value {
+pub(crate) fn response_object(
+    id: &str,
+    model: &str,
+    status: &str,
+    output: Vec<Value>,
+    usage: bool,
+) -> Value {
     let mut body = json!({
-        "id": "resp_mock",
+        "id": id,
         "object": "response",
         "created_at": unix_secs(),
         "status": status,
@@ -180,6 +206,8 @@ pub(crate) fn response_object(model: &str, status: &str, output: Vec<Value>, usa
 /// Builds Responses API events, numbering them as the real API does.
 pub(crate) struct ResponseEvents {
     pub(crate) seq: u64,
+    /// The message item the deltas belong to.
+    pub(crate) item_id: String,
 }
 
 impl ResponseEvents {
@@ -193,7 +221,8 @@ impl ResponseEvents {
     /// Hot path: deltas are formatted by hand.
     pub(crate) fn delta(&mut self, text: &str) -> Bytes {
         let json = format!(
-            "{{\"type\":\"response.output_text.delta\",\"item_id\":\"msg_mock\",\"output_index\":0,\"content_index\":0,\"delta\":{},\"sequence_number\":{}}}",
+            "{{\"type\":\"response.output_text.delta\",\"item_id\":{},\"output_index\":0,\"content_index\":0,\"delta\":{},\"sequence_number\":{}}}",
+            json_string(&self.item_id),
             json_string(text),
             self.seq
         );
@@ -204,8 +233,12 @@ impl ResponseEvents {
 
 pub(crate) fn responses_stream(info: &RequestInfo, b: &Behaviour, chunks: usize) -> EventPlan {
     let model = info.model();
-    let mut ev = ResponseEvents { seq: 0 };
-    let pending = response_object(model, "in_progress", Vec::new(), false);
+    let ids = AnswerIds::next();
+    let mut ev = ResponseEvents {
+        seq: 0,
+        item_id: ids.message.clone(),
+    };
+    let pending = response_object(&ids.response, model, "in_progress", Vec::new(), false);
     let mut plan = EventPlan {
         prelude: vec![
             ev.event("response.created", json!({ "response": pending })),
@@ -214,7 +247,7 @@ pub(crate) fn responses_stream(info: &RequestInfo, b: &Behaviour, chunks: usize)
         ..EventPlan::default()
     };
     let item = if b.tools {
-        function_call_events(&mut plan, &mut ev)
+        function_call_events(&mut plan, &mut ev, &ids.call)
     } else {
         text_events(&mut plan, &mut ev, info.delta_count(chunks))
     };
@@ -224,7 +257,7 @@ pub(crate) fn responses_stream(info: &RequestInfo, b: &Behaviour, chunks: usize)
     ));
     plan.epilogue.push(ev.event(
         "response.completed",
-        json!({ "response": response_object(model, "completed", vec![item], !b.no_usage) }),
+        json!({ "response": response_object(&ids.response, model, "completed", vec![item], !b.no_usage) }),
     ));
     // The error event replaces everything after the first few deltas.
     let error_seq = plan.prelude.len() + plan.deltas.len().min(MIDSTREAM_ERROR_AFTER);
@@ -240,14 +273,15 @@ pub(crate) fn responses_stream(info: &RequestInfo, b: &Behaviour, chunks: usize)
 /// The events of one streamed text message, up to its `output_text.done` and
 /// `content_part.done`; returns the finished item.
 fn text_events(plan: &mut EventPlan, ev: &mut ResponseEvents, deltas: usize) -> Value {
+    let id = ev.item_id.clone();
     plan.prelude.extend([
         ev.event(
             "response.output_item.added",
-            json!({ "output_index": 0, "item": output_message("", "in_progress") }),
+            json!({ "output_index": 0, "item": output_message(&id, "", "in_progress") }),
         ),
         ev.event(
             "response.content_part.added",
-            json!({ "item_id": "msg_mock", "output_index": 0, "content_index": 0,
+            json!({ "item_id": id, "output_index": 0, "content_index": 0,
                     "part": { "type": "output_text", "text": "", "annotations": [] } }),
         ),
     ]);
@@ -257,38 +291,38 @@ fn text_events(plan: &mut EventPlan, ev: &mut ResponseEvents, deltas: usize) -> 
     plan.epilogue = vec![
         ev.event(
             "response.output_text.done",
-            json!({ "item_id": "msg_mock", "output_index": 0, "content_index": 0, "text": text }),
+            json!({ "item_id": id, "output_index": 0, "content_index": 0, "text": text }),
         ),
         ev.event(
             "response.content_part.done",
-            json!({ "item_id": "msg_mock", "output_index": 0, "content_index": 0,
+            json!({ "item_id": id, "output_index": 0, "content_index": 0,
                     "part": { "type": "output_text", "text": text, "annotations": [] } }),
         ),
     ];
-    output_message(&text, "completed")
+    output_message(&id, &text, "completed")
 }
 
 /// The events of one streamed tool call, its arguments in the same pieces as the chat stream's,
 /// up to `function_call_arguments.done`; returns the finished item.
-fn function_call_events(plan: &mut EventPlan, ev: &mut ResponseEvents) -> Value {
+fn function_call_events(plan: &mut EventPlan, ev: &mut ResponseEvents, id: &str) -> Value {
     plan.prelude.push(ev.event(
         "response.output_item.added",
-        json!({ "output_index": 0, "item": function_call_item("", "in_progress") }),
+        json!({ "output_index": 0, "item": function_call_item(id, "", "in_progress") }),
     ));
     plan.deltas = TOOL_ARG_PARTS
         .iter()
         .map(|part| {
             ev.event(
                 "response.function_call_arguments.delta",
-                json!({ "item_id": "fc_mock", "output_index": 0, "delta": part }),
+                json!({ "item_id": id, "output_index": 0, "delta": part }),
             )
         })
         .collect();
     let arguments = TOOL_ARG_PARTS.concat();
     plan.epilogue = vec![ev.event(
         "response.function_call_arguments.done",
-        json!({ "item_id": "fc_mock", "output_index": 0, "name": "get_weather",
+        json!({ "item_id": id, "output_index": 0, "name": "get_weather",
                 "arguments": arguments }),
     )];
-    function_call_item(&arguments, "completed")
+    function_call_item(id, &arguments, "completed")
 }

@@ -298,9 +298,16 @@ fn responses_stream_tool_call() {
     assert_eq!(args, r#"{"city":"Paris"}"#);
     assert_eq!(values[6]["arguments"], json!(args));
     let output = &values[8]["response"]["output"];
+    let id = output[0]["id"].as_str().expect("an item id").to_string();
+    assert!(id.starts_with("fc_mock_"), "{id}");
+    assert_eq!(
+        values[2]["item"]["id"],
+        json!(id),
+        "announced with the same id"
+    );
     assert_eq!(
         output,
-        &json!([{ "type": "function_call", "id": "fc_mock", "call_id": "call_mock",
+        &json!([{ "type": "function_call", "id": id, "call_id": "call_mock",
                   "name": "get_weather", "arguments": args, "status": "completed" }])
     );
     assert_eq!(values[8]["response"]["usage"]["output_tokens"], json!(24));
@@ -342,6 +349,84 @@ fn tool_loop_ends_at_the_tool_result() {
     // Bodies that are not JSON, or odd shapes, are no tool result.
     assert!(!ends_with_tool_result(Route::ChatCompletions, b"not json"));
     assert!(!ends(Route::ChatCompletions, json!({ "messages": "x" })));
+}
+
+/// Each Responses answer has ids of its own, the same in every event of a stream.
+#[test]
+fn responses_answers_have_their_own_ids() {
+    let b = Behaviour::default();
+    let ids = |events: &[String]| -> Vec<String> {
+        let mut out = Vec::new();
+        for ev in events {
+            let v: Value =
+                serde_json::from_str(&ev.lines().nth(1).unwrap_or("")[6..]).expect("json");
+            for id in [&v["response"]["id"], &v["item"]["id"], &v["item_id"]] {
+                if let Some(id) = id.as_str() {
+                    if !out.iter().any(|o| o == id) {
+                        out.push(id.to_string());
+                    }
+                }
+            }
+        }
+        out
+    };
+    let first = ids(&data_of(&assemble(
+        responses_stream(&request("{}"), &b, 3),
+        &b,
+    )));
+    let second = ids(&data_of(&assemble(
+        responses_stream(&request("{}"), &b, 3),
+        &b,
+    )));
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert!(first[0].starts_with("resp_mock_") && first[1].starts_with("msg_mock_"));
+    assert!(
+        first.iter().all(|id| !second.contains(id)),
+        "{first:?} {second:?}"
+    );
+}
+
+/// `think` models open with a signed thinking block, whole and streamed.
+#[test]
+fn thinking_comes_first_with_its_signature() {
+    let b = select_behaviour("claude-think-tools", None);
+    assert!(b.thinking && b.tools);
+    let whole = crate::anthropic::anthropic_message("m", &b);
+    let kinds: Vec<&str> = whole["content"]
+        .as_array()
+        .expect("content")
+        .iter()
+        .filter_map(|c| c["type"].as_str())
+        .collect();
+    assert_eq!(kinds, ["thinking", "text", "tool_use"]);
+    assert_eq!(whole["content"][0]["signature"], "sig-mock");
+    let events = data_of(&assemble(messages_stream(&request("{}"), &b, 3), &b));
+    assert_events_are_json(&events);
+    let starts: Vec<Value> = events
+        .iter()
+        .filter(|e| e.starts_with("event: content_block_start"))
+        .map(|e| serde_json::from_str(&e.lines().nth(1).unwrap_or("")[6..]).expect("json"))
+        .collect();
+    let blocks: Vec<(u64, &str)> = starts
+        .iter()
+        .map(|s| {
+            (
+                s["index"].as_u64().unwrap_or(9),
+                s["content_block"]["type"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(blocks, [(0, "thinking"), (1, "text"), (2, "tool_use")]);
+    assert!(events
+        .iter()
+        .any(|e| e.contains("\"signature\":\"sig-mock\"")));
+    let tool_deltas = events
+        .iter()
+        .filter(|e| e.contains("input_json_delta"))
+        .map(|e| serde_json::from_str::<Value>(&e.lines().nth(1).unwrap_or("")[6..]).expect("json"))
+        .filter(|v| v["index"] == 2)
+        .count();
+    assert_eq!(tool_deltas, 3);
 }
 
 #[test]

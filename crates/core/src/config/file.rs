@@ -100,6 +100,9 @@ pub struct StorageFile {
     /// The crash-safety journal of usage events (default `<secrets.dir>/usage.journal`; empty
     /// turns it off). Processes may share it: each writes its own segments.
     pub usage_journal: Option<String>,
+    /// Days the Responses ids and translated items an account was answered with are kept
+    /// (default 30, OpenAI's own retention).
+    pub responses_retention_days: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -209,6 +212,9 @@ pub struct ModelFile {
     pub upstream_model: Option<String>,
     pub context_window: Option<u64>,
     pub max_output_tokens: Option<u64>,
+    /// A request asking for more output than `max_output_tokens` is sent with the limit
+    /// instead of refused (default: refused).
+    pub clamp_output_tokens: Option<bool>,
     /// Output tokens reserved when a request names none (default: max_output_tokens or 4096).
     pub default_output_tokens: Option<u64>,
     /// Quota tokens charged per input, output and cached input token (see `pricing`).
@@ -249,6 +255,8 @@ pub struct PaymentFile {
     pub lot_days: Option<u64>,
     pub token_price_vnd_per_million: Option<u64>,
     pub request_price_vnd_per_thousand: Option<u64>,
+    /// Largest amount a webhook item may carry; larger ones are refused (`amount_mismatch`).
+    pub max_webhook_amount_vnd: Option<u64>,
     pub bank_bin: Option<String>,
     pub account_number: Option<String>,
     pub account_name: Option<String>,

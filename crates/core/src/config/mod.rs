@@ -25,7 +25,7 @@ mod server;
 mod storage;
 mod tools;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -68,6 +68,10 @@ pub struct Config {
     pub payment: PaymentConfig,
     pub limits: LimitsConfig,
     pub content: ContentConfig,
+    /// The top-level tables the file writes out (`server`, `providers`, `payment`, …); empty
+    /// for a partial config read by [`Config::from_str`]. A reload that would lose one of them
+    /// is refused (`reload`): a file cut short at a section boundary is valid TOML.
+    pub sections: BTreeSet<String>,
 }
 
 impl Config {
@@ -98,7 +102,7 @@ impl Config {
                  [[models]]",
             ));
         }
-        let config = Config::from_str(path, text)?;
+        let mut config = Config::from_str(path, text)?;
         // Parsed once more as a bare table only to see which sections are written out: the
         // typed structs fill absent sections with defaults.
         let table: toml::Table = text
@@ -121,6 +125,7 @@ impl Config {
         if config.models.is_empty() {
             return Err(c.err("models", "missing: a config needs at least one [[models]]"));
         }
+        config.sections = table.keys().cloned().collect();
         Ok(config)
     }
 
@@ -187,6 +192,7 @@ impl Config {
             payment,
             limits,
             content,
+            sections: BTreeSet::new(),
         })
     }
 }

@@ -37,6 +37,10 @@ pub struct Model {
     pub deployments: Vec<Deployment>,
     pub context_window: Option<u64>,
     pub max_output_tokens: Option<u64>,
+    /// A request for more output than `max_output_tokens` is clamped to it rather than
+    /// refused: clients that fill `max_tokens` with a large default of their own for models
+    /// they do not know (`@ai-sdk/anthropic` sends 128000) still work.
+    pub clamp_output_tokens: bool,
     pub default_output_tokens: u64,
     /// What its tokens cost in quota.
     pub weights: Weights,
@@ -125,6 +129,13 @@ pub(super) fn validate(
                 return Err(c.err(key("max_output_tokens"), "must not exceed context_window"));
             }
         }
+        let clamp_output_tokens = m.clamp_output_tokens.unwrap_or(false);
+        if clamp_output_tokens && m.max_output_tokens.is_none() {
+            return Err(c.err(
+                key("clamp_output_tokens"),
+                "needs max_output_tokens (the limit requests are clamped to)",
+            ));
+        }
         let default_output_tokens = m
             .default_output_tokens
             .or(m.max_output_tokens)
@@ -142,6 +153,7 @@ pub(super) fn validate(
             deployments,
             context_window: m.context_window,
             max_output_tokens: m.max_output_tokens,
+            clamp_output_tokens,
             default_output_tokens,
             weights,
             price,

@@ -51,6 +51,10 @@ pub fn catalogue_package(id: &str) -> Option<&'static Package> {
 /// Custom orders below this many VND are refused unless the config says otherwise.
 pub const DEFAULT_MIN_ORDER_VND: u64 = 10_000;
 
+/// One billion đồng: far above any real top-up, far below amounts whose token counts or sums
+/// come near the integer limits.
+pub const DEFAULT_MAX_WEBHOOK_AMOUNT_VND: i64 = 1_000_000_000;
+
 #[derive(Debug, Clone)]
 pub struct PaymentConfig {
     pub webhook_provider: String,
@@ -60,6 +64,9 @@ pub struct PaymentConfig {
     pub lot_days: u64,
     pub token_price_vnd_per_million: Option<u64>,
     pub request_price_vnd_per_thousand: Option<u64>,
+    /// The largest amount one webhook item may carry; larger (and non-positive) amounts are
+    /// refused (`amount_mismatch`, nothing stored). At most `i64::MAX`, so it compares with any stored amount.
+    pub max_webhook_amount_vnd: i64,
     pub bank_bin: String,
     pub account_number: String,
     pub account_name: String,
@@ -125,8 +132,18 @@ pub(super) fn validate(c: &Checker, f: PaymentFile) -> Result<PaymentConfig, Con
     if min_order_vnd > i64::MAX as u64 {
         return Err(c.err("payment.min_order_vnd", "is too large"));
     }
+    let max_webhook_amount_vnd = match f.max_webhook_amount_vnd {
+        None => DEFAULT_MAX_WEBHOOK_AMOUNT_VND,
+        Some(n) => i64::try_from(n).ok().filter(|n| *n >= 1).ok_or_else(|| {
+            c.err(
+                "payment.max_webhook_amount_vnd",
+                format!("must be between 1 and {}", i64::MAX),
+            )
+        })?,
+    };
     Ok(PaymentConfig {
         webhook_provider,
+        max_webhook_amount_vnd,
         code_prefix,
         max_pending_orders: f.max_pending_orders.unwrap_or(3).max(1),
         order_ttl: match f.order_ttl_seconds {

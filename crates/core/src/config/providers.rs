@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::base_url::parse_base_url;
 use super::check::{Checker, ConfigError};
 use super::file::ProviderFile;
+use crate::credential_mask::CredentialMask;
 use crate::domain::ProviderStyle;
 
 /// One upstream provider, with its base URL already taken apart.
@@ -24,6 +25,9 @@ pub struct Provider {
     /// The credential, read from the environment at load time; `None` sends no credential.
     pub api_key: Option<String>,
     pub api_key_env: Option<String>,
+    /// The credential's encoded forms, made once per load, masked in the provider's error
+    /// bodies before a client sees them.
+    pub api_key_mask: CredentialMask,
     pub connect_timeout: Duration,
     pub first_byte_timeout: Duration,
     pub idle_timeout: Duration,
@@ -162,6 +166,7 @@ pub(super) fn validate(
                 port,
                 base_path,
                 host_header,
+                api_key_mask: CredentialMask::new(api_key.as_deref()),
                 api_key,
                 api_key_env,
                 connect_timeout: millis("connect_timeout_ms", p.connect_timeout_ms, 5_000)?,

@@ -8,6 +8,12 @@
 //! place, `cat > file`) is read whole, not in between. A file that is empty, incomplete (no
 //! provider or model) or does not parse is refused like any invalid one: the running config
 //! stays, and the next change to the file is tried again.
+//!
+//! A file cut short for good (a writer that died, a full disk) is still valid TOML when the cut
+//! falls at a section boundary, and every section after it would silently return to its
+//! defaults. So a new file that lacks a top-level section the running config has is refused
+//! too ([`lost_sections`]); returning a section to its defaults takes its header with nothing
+//! under it. Writing configs by rename (a temporary file, then `mv`) avoids both.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -52,6 +58,14 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         out.push("secrets");
     }
     out
+}
+
+/// The top-level sections the running config has and the new one lacks, as `[name]`.
+fn lost_sections(old: &Config, new: &Config) -> Vec<String> {
+    old.sections
+        .difference(&new.sections)
+        .map(|s| format!("[{s}]"))
+        .collect()
 }
 
 /// A burst of events (truncate, write, rename, chmod) settles this long into one reload.
@@ -115,6 +129,18 @@ fn swap_in(state: &SharedState, path: &Path, text: &str) -> bool {
         }
     };
     let old = state.config();
+    let lost = lost_sections(&old, &new);
+    if !lost.is_empty() {
+        log::error!(
+            "config reload refused, keeping the running config: {}: {} missing, which the \
+             running config has; is the file cut short? (write configs by rename; to return a \
+             section to its defaults, keep its header)",
+            path.display(),
+            lost.join(", ")
+        );
+        crate::metrics::config_reload("error");
+        return false;
+    }
     for key in restart_only_changes(&old, &new) {
         log::warn!("config reload: {key} changed; it takes effect only after a restart");
     }
@@ -210,6 +236,25 @@ mod tests {
         assert_eq!(
             restart_only_changes(&a, &b),
             vec!["server.api_listen", "storage.database_url"]
+        );
+    }
+
+    #[test]
+    fn sections_the_new_file_lacks_are_named() {
+        let base = "[server]\n[storage]\n[[providers]]\nname = \"p\"\nstyle = \"openai\"\n\
+                    base_url = \"http://127.0.0.1:9\"\n[[models]]\nid = \"m\"\nprovider = \"p\"\n";
+        let file = |text: &str| Config::from_file_text(Path::new("gw.toml"), text).unwrap();
+        let whole = file(&format!("{base}[tools]\n[payment]\nlot_days = 7\n"));
+        let cut = file(base);
+        assert_eq!(lost_sections(&whole, &cut), ["[payment]", "[tools]"]);
+        assert!(
+            lost_sections(&cut, &whole).is_empty(),
+            "a section added is no loss"
+        );
+        let emptied = file(&format!("{base}[tools]\n[payment]\n"));
+        assert!(
+            lost_sections(&whole, &emptied).is_empty(),
+            "a bare header keeps it"
         );
     }
 }

@@ -22,6 +22,9 @@ pub struct StorageConfig {
     pub database_timeout: Duration,
     /// Segment path prefix of the usage journal; `None`: off.
     pub usage_journal: Option<PathBuf>,
+    /// How long the Responses ids and translated items an account was answered with are kept
+    /// (`crate::response_items`).
+    pub responses_retention: Duration,
 }
 
 impl StorageConfig {
@@ -129,6 +132,19 @@ pub(super) fn validate(
             }
         }),
         usage_journal: usage_journal(c, f.usage_journal.as_deref(), secrets_dir)?,
+        responses_retention: Duration::from_secs(
+            86_400
+                * match f.responses_retention_days {
+                    None => 30,
+                    Some(days @ 1..=3650) => days,
+                    Some(_) => {
+                        return Err(c.err(
+                            "storage.responses_retention_days",
+                            "must be between 1 and 3650 days",
+                        ))
+                    }
+                },
+        ),
     })
 }
 

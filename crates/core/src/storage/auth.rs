@@ -193,6 +193,8 @@ pub(crate) mod sql {
              DO UPDATE SET hits = auth_rate_counters.hits + 1 RETURNING hits";
         HITS -> i64 =
             "SELECT hits FROM auth_rate_counters WHERE bucket = $1 AND window_start = $2";
+        UNHIT = "UPDATE auth_rate_counters SET hits = hits - 1 \
+             WHERE bucket = $1 AND window_start = $2 AND hits > 0";
         PURGE_CHALLENGES =
             "DELETE FROM auth_challenges WHERE code_expires_at < $1 AND link_expires_at < $2";
         PURGE_SESSIONS = "DELETE FROM auth_sessions WHERE expires_at < $1 OR last_seen_at < $2";
@@ -605,6 +607,16 @@ impl AuthStore<'_> {
             .fetch_optional(&self.db.pool)
             .await?;
         Ok(hits.unwrap_or(0))
+    }
+
+    /// Takes one hit back from `bucket`'s window starting at `window_start` (never below 0).
+    pub async fn unhit(&self, bucket: &str, window_start: i64) -> StoreResult<()> {
+        sqlx::query(sql::UNHIT)
+            .bind(bucket)
+            .bind(window_start)
+            .execute(&self.db.pool)
+            .await?;
+        Ok(())
     }
 
     /// Deletes what can no longer be used: challenges whose code and link both expired before

@@ -12,7 +12,9 @@ use sqlx::any::AnyTypeInfoKind;
 use sqlx::{Column as _, Executor};
 
 use super::testdb::PgDatabase;
-use super::{auth, keys, meta, payments, quota, reports, usage, users, Backend, Db};
+use super::{
+    auth, keys, meta, payments, quota, reports, response_items, usage, users, Backend, Db,
+};
 
 /// What a result column must hold for the field it is read into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +98,7 @@ fn statements(backend: Backend) -> Vec<Statement> {
         usage::sql::ALL,
         reports::sql::ALL,
         meta::sql::ALL,
+        response_items::sql::ALL,
     ]
     .into_iter()
     .chain(payments::STATEMENTS)
@@ -104,6 +107,7 @@ fn statements(backend: Backend) -> Vec<Statement> {
     declared
         .chain(usage::built_statements(backend))
         .chain(payments::built_statements())
+        .chain(response_items::built_statements(backend))
         .collect()
 }
 

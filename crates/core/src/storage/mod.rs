@@ -23,6 +23,7 @@ mod migrate;
 pub mod payments;
 pub mod quota;
 pub mod reports;
+pub mod response_items;
 pub mod usage;
 pub mod users;
 
@@ -202,6 +203,10 @@ impl Db {
 
     pub fn meta(&self) -> meta::MetaStore<'_> {
         meta::MetaStore { db: self }
+    }
+
+    pub fn response_items(&self) -> response_items::ResponseItemStore<'_> {
+        response_items::ResponseItemStore { db: self }
     }
 }
 

@@ -398,7 +398,7 @@ fn build_insert_sql(backend: Backend, rows: usize) -> String {
 }
 
 /// `count` comma-separated placeholders, numbered from `first + 1` for Postgres.
-fn push_placeholders(sql: &mut String, backend: Backend, first: usize, count: usize) {
+pub(super) fn push_placeholders(sql: &mut String, backend: Backend, first: usize, count: usize) {
     for n in 0..count {
         if n > 0 {
             sql.push_str(", ");

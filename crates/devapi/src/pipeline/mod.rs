@@ -2,7 +2,10 @@
 //! failure wins. What survives is an `Admitted` request ready to route. How a body is read for
 //! checks 6–8 is in `reading`.
 
+mod numbers;
 mod reading;
+
+pub use numbers::type_name;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,6 +17,7 @@ use serde_json::Value;
 use crate::auth::{presented_key, Presented};
 use crate::conn_limits::Phase;
 use crate::error::ApiError;
+use crate::items::Refs;
 use crate::route::Endpoint;
 use crate::state::SharedApiState;
 use gateway_core::apikey;
@@ -52,6 +56,14 @@ pub struct Admitted {
     pub input_estimate: u64,
     /// Output tokens to reserve: requested, else the model default, capped by the limits.
     pub output_reserve: u64,
+    /// The model's `max_output_tokens` when the request asked for more and the model clamps
+    /// (`clamp_output_tokens`): the body is sent with this instead of what it asked for.
+    pub output_clamp: Option<u64>,
+    /// The output the client asked for, if it named a ceiling.
+    pub requested_output: Option<u64>,
+    /// What a Responses request refers to of earlier answers, and whether its own answer is
+    /// kept (`None` for other endpoints).
+    pub refs: Option<Refs>,
     pub stream: bool,
     /// OpenAI chat: the client asked for the usage chunk itself.
     pub client_wants_usage: bool,
@@ -93,6 +105,37 @@ impl Admitted {
     /// requests without a model: tools, listings).
     pub fn weights(&self) -> gateway_core::pricing::Weights {
         self.model.as_ref().map(|m| m.weights).unwrap_or_default()
+    }
+
+    /// Replaces the body with `tree` (references resolved into the items they name) and
+    /// re-runs the limit checks for its `extra_input` more estimated tokens: checks 7 and 8
+    /// hold for the request as it will be sent.
+    pub fn rewrite(&mut self, tree: Value, extra_input: u64) -> Result<(), ApiError> {
+        let bytes = serde_json::to_vec(&tree).map_err(|_| ApiError::ServerError)?;
+        self.body = Bytes::from(bytes);
+        self.json = Some(tree);
+        self.input_estimate = self.input_estimate.saturating_add(extra_input);
+        check_key_limits(
+            &self.identity.key,
+            self.input_estimate,
+            self.requested_output,
+        )?;
+        if let Some(m) = &self.model {
+            (self.output_reserve, self.output_clamp) = check_model_limits(
+                m,
+                &self.identity.key,
+                self.endpoint,
+                self.input_estimate,
+                self.requested_output,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Whether the answer may be kept for later references: a Responses request without
+    /// `store: false`.
+    pub fn keeps_answer(&self) -> bool {
+        self.refs.as_ref().is_some_and(|r| r.store)
     }
 
     /// Input tokens to reserve: the estimate, except for token counting, which is free.
@@ -271,9 +314,11 @@ pub async fn admit(
     identity: Identity,
     body: Bytes,
 ) -> Result<Admitted, ApiError> {
-    let reading = Reading::of(state, endpoint, &body).await?;
+    let mut reading = Reading::of(state, endpoint, &body).await?;
+    let refs = reading.refs(endpoint)?;
     let head = reading.head();
     let model_name = model_name(&head, endpoint)?;
+    numbers::check(head.numbers())?;
     let stream = matches!(head.stream, Some(Value::Bool(true)));
     let client_wants_usage = head
         .stream_options
@@ -297,9 +342,9 @@ pub async fn admit(
     // The plain reading borrows the body, which the admitted request takes below.
     let json = reading.into_tree();
     check_key_limits(key, input_estimate, requested_output)?;
-    let output_reserve = match &model {
+    let (output_reserve, output_clamp) = match &model {
         Some(m) => check_model_limits(m, key, endpoint, input_estimate, requested_output)?,
-        None => 0,
+        None => (0, None),
     };
 
     Ok(Admitted {
@@ -311,6 +356,9 @@ pub async fn admit(
         model_name,
         input_estimate,
         output_reserve,
+        output_clamp,
+        requested_output,
+        refs,
         stream,
         client_wants_usage,
         reasoning_effort,
@@ -390,19 +438,26 @@ fn check_key_limits(
     Ok(())
 }
 
-/// Check 8: model metadata. Returns the output tokens to reserve.
+/// Check 8: model metadata. Returns the output tokens to reserve, and the limit the request's
+/// output is clamped to when it asked for more of a model that clamps (the key's own limit,
+/// check 7, has refused it already if it asked for more than that).
 fn check_model_limits(
     m: &Model,
     key: &KeyRecord,
     endpoint: Endpoint,
     input_estimate: u64,
-    requested_output: Option<u64>,
-) -> Result<u64, ApiError> {
+    mut requested_output: Option<u64>,
+) -> Result<(u64, Option<u64>), ApiError> {
     let mut output_reserve = 0;
+    let mut clamp = None;
     if endpoint.generates() {
         if let (Some(limit), Some(requested)) = (m.max_output_tokens, requested_output) {
             if requested > limit {
-                return Err(ApiError::MaxOutputTokensExceeded { requested, limit });
+                if !m.clamp_output_tokens {
+                    return Err(ApiError::MaxOutputTokensExceeded { requested, limit });
+                }
+                requested_output = Some(limit);
+                clamp = Some(limit);
             }
         }
         output_reserve = requested_output.unwrap_or(m.default_output_tokens);
@@ -429,5 +484,5 @@ fn check_model_limits(
             });
         }
     }
-    Ok(output_reserve)
+    Ok((output_reserve, clamp))
 }

@@ -6,6 +6,7 @@ use serde::de::IgnoredAny;
 use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::items::Refs;
 use crate::route::Endpoint;
 use crate::state::SharedApiState;
 use crate::tokens;
@@ -25,7 +26,20 @@ pub(super) struct Head<'a> {
     pub(super) reasoning: Option<&'a Value>,
     /// The values of [`tokens::OUTPUT_FIELDS`].
     pub(super) output: [Option<&'a Value>; tokens::OUTPUT_FIELDS.len()],
+    /// The values of [`COUNT_FIELDS`], the other counts [`numbers`](super::numbers) checks.
+    pub(super) counts: [Option<&'a Value>; COUNT_FIELDS.len()],
 }
+
+/// The counts a request sets besides its output ceiling, range-checked with it.
+pub(super) const COUNT_FIELDS: [&str; 3] = ["max_tool_calls", "n", "top_logprobs"];
+
+/// The top-level fields of a Responses request that refer to kept state ([`Refs`]).
+const STATE_FIELDS: [&str; 4] = [
+    "previous_response_id",
+    "conversation",
+    "background",
+    "store",
+];
 
 impl<'a> Head<'a> {
     fn of_tree(j: &'a Value) -> Self {
@@ -36,7 +50,15 @@ impl<'a> Head<'a> {
             reasoning_effort: j.get("reasoning_effort"),
             reasoning: j.get("reasoning"),
             output: tokens::OUTPUT_FIELDS.map(|k| j.get(k)),
+            counts: COUNT_FIELDS.map(|k| j.get(k)),
         }
+    }
+
+    /// The values [`numbers::check`](super::numbers::check) checks, in its order.
+    pub(super) fn numbers(&self) -> [Option<&'a Value>; super::numbers::CHECKED.len()] {
+        let [a, b, c] = self.output;
+        let [d, e, f] = self.counts;
+        [a, b, c, d, e, f]
     }
 }
 
@@ -62,6 +84,12 @@ pub(super) struct PlainBody<'a> {
     max_completion_tokens: Option<Value>,
     #[serde(default, deserialize_with = "gateway_core::util::present")]
     max_output_tokens: Option<Value>,
+    #[serde(default, deserialize_with = "gateway_core::util::present")]
+    max_tool_calls: Option<Value>,
+    #[serde(default, deserialize_with = "gateway_core::util::present")]
+    n: Option<Value>,
+    #[serde(default, deserialize_with = "gateway_core::util::present")]
+    top_logprobs: Option<Value>,
     /// `null` counts nothing, as in a tree.
     #[serde(default, borrow)]
     messages: Option<Vec<tokens::PlainMessage<'a>>>,
@@ -107,12 +135,18 @@ impl<'a> PlainBody<'a> {
                 self.max_completion_tokens.as_ref(),
                 self.max_output_tokens.as_ref(),
             ],
+            counts: [
+                self.max_tool_calls.as_ref(),
+                self.n.as_ref(),
+                self.top_logprobs.as_ref(),
+            ],
         }
     }
 }
 
-/// The top-level fields admission reads, in [`Head`]'s order then the text parts'.
-pub(super) const LARGE_FIELDS: [&str; 15] = [
+/// The top-level fields admission reads, in [`Head`]'s order, then [`STATE_FIELDS`], then
+/// the text parts.
+pub(super) const LARGE_FIELDS: [&str; 22] = [
     "model",
     "stream",
     "stream_options",
@@ -121,6 +155,13 @@ pub(super) const LARGE_FIELDS: [&str; 15] = [
     "max_tokens",
     "max_completion_tokens",
     "max_output_tokens",
+    "max_tool_calls",
+    "n",
+    "top_logprobs",
+    "previous_response_id",
+    "conversation",
+    "background",
+    "store",
     "messages",
     "system",
     "tools",
@@ -129,8 +170,9 @@ pub(super) const LARGE_FIELDS: [&str; 15] = [
     "input",
     "prompt",
 ];
-/// Where the text parts start in [`LARGE_FIELDS`].
-pub(super) const LARGE_TEXT_AT: usize = 8;
+/// Where the state fields and the text parts start in [`LARGE_FIELDS`].
+pub(super) const LARGE_STATE_AT: usize = 11;
+pub(super) const LARGE_TEXT_AT: usize = LARGE_STATE_AT + STATE_FIELDS.len();
 
 /// A head field of a large body is built as a value only up to this size (a string of any
 /// size is fine: it costs its length); larger, the body is refused.
@@ -144,10 +186,17 @@ pub(super) const HEAD_FIELD_MAX: usize = 64 * 1024;
 pub(super) struct LargeBody {
     head: [Option<Value>; LARGE_TEXT_AT],
     estimate: u64,
+    /// What a Responses body refers to, read with its items.
+    refs: Option<Refs>,
 }
 
 impl LargeBody {
-    fn read(counter: &tokens::TokenCounter, body: &[u8]) -> Result<LargeBody, ApiError> {
+    /// Reads `body`; `responses`: it is a Responses request, whose [`Refs`] are read too.
+    fn read(
+        counter: &tokens::TokenCounter,
+        body: &[u8],
+        responses: bool,
+    ) -> Result<LargeBody, ApiError> {
         let text = std::str::from_utf8(body).map_err(|e| {
             ApiError::invalid(
                 "invalid_json",
@@ -195,13 +244,45 @@ impl LargeBody {
             input: raw[LARGE_TEXT_AT + 5],
             prompt: raw[LARGE_TEXT_AT + 6],
         };
-        let estimate = counter.estimate_raw(&parts).map_err(|e| {
-            ApiError::invalid(
-                "invalid_json",
-                format!("The request body is not valid JSON: {e}"),
-            )
-        })?;
-        Ok(LargeBody { head, estimate })
+        let mut refs = match responses {
+            true => {
+                let s = &head[LARGE_STATE_AT..LARGE_TEXT_AT];
+                Some(Refs::of_fields(
+                    s[0].as_ref(),
+                    s[1].as_ref(),
+                    s[2].as_ref(),
+                    s[3].as_ref(),
+                )?)
+            }
+            false => None,
+        };
+        let mut refused: Option<ApiError> = None;
+        let mut seen = |i: usize, e: tokens::Element<'_>| {
+            let (Some(r), None) = (refs.as_mut(), refused.as_ref()) else {
+                return;
+            };
+            let read = match e {
+                tokens::Element::Built(v) => r.item(i, v),
+                tokens::Element::Raw(text) => r.raw_item(i, text),
+            };
+            refused = read.err();
+        };
+        let estimate = counter
+            .estimate_raw_seeing(&parts, &mut seen)
+            .map_err(|e| {
+                ApiError::invalid(
+                    "invalid_json",
+                    format!("The request body is not valid JSON: {e}"),
+                )
+            })?;
+        if let Some(e) = refused {
+            return Err(e);
+        }
+        Ok(LargeBody {
+            head,
+            estimate,
+            refs,
+        })
     }
 
     fn head(&self) -> Head<'_> {
@@ -213,6 +294,7 @@ impl LargeBody {
             reasoning_effort: h[3].as_ref(),
             reasoning: h[4].as_ref(),
             output: [h[5].as_ref(), h[6].as_ref(), h[7].as_ref()],
+            counts: [h[8].as_ref(), h[9].as_ref(), h[10].as_ref()],
         }
     }
 }
@@ -266,9 +348,11 @@ impl<'a> Reading<'a> {
     ) -> Result<Reading<'a>, ApiError> {
         // A plain chat body is read for its fields without building a tree (most of admission's
         // parsing cost was allocating one); any other body, and a body that is not valid JSON,
-        // is read as a tree, which also words the error.
+        // is read as a tree, which also words the error. A Responses body is never plain: its
+        // state fields and items are read from the tree.
         let large_body = !endpoint.is_get() && body.len() > INLINE_COUNT_MAX;
-        let plain = if endpoint.is_get() || large_body {
+        let responses = endpoint == Endpoint::Responses;
+        let plain = if endpoint.is_get() || large_body || responses {
             None
         } else {
             PlainBody::read(body)
@@ -278,7 +362,7 @@ impl<'a> Reading<'a> {
             let counter = state.tokens.clone();
             let shared = body.clone();
             Some(
-                tokio::task::spawn_blocking(move || LargeBody::read(&counter, &shared))
+                tokio::task::spawn_blocking(move || LargeBody::read(&counter, &shared, responses))
                     .await
                     .map_err(|_| ApiError::ServerError)??,
             )
@@ -336,6 +420,21 @@ impl<'a> Reading<'a> {
         }
     }
 
+    /// What a Responses body refers to (`None` for other endpoints): read with a large body's
+    /// items, else from the tree.
+    pub(super) fn refs(&mut self, endpoint: Endpoint) -> Result<Option<Refs>, ApiError> {
+        if endpoint != Endpoint::Responses {
+            return Ok(None);
+        }
+        if let Some(l) = self.large.as_mut() {
+            return Ok(l.refs.take());
+        }
+        match &self.json {
+            Some(j) => Refs::of_tree(j).map(Some),
+            None => Ok(Some(Refs::default())),
+        }
+    }
+
     /// The tree, when the body was read as one; the plain reading's borrow of the body ends.
     pub(super) fn into_tree(self) -> Option<Value> {
         self.json
@@ -364,6 +463,7 @@ mod tests {
             head.reasoning.cloned(),
         ];
         v.extend(head.output.iter().map(|o| o.cloned()));
+        v.extend(head.counts.iter().map(|o| o.cloned()));
         v
     }
 
@@ -376,7 +476,7 @@ mod tests {
             r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#.to_string(),
             r#" {"messages":[{"content":"a\"b\u00e9","role":"system"},{"role":"user","content":""}],"model":"m","max_tokens":64}"#.to_string(),
             r#"{"model":null,"stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":7.0,"max_tokens":-1}"#.to_string(),
-            r#"{"model":"","messages":[],"reasoning_effort":"high","reasoning":{"effort":"low"},"max_output_tokens":1e300}"#.to_string(),
+            r#"{"model":"","messages":[],"reasoning_effort":"high","reasoning":{"effort":"low"},"max_output_tokens":1e300,"n":2,"top_logprobs":"x","max_tool_calls":null}"#.to_string(),
             r#"{"model":5,"messages":null,"stream":"yes","temperature":0.2,"user":"u","user":"v"}"#.to_string(),
             r#"{"model":"m","messages":[["user","hello"]]}"#.to_string(),
             format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{long}"}}]}}"#),
@@ -414,12 +514,13 @@ mod tests {
             r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]},{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}],"tools":[{"type":"function","function":{"name":"f"}}]}"#.to_string(),
             r#"{"model":"c","system":[{"type":"text","text":"be brief"}],"messages":[{"role":"user","content":"x"}],"reasoning":{"effort":"low"}}"#.to_string(),
             r#"{"model":"r","instructions":"do","input":[{"role":"user","content":"a"},{"type":"function_call_output","output":"o"},"s",3],"max_output_tokens":9}"#.to_string(),
+            r#"{"model":"r","previous_response_id":"resp_1","store":false,"background":true,"conversation":"c","n":1,"top_logprobs":2,"max_tool_calls":3,"input":[{"type":"item_reference","id":"msg_1"},{"id":"fc_1"},{"type":"reasoning","id":"rs_1","summary":[]}]}"#.to_string(),
             r#"{"model":"e","input":["a","b"],"prompt":"p","functions":{"name":"f"},"system":"s","model":"z"}"#.to_string(),
             r#"{"model":"m","messages":{"role":"user","content":"not a list"}}"#.to_string(),
             format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{long}"}}],"other":[1,2,{{"a":"b"}}]}}"#),
         ];
         for body in &bodies {
-            let large = LargeBody::read(counter(), body.as_bytes()).expect("read");
+            let large = LargeBody::read(counter(), body.as_bytes(), true).expect("read");
             let tree: Value = serde_json::from_str(body).expect("valid JSON");
             assert_eq!(
                 reading(&large.head()),
@@ -427,6 +528,11 @@ mod tests {
                 "{body}"
             );
             assert_eq!(large.estimate, counter().estimate_input(&tree), "{body}");
+            assert_eq!(
+                large.refs.as_ref(),
+                Refs::of_tree(&tree).ok().as_ref(),
+                "{body}"
+            );
         }
         for bad in [
             "[1]",
@@ -434,7 +540,9 @@ mod tests {
             "\"text\"",
             "{\"model\":\"m\",\"messages\":[1,}",
         ] {
-            let err = LargeBody::read(counter(), bad.as_bytes()).err().expect(bad);
+            let err = LargeBody::read(counter(), bad.as_bytes(), true)
+                .err()
+                .expect(bad);
             assert_eq!(err.code(), "invalid_json", "{bad}");
         }
     }

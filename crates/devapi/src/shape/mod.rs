@@ -15,6 +15,7 @@ use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::items;
 use crate::pipeline::Admitted;
 use crate::respond;
 use crate::route::Endpoint;
@@ -24,6 +25,7 @@ use crate::sse::{SseEvent, SseParser};
 use crate::usage::{EventVerdict, StreamKind, StreamUsageTracker};
 use gateway_core::config::Provider;
 use gateway_core::domain::ProviderStyle;
+use gateway_core::response_items::Issued;
 use gateway_translate::{chat_to_messages, messages_to_chat, responses};
 
 /// A translated answer is collected whole before it is translated; past this the provider's
@@ -160,6 +162,8 @@ pub struct ClientSide<'a> {
     pub wants_usage: bool,
     /// Style B: the gateway's own error frames are Anthropic-shaped.
     pub style_b: bool,
+    /// Responses without `store: false`: a translated answer's output items are kept.
+    pub keep_items: bool,
 }
 
 impl<'a> ClientSide<'a> {
@@ -169,6 +173,7 @@ impl<'a> ClientSide<'a> {
             model: &adm.model_name,
             wants_usage: adm.client_wants_usage,
             style_b,
+            keep_items: adm.keeps_answer(),
         }
     }
 }
@@ -264,6 +269,9 @@ pub struct Shaper {
     client_model: String,
     style_b: bool,
     overflow: bool,
+    /// Keep the output items of a translated Responses answer ([`Shaper::take_issued`]).
+    keep_items: bool,
+    issued: Issued,
 }
 
 impl Shaper {
@@ -345,6 +353,8 @@ impl Shaper {
             client_model: client.model.to_string(),
             style_b: client.style_b,
             overflow: false,
+            keep_items: client.keep_items,
+            issued: Issued::default(),
         }
     }
 
@@ -446,14 +456,28 @@ impl Shaper {
         }
         let cut = matches!(reason, Reason::UpstreamError | Reason::Aborted);
         shape.end(cut, self.style_b, &mut out);
+        if self.keep_items && self.status < 400 {
+            let items = match shape {
+                Shape::ResponsesFromMessages(t) => t.take_output(),
+                Shape::ResponsesFromChat(t) => t.take_output(),
+                _ => Vec::new(),
+            };
+            self.issued = items::issued_items(&items);
+        }
         out.freeze()
+    }
+
+    /// The output items a translated Responses answer issued, for the item registry (empty
+    /// for other answers, and when the request said `store: false`).
+    pub fn take_issued(&mut self) -> Issued {
+        std::mem::take(&mut self.issued)
     }
 
     /// For a held answer ([`Shaper::holds_header`]): the status and body the client gets. A
     /// complete answer is translated, or as it came when same-style (errors keep the provider's
     /// status); one that broke off,
     /// could not be read or was too large becomes a 502 in the client's error shape.
-    pub fn whole(&self, reason: Reason) -> (u16, Bytes) {
+    pub fn whole(&mut self, reason: Reason) -> (u16, Bytes) {
         let Body::Whole(buf) = &self.body else {
             return (self.status, Bytes::new());
         };
@@ -468,13 +492,28 @@ impl Shaper {
             }
             (Reason::Complete, false) if self.status >= 400 => (self.status, self.error(buf)),
             (Reason::Complete, false) => match serde_json::from_slice::<Value>(buf) {
-                Ok(v) => (self.status, self.response(&v)),
+                Ok(v) => {
+                    let answer = self.response(&v);
+                    if self.keep_items && self.client_endpoint_is_responses() {
+                        if let Some(items) = answer.get("output").and_then(Value::as_array) {
+                            self.issued = items::issued_items(items);
+                        }
+                    }
+                    (self.status, answer)
+                }
                 Err(_) => (502, self.error(buf)),
             },
             (Reason::Complete, true) => (502, self.error(TOO_LARGE_OPENAI.as_bytes())),
             _ => (502, self.error(CUT_BODY_OPENAI.as_bytes())),
         };
         (status, Bytes::from(answer.to_string()))
+    }
+
+    fn client_endpoint_is_responses(&self) -> bool {
+        matches!(
+            self.crossing,
+            Crossing::ResponsesToMessages | Crossing::ResponsesToChat
+        )
     }
 
     fn response(&self, v: &Value) -> Value {

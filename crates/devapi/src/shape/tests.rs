@@ -7,6 +7,7 @@ fn client(endpoint: Endpoint, wants_usage: bool) -> ClientSide<'static> {
         model: "client-model",
         wants_usage,
         style_b: endpoint == Endpoint::Messages,
+        keep_items: endpoint == Endpoint::Responses,
     }
 }
 
@@ -403,4 +404,58 @@ fn held_answers_are_translated_whole() {
     let v: Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(status, 502);
     assert_eq!(v["error"]["message"], "<html>oops</html>");
+}
+
+/// A translated Responses answer hands its output items over to be kept, whole or streamed,
+/// exactly as the client received them; with `store: false` (no keeping) it hands none.
+#[test]
+fn translated_responses_answers_hand_over_their_items() {
+    let body = br#"{"id":"msg_1","content":[{"type":"text","text":"Hi"}],"stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":2}}"#;
+    for keep in [true, false] {
+        let mut responses = client(Endpoint::Responses, false);
+        responses.keep_items = keep;
+        let mut s = Shaper::new(
+            Crossing::ResponsesToMessages,
+            responses,
+            200,
+            Some("application/json"),
+        );
+        s.feed(Bytes::from_static(body), None);
+        let (status, out) = s.whole(Reason::Complete);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(status, 200);
+        let issued = s.take_issued();
+        if !keep {
+            assert!(issued.is_empty());
+            continue;
+        }
+        assert_eq!(issued.ids.len(), 1);
+        assert_eq!(issued.ids[0].id, v["output"][0]["id"].as_str().unwrap());
+        let kept: Value = serde_json::from_str(issued.ids[0].item.as_deref().unwrap()).unwrap();
+        assert_eq!(kept, v["output"][0]);
+    }
+
+    let responses = client(Endpoint::Responses, false);
+    let mut shaper = Shaper::new(
+        Crossing::ResponsesToChat,
+        responses,
+        200,
+        Some("text/event-stream"),
+    );
+    let mut tracker = shaper.tracker();
+    let mut out = shaper
+        .feed(Bytes::from(openai_stream()), tracker.as_mut())
+        .to_vec();
+    out.extend_from_slice(&shaper.end(Reason::Complete, tracker.as_mut()));
+    let text = String::from_utf8(out).unwrap();
+    let done = normalized(&text).pop().unwrap();
+    assert_eq!(done["type"], "response.completed", "{text}");
+    let issued = shaper.take_issued();
+    let kept: Vec<Value> = issued
+        .ids
+        .iter()
+        .map(|i| serde_json::from_str(i.item.as_deref().unwrap()).unwrap())
+        .collect();
+    assert_eq!(Value::Array(kept), done["response"]["output"]);
+    assert_eq!(issued.ids.len(), 2, "the message and the call");
 }

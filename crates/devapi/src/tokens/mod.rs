@@ -15,7 +15,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use tiktoken_rs::CoreBPE;
 
-pub use output::{requested_output, requested_output_of, OUTPUT_FIELDS};
+pub use output::{clamp_output, requested_output, requested_output_of, OUTPUT_FIELDS};
 use tally::Tally;
 pub use tally::{PlainMessage, IMAGE_PART_TOKENS};
 use tally::{MIN_BYTES_PER_TOKEN_FLOOR, REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE};
@@ -143,12 +143,25 @@ impl TokenCounter {
     /// [`ELEMENT_TREE_MAX`] that is not a string is charged one token per four bytes. The same
     /// count as the tree's for every body without such elements.
     pub fn estimate_raw(&self, parts: &RawParts<'_>) -> Result<u64, serde_json::Error> {
+        self.estimate_raw_seeing(parts, &mut |_, _| {})
+    }
+
+    /// [`estimate_raw`](Self::estimate_raw), showing `seen` each element of an `input` array
+    /// as it is read (its position, and its tree or, when too large to build, its text): what
+    /// else admission reads from the items costs no second walk.
+    pub fn estimate_raw_seeing(
+        &self,
+        parts: &RawParts<'_>,
+        seen: &mut dyn FnMut(usize, Element<'_>),
+    ) -> Result<u64, serde_json::Error> {
+        let mut none = |_: usize, _: Element<'_>| {};
         let mut t = Tally::new(&self.bpe);
         if let Some(messages) = parts.messages {
             let mut any = false;
             each_element(
                 messages,
                 &mut t,
+                &mut none,
                 |t, v| t.messages(v, 0),
                 |t, m| {
                     any = true;
@@ -164,12 +177,19 @@ impl TokenCounter {
             }
         }
         if let Some(system) = parts.system {
-            each_element(system, &mut t, |t, v| t.content(v, 0), |t, p| t.part(p, 1))?;
+            each_element(
+                system,
+                &mut t,
+                &mut none,
+                |t, v| t.content(v, 0),
+                |t, p| t.part(p, 1),
+            )?;
         }
         for defs in [parts.tools, parts.functions].into_iter().flatten() {
             each_element(
                 defs,
                 &mut t,
+                &mut none,
                 |t, v| t.generic(v, 1),
                 |t, d| t.serialized(d, 1),
             )?;
@@ -178,6 +198,7 @@ impl TokenCounter {
             each_element(
                 instructions,
                 &mut t,
+                &mut none,
                 |t, v| t.content(v, 0),
                 |t, p| t.part(p, 1),
             )?;
@@ -186,6 +207,7 @@ impl TokenCounter {
             each_element(
                 input,
                 &mut t,
+                &mut *seen,
                 |t, v| t.input(v, 0),
                 |t, item| match item {
                     Value::Object(obj) => t.input_item(obj, 1),
@@ -197,22 +219,32 @@ impl TokenCounter {
     }
 }
 
-/// Calls `item` with each element of `raw` when it is an array, built one at a time, else
-/// `whole` with `raw` built whole; either way a value over [`ELEMENT_TREE_MAX`] that is not a
-/// string is charged by its size instead.
+/// An element of an array part as [`TokenCounter::estimate_raw_seeing`] shows it.
+pub enum Element<'a> {
+    /// Built as a tree.
+    Built(&'a Value),
+    /// Too large to build ([`ELEMENT_TREE_MAX`]): its JSON text.
+    Raw(&'a str),
+}
+
+/// Calls `item` with each element of `raw` when it is an array, built one at a time (and shows
+/// `seen` each), else `whole` with `raw` built whole; either way a value over
+/// [`ELEMENT_TREE_MAX`] that is not a string is charged by its size instead.
 fn each_element(
     raw: &RawValue,
     t: &mut Tally<'_>,
+    seen: &mut dyn FnMut(usize, Element<'_>),
     mut whole: impl FnMut(&mut Tally<'_>, &Value),
     mut item: impl FnMut(&mut Tally<'_>, &Value),
 ) -> Result<(), serde_json::Error> {
     let text = raw.get();
     if !text.starts_with('[') {
-        return built(text, t, &mut whole);
+        return built(text, t, &mut whole).map(|_| ());
     }
     /// Counts each element as it is read: only one element's tree exists at a time.
     struct Elements<'v, 'c, F> {
         t: &'v mut Tally<'c>,
+        seen: &'v mut dyn FnMut(usize, Element<'_>),
         item: &'v mut F,
     }
     impl<'de, F: FnMut(&mut Tally<'_>, &Value)> serde::de::Visitor<'de> for Elements<'_, '_, F> {
@@ -221,30 +253,40 @@ fn each_element(
             f.write_str("an array")
         }
         fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            let mut index = 0;
             while let Some(e) = seq.next_element::<&'de RawValue>()? {
-                built(e.get(), self.t, self.item).map_err(serde::de::Error::custom)?;
+                match built(e.get(), self.t, self.item).map_err(serde::de::Error::custom)? {
+                    Some(v) => (self.seen)(index, Element::Built(&v)),
+                    None => (self.seen)(index, Element::Raw(e.get())),
+                }
+                index += 1;
             }
             Ok(())
         }
     }
     use serde::Deserializer as _;
     let mut de = serde_json::Deserializer::from_str(text);
-    de.deserialize_seq(Elements { t, item: &mut item })
+    de.deserialize_seq(Elements {
+        t,
+        seen,
+        item: &mut item,
+    })
 }
 
-/// Builds `text` as a tree for `f`, unless it is too large to (see [`each_element`]).
+/// Builds `text` as a tree for `f` and hands the tree back, unless it is too large to (see
+/// [`each_element`]): then `None`.
 fn built(
     text: &str,
     t: &mut Tally<'_>,
     f: &mut impl FnMut(&mut Tally<'_>, &Value),
-) -> Result<(), serde_json::Error> {
+) -> Result<Option<Value>, serde_json::Error> {
     if text.len() > ELEMENT_TREE_MAX && !text.starts_with('"') {
         t.fixed((text.len() as u64).div_ceil(MIN_BYTES_PER_TOKEN_FLOOR));
-        return Ok(());
+        return Ok(None);
     }
     let v: Value = serde_json::from_str(text)?;
     f(t, &v);
-    Ok(())
+    Ok(Some(v))
 }
 
 /// The top-level parts of a request body that carry input text.

@@ -23,6 +23,26 @@ pub fn requested_output_of(values: [Option<&Value>; OUTPUT_FIELDS.len()]) -> Opt
         .max()
 }
 
+/// Lowers every output ceiling of a request body (any name of [`OUTPUT_FIELDS`]) that asks for
+/// more than `limit` to `limit`: a model with `clamp_output_tokens` serves such a request at its
+/// limit. Any number above it counts, a float such as `1e300` included.
+pub fn clamp_output(body: &mut Value, limit: u64) {
+    let Some(obj) = body.as_object_mut() else {
+        return;
+    };
+    for key in OUTPUT_FIELDS {
+        if let Some(v) = obj.get_mut(key) {
+            let over = match v.as_u64() {
+                Some(n) => n > limit,
+                None => v.as_f64().is_some_and(|f| f > limit as f64),
+            };
+            if over {
+                *v = Value::from(limit);
+            }
+        }
+    }
+}
+
 fn non_negative_integer(v: &Value) -> Option<u64> {
     if let Some(n) = v.as_u64() {
         return Some(n);
@@ -34,5 +54,29 @@ fn non_negative_integer(v: &Value) -> Option<u64> {
         Some(f as u64)
     } else {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn clamping_lowers_every_ceiling_over_the_limit() {
+        let mut body = json!({"max_tokens": 128000, "max_completion_tokens": 1e300,
+                              "max_output_tokens": 10, "messages": []});
+        clamp_output(&mut body, 8192);
+        assert_eq!(
+            body,
+            json!({"max_tokens": 8192, "max_completion_tokens": 8192,
+                   "max_output_tokens": 10, "messages": []})
+        );
+        let mut within = json!({"max_tokens": 8192});
+        clamp_output(&mut within, 8192);
+        assert_eq!(within, json!({"max_tokens": 8192}));
+        let mut odd = json!(["max_tokens"]);
+        clamp_output(&mut odd, 1);
+        assert_eq!(odd, json!(["max_tokens"]));
     }
 }

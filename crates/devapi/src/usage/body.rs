@@ -7,6 +7,10 @@ use memchr::memmem;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use std::borrow::Cow;
+
+use gateway_core::response_items::Issued;
+
 use super::anthropic::AnthropicParts;
 use super::kind::StreamKind;
 use super::object::{UsageFields, UsageObject};
@@ -49,6 +53,48 @@ pub fn usage_from_body(kind: StreamKind, body: &[u8]) -> Option<Usage> {
         .filter(is_object)
         .or_else(|| carrier.response.and_then(|r| r.usage).filter(is_object))?;
     usage_of_raw(kind, raw)
+}
+
+/// The usage and the ids of a whole Responses answer (`id` and each `output[].id`), read in
+/// one pass: the rest of the answer is skipped unbuilt. An answer of another shape (duplicate
+/// keys, an id that is no string) is read as a tree.
+pub fn responses_answer(body: &[u8]) -> (Option<Usage>, Issued) {
+    #[derive(serde::Deserialize)]
+    struct Answer<'a> {
+        #[serde(default, borrow)]
+        id: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        output: Option<Vec<Item<'a>>>,
+        #[serde(default, borrow)]
+        usage: Option<&'a RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Item<'a> {
+        #[serde(default, borrow)]
+        id: Option<Cow<'a, str>>,
+    }
+    let kind = StreamKind::OpenAiResponses;
+    let mut issued = Issued::default();
+    match serde_json::from_slice::<Answer>(body) {
+        Ok(answer) => {
+            issued.provider_id(answer.id.as_deref().unwrap_or(""));
+            for item in answer.output.iter().flatten() {
+                issued.provider_id(item.id.as_deref().unwrap_or(""));
+            }
+            let usage = answer
+                .usage
+                .filter(|raw| raw.get().starts_with('{'))
+                .and_then(|raw| usage_of_raw(kind, raw));
+            (usage, issued)
+        }
+        Err(_) => {
+            let Ok(tree) = serde_json::from_slice::<Value>(body) else {
+                return (None, issued);
+            };
+            super::openai::response_ids(&mut issued, &tree);
+            (usage_from_tree(kind, &tree), issued)
+        }
+    }
 }
 
 /// The usage of a raw usage object (text starting with `{`).
@@ -145,6 +191,31 @@ fn usage_of<U: UsageObject + ?Sized>(kind: StreamKind, usage: &U) -> Option<Usag
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A whole Responses answer gives its usage and its ids in one reading, whatever its
+    /// shape.
+    #[test]
+    fn responses_answers_give_usage_and_ids() {
+        let ids = |i: &Issued| i.ids.iter().map(|i| i.id.clone()).collect::<Vec<_>>();
+        let body = br#"{"id":"resp_1","object":"response","output":[{"id":"rs_1","type":"reasoning"},
+            {"type":"message","id":"msg_1","content":[{"type":"output_text","text":"\"id\":\"x\""}]}],
+            "usage":{"input_tokens":3,"output_tokens":4},"user":null}"#;
+        let (usage, issued) = responses_answer(body);
+        assert_eq!(
+            usage.map(|u| (u.input_tokens, u.output_tokens)),
+            Some((3, 4))
+        );
+        assert_eq!(ids(&issued), ["resp_1", "rs_1", "msg_1"]);
+        // Duplicate keys and odd ids: read as a tree.
+        let odd = br#"{"id":"resp_1","id":"resp_2","output":[{"id":5},{"id":"msg_2"}],"usage":{"input_tokens":1}}"#;
+        let (usage, issued) = responses_answer(odd);
+        assert_eq!(usage.map(|u| u.input_tokens), Some(1));
+        assert_eq!(ids(&issued), ["resp_2", "msg_2"]);
+        for junk in [&b"[]"[..], b"", b"{\"output\":3}", b"\xff"] {
+            let (usage, issued) = responses_answer(junk);
+            assert!(usage.is_none() && issued.is_empty());
+        }
+    }
 
     /// Every answer, read field by field, gives what the general path (the whole tree) gives:
     /// `null` fields, numbers of every shape, non-object usage and details, duplicate keys,

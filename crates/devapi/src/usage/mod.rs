@@ -16,7 +16,7 @@ mod openai;
 mod received;
 mod stream;
 
-pub use body::usage_from_body;
+pub use body::{responses_answer, usage_from_body};
 pub use kind::{EventVerdict, StreamKind};
 pub use received::MAX_DELIVERED_TEXT_BYTES;
 pub use stream::StreamUsageTracker;

@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 
 use gateway_core::domain::Usage;
+use gateway_core::response_items::Issued;
 use serde_json::Value;
 
 use super::kind::EventVerdict;
@@ -136,6 +137,49 @@ fn deliver_function(received: &mut Received, f: &Value) {
     for key in ["name", "arguments"] {
         if let Some(t) = f.get(key).and_then(Value::as_str) {
             received.deliver(t);
+        }
+    }
+}
+
+/// The ids a Responses event shows: the response's and its output items' (the response
+/// events), or one item's (`response.output_item.*`).
+pub(super) fn issued_ids(issued: &mut Issued, ty: &str, json: &Value) {
+    match ty {
+        "response.created"
+        | "response.in_progress"
+        | "response.completed"
+        | "response.incomplete"
+        | "response.failed" => {
+            if let Some(r) = json.get("response") {
+                response_ids(issued, r);
+            }
+        }
+        "response.output_item.added" | "response.output_item.done" => {
+            if let Some(id) = json
+                .get("item")
+                .and_then(|i| i.get("id"))
+                .and_then(Value::as_str)
+            {
+                issued.provider_id(id);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The ids of a Responses object: its own and its output items'.
+pub(super) fn response_ids(issued: &mut Issued, response: &Value) {
+    if let Some(id) = response.get("id").and_then(Value::as_str) {
+        issued.provider_id(id);
+    }
+    for item in response
+        .get("output")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        if let Some(id) = item.get("id").and_then(Value::as_str) {
+            issued.provider_id(id);
         }
     }
 }

@@ -4,6 +4,7 @@
 use std::sync::LazyLock;
 
 use gateway_core::domain::Usage;
+use gateway_core::response_items::Issued;
 use memchr::memmem;
 use serde_json::Value;
 
@@ -24,6 +25,8 @@ pub struct StreamUsageTracker {
     deferred: String,
     /// Where each kept chunk ends in `deferred`.
     deferred_ends: Vec<usize>,
+    /// The response and item ids a Responses stream showed.
+    issued: Issued,
 }
 
 /// The search [`carries_usage`] runs over every chat chunk, built once (`str::find` sets up a
@@ -57,6 +60,7 @@ impl StreamUsageTracker {
             anthropic: AnthropicParts::default(),
             deferred: String::new(),
             deferred_ends: Vec::new(),
+            issued: Issued::default(),
         }
     }
 
@@ -134,6 +138,7 @@ impl StreamUsageTracker {
             StreamKind::OpenAiChat => openai::observe_chat(&mut self.received, &json),
             StreamKind::OpenAiResponses => {
                 openai::observe_responses(&mut self.received, ty, &json);
+                openai::issued_ids(&mut self.issued, ty, &json);
                 EventVerdict::Forward
             }
             StreamKind::Anthropic => {
@@ -173,6 +178,11 @@ impl StreamUsageTracker {
     pub fn delivered_text_truncated(&mut self) -> bool {
         self.catch_up();
         self.received.delivered_truncated
+    }
+
+    /// The response and output item ids a Responses stream showed so far, taken out.
+    pub fn take_issued(&mut self) -> Issued {
+        std::mem::take(&mut self.issued)
     }
 
     /// `Some` only if the provider reported usage; the caller falls back to
@@ -339,6 +349,32 @@ event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{
             })
         );
         assert_eq!(t.delivered_text(), "Hi there");
+        assert_eq!(
+            t.take_issued()
+                .ids
+                .iter()
+                .map(|i| i.id.as_str())
+                .collect::<Vec<_>>(),
+            ["r"]
+        );
+    }
+
+    /// The ids of a stream: the response's and each item's, once each.
+    #[test]
+    fn responses_stream_ids() {
+        let mut t = StreamUsageTracker::new(StreamKind::OpenAiResponses);
+        for data in [
+            r#"{"type":"response.created","response":{"id":"resp_1","output":[]}}"#,
+            r#"{"type":"response.output_item.added","item":{"id":"rs_1","type":"reasoning"}}"#,
+            r#"{"type":"response.output_item.done","item":{"id":"rs_1","type":"reasoning"}}"#,
+            r#"{"type":"response.output_item.added","item":{"id":"msg_1","type":"message"}}"#,
+            r#"{"type":"response.output_text.delta","item_id":"msg_x","delta":"d"}"#,
+            r#"{"type":"response.completed","response":{"id":"resp_1","output":[{"id":"rs_1"},{"id":"msg_1"},{"id":"fc_1"}]}}"#,
+        ] {
+            t.observe(&ev(None, data));
+        }
+        let ids: Vec<String> = t.take_issued().ids.into_iter().map(|i| i.id).collect();
+        assert_eq!(ids, ["resp_1", "rs_1", "msg_1", "fc_1"]);
     }
 
     #[test]

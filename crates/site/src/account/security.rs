@@ -18,17 +18,11 @@ use super::load_user;
 use crate::authkey::AuthKey;
 use crate::error::{Failing, SiteError};
 use crate::extract::{Member, Mutation, Session};
-use crate::hourly;
 use crate::reply::Reply;
-use crate::twofactor::{self, recovery, SeedKey, TwoFactorSetup};
+use crate::twofactor::{self, budget, recovery, SeedKey, TwoFactorSetup};
 use gateway_core::state::{AppState, SharedState};
 use gateway_core::storage::{TwoFactorState, UserRecord};
 use gateway_core::util::now_ms;
-
-/// Codes a session may try per hour when turning two-factor off or replacing the recovery
-/// codes; each attempt counts, so a stolen session cannot brute-force its way past the second
-/// factor.
-const TWO_FACTOR_ATTEMPTS_PER_HOUR: i64 = 5;
 
 #[derive(Serialize, Default)]
 #[serde(rename_all = "camelCase")]
@@ -205,7 +199,8 @@ async fn start(state: &AppState, user: &UserRecord) -> Result<Response, SiteErro
 }
 
 /// Confirms the pending enrolment with a code of its secret: `invalid_body` with nothing
-/// pending, `invalid_code` for a wrong code. Shows the new recovery codes once.
+/// pending, `too_many_attempts` when the account's wrong codes are spent ([`budget`]),
+/// `invalid_code` for a wrong code. Shows the new recovery codes once.
 async fn confirm(
     state: &AppState,
     user: &UserRecord,
@@ -217,8 +212,10 @@ async fn confirm(
         log::error!("user {}: pending two-factor seed does not open", user.id);
         return Err(SiteError::InvalidCode);
     };
+    let guess = budget::take(state, &user.id).await?;
     let step =
         twofactor::verify(&seed, code, twofactor::unix_now()).ok_or(SiteError::InvalidCode)?;
+    guess.give_back(state).await;
     let key = AuthKey::from_state(state)?;
     let codes = recovery::generate();
     let hashes: Vec<String> = codes
@@ -252,8 +249,8 @@ async fn confirm(
 }
 
 /// Checks a second factor for a change to two-factor itself: `two_factor_code_required`
-/// without a code, `too_many_attempts` after five tries in an hour, `invalid_code` for a wrong
-/// one. A recovery code that passes is used up.
+/// without a code, `too_many_attempts` when the account's wrong codes are spent ([`budget`]),
+/// `invalid_code` for a wrong one. A recovery code that passes is used up.
 async fn second_factor(
     state: &AppState,
     user: &UserRecord,
@@ -262,13 +259,7 @@ async fn second_factor(
 ) -> Result<(), SiteError> {
     let failure = SiteError::SecurityUpdateFailed;
     let code = code.ok_or(SiteError::TwoFactorCodeRequired)?;
-    let bucket = format!("tfa-off:{}", user.id);
-    if hourly::over_limit(state, &bucket, TWO_FACTOR_ATTEMPTS_PER_HOUR)
-        .await
-        .or_fail(failure)?
-    {
-        return Err(SiteError::TooManyAttempts);
-    }
+    let guess = budget::take(state, &user.id).await?;
     let valid = match secret {
         Some(stored) => twofactor::accept_second_factor(
             &state.db,
@@ -285,6 +276,7 @@ async fn second_factor(
     if !valid {
         return Err(SiteError::InvalidCode);
     }
+    guess.give_back(state).await;
     Ok(())
 }
 

@@ -31,8 +31,12 @@ fn query_param(query: Option<&str>, name: &str) -> Option<String> {
 }
 
 /// `GET /verify-link`: a self-contained page whose only action is the POST back to this
-/// service; the CSP forbids scripts, framing and posting anywhere else, and no referrer leaks
-/// the token.
+/// service; the CSP forbids scripts, framing and posting anywhere else.
+///
+/// The referrer policy is `strict-origin`: referrers carry the origin alone, so the token in
+/// the page's address never leaves in one, while the form's POST still carries
+/// `Origin: <site_origin>`. Under `no-referrer` (or a `sandbox` CSP, or `rel=noreferrer` on the
+/// form) browsers send `Origin: null` for a form POST, which the same-origin check refuses.
 pub(super) async fn confirmation_page(RawQuery(query): RawQuery) -> Response {
     let Some(token) = query_param(query.as_deref(), "token").filter(|t| is_token_shaped(t)) else {
         return SiteError::InvalidLink.into_response();
@@ -67,7 +71,7 @@ pub(super) async fn confirmation_page(RawQuery(query): RawQuery) -> Response {
     );
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("strict-origin"),
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(

@@ -117,7 +117,8 @@ async fn pending_code_challenge(
 }
 
 /// Two-factor, checked only after the emailed secret is proven (so it reveals nothing to anyone
-/// without the mailbox): `two_factor_code_required` (401) without a code, `invalid_code` for a
+/// without the mailbox): `two_factor_code_required` (401) without a code, `too_many_attempts`
+/// when the account's wrong codes are spent ([`twofactor::budget`]), `invalid_code` for a
 /// wrong, used or replayed one. A TOTP code or an unused recovery code will do.
 pub(super) async fn second_factor(
     state: &AppState,
@@ -140,10 +141,12 @@ pub(super) async fn second_factor(
     };
     let seed_key = twofactor::SeedKey::from_state(state)?;
     let auth_key = AuthKey::from_state(state)?;
+    let guess = twofactor::budget::take(state, &user.id).await?;
     if twofactor::accept_second_factor(&state.db, &seed_key, &auth_key, &user.id, secret, code)
         .await
         .or_fail(SiteError::AccountPersistenceFailed)?
     {
+        guess.give_back(state).await;
         Ok(())
     } else {
         Err(SiteError::InvalidCode)

@@ -80,9 +80,10 @@ fn request_price(cfg: &Config) -> Option<u64> {
 
 /// Reads `{packageId}` or `{quotaType, quantity}` and prices it. Custom quantities are counted
 /// in tokens or requests (what the lot will hold) and cost `ceil(quantity × price / unit)` VND,
-/// the unit being a million tokens or a thousand requests, and at least `min_order_vnd`
-/// (`order_below_minimum` below it). `quotaType: "request"` is `invalid_quota_type` while no
-/// tier caps requests (see [`Pricing`]).
+/// the unit being a million tokens or a thousand requests, at least `min_order_vnd`
+/// (`order_below_minimum` below it) and at most `max_webhook_amount_vnd` (`invalid_quantity`
+/// beyond). `quotaType: "request"` is `invalid_quota_type` while no tier caps requests (see
+/// [`Pricing`]).
 pub fn order_request(cfg: &Config, user_id: &str, body: &Value) -> Result<NewOrder, SiteError> {
     let pay = &cfg.payment;
     if let Some(id) = body.get("packageId") {
@@ -121,9 +122,11 @@ pub fn order_request(cfg: &Config, user_id: &str, body: &Value) -> Result<NewOrd
         .filter(|p| *p > 0)
         .ok_or(SiteError::PriceNotConfigured)?;
     let amount = (u128::from(quantity) * u128::from(price)).div_ceil(unit);
-    let amount_vnd = u64::try_from(amount)
+    // No more than one webhook item may carry: an order above it could never be paid.
+    let amount_vnd = i64::try_from(amount)
         .ok()
-        .filter(|a| *a <= i64::MAX as u64)
+        .filter(|a| *a <= pay.max_webhook_amount_vnd)
+        .and_then(|a| u64::try_from(a).ok())
         .ok_or(SiteError::InvalidQuantity)?;
     if amount_vnd < pay.min_order_vnd {
         return Err(SiteError::OrderBelowMinimum);
@@ -247,5 +250,21 @@ mod tests {
         assert_eq!(err(json!({"packageId":"gold"})), code("invalid_package"));
         assert_eq!(err(json!({"packageId":7})), code("invalid_package"));
         assert_eq!(err(json!({})), code("invalid_package"));
+    }
+
+    #[test]
+    fn custom_orders_cost_no_more_than_one_transfer_may_carry() {
+        let cfg = gateway_core::config::Config::from_str(
+            std::path::Path::new("t.toml"),
+            "[payment]\ntoken_price_vnd_per_million = 1000\nmax_webhook_amount_vnd = 2000\n\
+             min_order_vnd = 0\n",
+        )
+        .expect("config");
+        let order = |q: u64| order_request(&cfg, "u", &json!({"quotaType":"token","quantity":q}));
+        assert_eq!(order(2_000_000).expect("order").amount_vnd, 2000);
+        assert_eq!(
+            order(2_000_001).err().map(|e| e.code()),
+            Some("invalid_quantity".to_string())
+        );
     }
 }

@@ -204,6 +204,7 @@ pub(super) async fn webhook(
 
     let rules = MatchRules {
         lot_days: cfg.payment.lot_days,
+        max_amount_vnd: cfg.payment.max_webhook_amount_vnd,
         token_price_vnd_per_million: cfg.payment.token_price_vnd_per_million,
     };
     let store = state.db.payments();
@@ -228,6 +229,15 @@ pub(super) async fn webhook(
             }
         };
         gateway_core::metrics::webhook_item(status.as_str());
+        if !gateway_core::storage::payments::amount_in_range(item, &rules) {
+            log::warn!(
+                "payment webhook item {} refused: amount {} VND is outside 1..={} \
+                 ([payment] max_webhook_amount_vnd); nothing stored",
+                item.transaction_id,
+                item.amount_vnd,
+                cfg.payment.max_webhook_amount_vnd
+            );
+        }
         log::info!(
             "payment webhook item {}: {} amount={} order={}",
             item.transaction_id,

@@ -8,11 +8,15 @@
 //! recovery codes, once. Sign-in and turning it off take either kind of code
 //! ([`accept_second_factor`]).
 //!
+//! Every code compared spends a guess of the account's one budget of wrong codes
+//! ([`budget`]), whichever request sends it.
+//!
 //! Seeds are stored sealed (see [`SeedKey`]): a copy of the database alone does not let anyone
 //! compute codes. Each accepted code's time step is remembered (`users.totp_last_step`), and a
 //! code is accepted only for a later step, so a code seen over a shoulder or in a log cannot be
 //! used a second time (RFC 6238 §5.2).
 
+pub mod budget;
 pub mod recovery;
 mod seal;
 

@@ -27,7 +27,7 @@ fn reasoning_items(message: &Value) -> Vec<Value> {
         .filter(|b| str_field(b, "type") == Some("thinking"))
         .map(|b| {
             reasoning_item(
-                &random_id("rs_"),
+                &super::item_id("rs_"),
                 str_field(b, "thinking").unwrap_or(""),
                 str_field(b, "signature"),
             )
@@ -42,7 +42,7 @@ fn reasoning_items(message: &Value) -> Vec<Value> {
     if text.is_empty() {
         return Vec::new();
     }
-    vec![reasoning_item(&random_id("rs_"), text, None)]
+    vec![reasoning_item(&super::item_id("rs_"), text, None)]
 }
 
 /// Chat completion -> Responses object. `client_model` is echoed as `model`.
@@ -63,7 +63,7 @@ pub fn from_chat(body: &Value, client_model: &str) -> Value {
         _ => String::new(),
     };
     if !text.is_empty() {
-        output.push(message_item(&random_id("msg_"), &text, "completed"));
+        output.push(message_item(&super::item_id("msg_"), &text, "completed"));
     }
     for call in message
         .get("tool_calls")
@@ -78,7 +78,7 @@ pub fn from_chat(body: &Value, client_model: &str) -> Value {
             _ => "{}".to_string(),
         };
         output.push(call_item(
-            &random_id("fc_"),
+            &super::item_id("fc_"),
             str_field(call, "id").unwrap_or(""),
             str_field(function, "name").unwrap_or(""),
             &arguments,

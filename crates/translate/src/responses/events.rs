@@ -82,6 +82,11 @@ impl Writer {
         self.done
     }
 
+    /// The output items closed so far (every item, once the stream ended), taken out.
+    pub fn take_output(&mut self) -> Vec<Value> {
+        std::mem::take(&mut self.output)
+    }
+
     /// Takes the provider's id for the response, until the first event is out.
     pub fn set_id(&mut self, provider_id: &str) {
         if !self.started && !provider_id.is_empty() {
@@ -160,7 +165,7 @@ impl Writer {
             return;
         }
         if !matches!(self.open, Some(Open::Message { .. })) {
-            let id = random_id("msg_");
+            let id = super::item_id("msg_");
             self.open_item(
                 Open::Message {
                     id,
@@ -180,7 +185,7 @@ impl Writer {
 
     fn ensure_reasoning(&mut self, out: &mut Vec<Bytes>) {
         if !matches!(self.open, Some(Open::Reasoning { .. })) {
-            let id = random_id("rs_");
+            let id = super::item_id("rs_");
             self.open_item(
                 Open::Reasoning {
                     id,
@@ -218,7 +223,7 @@ impl Writer {
     }
 
     pub fn call_start(&mut self, key: u64, call_id: &str, name: &str, out: &mut Vec<Bytes>) {
-        let id = random_id("fc_");
+        let id = super::item_id("fc_");
         self.open_item(
             Open::Call {
                 id,

@@ -9,9 +9,10 @@
 //! streams are translated directly from either provider's events by one Responses event
 //! writer ([`stream`]), so nothing is parsed twice on the hot path.
 //!
-//! The gateway keeps no conversations, so `previous_response_id`, `store: true`,
-//! `background` and item references are refused: a translated request must carry its whole
-//! history, as Codex does with `store: false`.
+//! The translation keeps no state: `previous_response_id`, `conversation` and `background`
+//! are refused, and so is any `item_reference` left in `input`. The gateway resolves references
+//! to the output items it issued itself ([`is_issued_item_id`]) into the items before the
+//! request gets here.
 
 mod answer;
 mod events;
@@ -23,6 +24,34 @@ use serde_json::{json, Value};
 pub use answer::{from_chat, from_messages};
 pub use request::{to_chat, to_messages};
 pub use stream::{ChatStream, MessagesStream};
+
+/// The prefixes of the output items a translated answer issues.
+const ITEM_PREFIXES: [&str; 3] = ["msg_", "fc_", "rs_"];
+/// Random hex digits after the prefix (96 bits).
+const ITEM_ID_DIGITS: usize = 24;
+
+/// A fresh id for an output item of a translated answer (`prefix` one of [`ITEM_PREFIXES`]).
+fn item_id(prefix: &str) -> String {
+    format!(
+        "{prefix}{:016x}{:08x}",
+        rand::random::<u64>(),
+        rand::random::<u32>()
+    )
+}
+
+/// True when `id` has the shape of the output item ids translated answers issue: `msg_`,
+/// `fc_` or `rs_` and 24 lowercase hex digits. Only such ids can name an item the gateway
+/// keeps; anything else (an OpenAI id, a client's own) is known to be none without a lookup.
+pub fn is_issued_item_id(id: &str) -> bool {
+    ITEM_PREFIXES.iter().any(|p| {
+        id.strip_prefix(p).is_some_and(|rest| {
+            rest.len() == ITEM_ID_DIGITS
+                && rest
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
+    })
+}
 
 /// Anthropic thinking signatures travel to the client as a reasoning item's
 /// `encrypted_content` behind this mark, so only signatures the gateway handed out are ever
@@ -103,5 +132,30 @@ fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str)
 fn set(v: &mut Value, key: &str, x: Value) {
     if let Some(o) = v.as_object_mut() {
         o.insert(key.to_string(), x);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issued_item_ids_are_recognised() {
+        for prefix in ITEM_PREFIXES {
+            let id = item_id(prefix);
+            assert!(is_issued_item_id(&id), "{id}");
+            assert!(!is_issued_item_id(&format!("{id}0")), "{id}");
+            assert!(!is_issued_item_id(&id[..id.len() - 1]), "{id}");
+            assert!(!is_issued_item_id(&id.to_uppercase()), "{id}");
+        }
+        for other in [
+            "msg_68b65c5082e48190a83636c52ee5de6508cd5796c3342f15",
+            "msg_01a2157e-0703-7282-bb73-ae22ab60d3a9",
+            "resp_0123456789abcdef01234567",
+            "call_0123456789abcdef01234567",
+            "",
+        ] {
+            assert!(!is_issued_item_id(other), "{other}");
+        }
     }
 }

@@ -29,22 +29,19 @@ const CARRIED: &[&str] = &[
     "conversation",
 ];
 
-/// Refuses what only a gateway that keeps conversations could serve.
+/// Refuses what only a provider that keeps whole conversations could serve.
 fn refuse_state(obj: &Map<String, Value>) -> Result<(), TranslateError> {
     let set = |k: &str| !matches!(obj.get(k), None | Some(Value::Null));
     if set("previous_response_id") || set("conversation") {
         return Err(bad(
-            "`previous_response_id` and `conversation` are not supported for this model: the \
-             gateway keeps no conversations; send the whole history in `input` with `store: false`",
+            "`previous_response_id` and `conversation` are not supported for this model: send \
+             the history in `input` (earlier output items may be sent as `item_reference`s)",
         ));
     }
-    for key in ["store", "background"] {
-        if obj.get(key) == Some(&Value::Bool(true)) {
-            return Err(bad(format!(
-                "`{key}: true` is not supported for this model: the gateway keeps no responses; \
-                 send `{key}: false`"
-            )));
-        }
+    if obj.get("background") == Some(&Value::Bool(true)) {
+        return Err(bad(
+            "`background: true` is not supported for this model: send `background: false`",
+        ));
     }
     Ok(())
 }
@@ -224,7 +221,7 @@ impl Conversation {
             }
             "item_reference" => {
                 return Err(bad(format!(
-                    "input[{i}] is an item_reference: the gateway keeps no stored items"
+                    "input[{i}] is an item_reference this model cannot resolve"
                 )))
             }
             other => log::debug!("dropping input item of type {other:?}"),
@@ -462,7 +459,6 @@ mod tests {
     fn state_and_bad_input_are_refused() {
         for body in [
             json!({"input": "hi", "previous_response_id": "resp_1"}),
-            json!({"input": "hi", "store": true}),
             json!({"input": "hi", "background": true}),
             json!({"input": "hi", "conversation": "conv_1"}),
             json!({"input": [{"type": "item_reference", "id": "msg_1"}]}),
@@ -477,6 +473,8 @@ mod tests {
             assert!(to_chat(&body, "m", true).is_err(), "{body}");
         }
         let ok = chat(json!({"input": "hi", "store": false, "previous_response_id": null}));
+        assert_eq!(ok["messages"][0]["content"], "hi");
+        let ok = chat(json!({"input": "hi", "store": true}));
         assert_eq!(ok["messages"][0]["content"], "hi");
     }
 }

@@ -160,6 +160,12 @@ impl MessagesStream {
         out
     }
 
+    /// The output items the stream sent whole (every item, once it ended), taken out: the
+    /// gateway keeps them for later `item_reference`s.
+    pub fn take_output(&mut self) -> Vec<Value> {
+        self.w.take_output()
+    }
+
     /// Ends the stream once: nothing when it already ended, else `response.completed` when
     /// the provider said it had finished and `response.failed` when it was `cut`.
     pub fn finish(&mut self, cut: bool) -> Vec<Bytes> {
@@ -262,6 +268,11 @@ impl ChatStream {
             self.finish_reason = Some(r.to_string());
         }
         out
+    }
+
+    /// [`MessagesStream::take_output`].
+    pub fn take_output(&mut self) -> Vec<Value> {
+        self.w.take_output()
     }
 
     /// Ends the stream once, as [`MessagesStream::finish`] does.
@@ -370,6 +381,12 @@ mod tests {
         assert_eq!(output[2]["call_id"], "toolu_1");
         assert_eq!(parsed[14].1["item"]["name"], "shell");
         assert!(t.finish(true).is_empty(), "ended once");
+        // The items the client was sent, for the gateway to keep.
+        let kept = t.take_output();
+        assert_eq!(&kept, output);
+        assert!(kept
+            .iter()
+            .all(|i| super::super::is_issued_item_id(i["id"].as_str().unwrap_or(""))));
     }
 
     #[test]

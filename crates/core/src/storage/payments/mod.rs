@@ -22,7 +22,7 @@ pub use codes::{
 };
 pub use ledger::{Credit, CreditError, TransactionRecord, CREDITABLE, CREDITED};
 pub use orders::{CancelError, NewOrder, OrderError, OrderRecord, OrderRules, OrderStatus};
-pub use webhook::{IncomingItem, ItemOutcome, ItemStatus, MatchRules};
+pub use webhook::{amount_in_range, IncomingItem, ItemOutcome, ItemStatus, MatchRules};
 
 use super::Db;
 

@@ -27,6 +27,9 @@ pub struct IncomingItem {
 #[derive(Debug, Clone)]
 pub struct MatchRules {
     pub lot_days: u64,
+    /// The largest amount an item may carry (`[payment] max_webhook_amount_vnd`); an `IN`
+    /// amount above it or not positive is `amount_mismatch`, and nothing is stored.
+    pub max_amount_vnd: i64,
     /// Price of personal-code top-ups; `None` or 0 leaves such transfers `unmatched`.
     pub token_price_vnd_per_million: Option<u64>,
 }
@@ -93,13 +96,25 @@ pub(crate) mod sql {
 
 impl PaymentStore<'_> {
     /// Processes one webhook item in its own transaction (see the module doc). `candidates` are
-    /// the codes found in its description. An `Err` means nothing was stored.
+    /// the codes found in its description. An amount outside `1..=rules.max_amount_vnd` stores
+    /// nothing and is answered with CONTRACT §3's statuses: `amount_mismatch` for an `IN`
+    /// item (no order or price can match it), `ignored` for any other. An `Err` means nothing
+    /// was stored.
     pub async fn process_item(
         &self,
         item: &IncomingItem,
         candidates: &Candidates,
         rules: &MatchRules,
     ) -> StoreResult<ItemOutcome> {
+        // Nothing is stored of an amount no bank sends: it could only be a forged or broken
+        // notification, and amounts near the integer limits would overflow what they buy.
+        if !amount_in_range(item, rules) {
+            return Ok(ItemOutcome::plain(if item.kind == "IN" {
+                ItemStatus::AmountMismatch
+            } else {
+                ItemStatus::Ignored
+            }));
+        }
         let now = now_ms();
         let mut tx = self.db.pool.begin().await?;
         // The claim comes first: it is the idempotency check, and as a write it also makes
@@ -151,6 +166,12 @@ impl PaymentStore<'_> {
         tx.commit().await?;
         Ok(outcome)
     }
+}
+
+/// Whether the item's amount is one a bank could send for a payment: from 1 to the configured
+/// largest.
+pub fn amount_in_range(item: &IncomingItem, rules: &MatchRules) -> bool {
+    (1..=rules.max_amount_vnd).contains(&item.amount_vnd)
 }
 
 /// Decides an `IN` item inside its transaction: an order code first (the first one in the
