@@ -369,9 +369,39 @@ fn report_csv(by: By, rows: &[ReportRow]) -> Result<String, String> {
     String::from_utf8(bytes).map_err(|e| format!("cannot write CSV: {e}"))
 }
 
+/// Why a request lot just granted to `user` may never be drawn: the account's effective tier
+/// (the lot granted included) caps no weekly requests, so its requests are not metered.
+pub async fn request_lot_warning(
+    cfg: &Config,
+    db: &Db,
+    user: &UserRecord,
+) -> Result<Option<String>, String> {
+    let now = now_ms();
+    let quota = db.quota();
+    let (lots, spend) = tokio::try_join!(quota.lots(&user.id, now), quota.spend(&user.id, now))
+        .map_err(db_error)?;
+    let status = tiers::status(&cfg.quota, user, &spend, &lots, now);
+    if status.unlimited {
+        return Ok(Some(format!(
+            "{} is unlimited: its requests are not metered, so this request lot is never drawn",
+            user.email
+        )));
+    }
+    if status.limits.weekly_requests > 0 {
+        return Ok(None);
+    }
+    let tier = status.effective.as_str();
+    Ok(Some(format!(
+        "{}'s tier {tier} has no weekly request cap (quota.tiers.{tier}.weekly_requests = 0): \
+         its requests are not metered, so this request lot is never drawn while it stays on \
+         that tier",
+        user.email
+    )))
+}
+
 /// What `config check` warns about: secrets the environment does not provide (and
-/// `[secrets] dev_generate` will not generate) and providers whose key variable is unset, each
-/// with what stops working. `env` reads a variable (the process environment outside tests).
+/// `[secrets] dev_generate` will not generate), providers whose key variable is unset and a
+/// request price no tier's cap makes worth paying, each with what stops working. `env` reads a variable (the process environment outside tests).
 pub fn config_warnings(cfg: &Config, env: impl Fn(&str) -> Option<OsString>) -> Vec<String> {
     use gateway_core::secrets::{
         CAPTCHA_SECRET_ENV, KEY_PEPPER_ENV, SESSION_SECRET_ENV, WEBHOOK_SECRET_ENV,
@@ -412,6 +442,19 @@ pub fn config_warnings(cfg: &Config, env: impl Fn(&str) -> Option<OsString>) -> 
                     .into(),
             );
         }
+    }
+    if cfg
+        .payment
+        .request_price_vnd_per_thousand
+        .is_some_and(|p| p > 0)
+        && !cfg.quota.meters_requests()
+    {
+        out.push(
+            "payment.request_price_vnd_per_thousand is set but no tier sets weekly_requests: \
+             requests are not metered, so request lots are not sold (the panel offers none and \
+             orders with quotaType \"request\" answer invalid_quota_type)"
+                .into(),
+        );
     }
     for p in cfg.providers.values() {
         let Some(var) = &p.api_key_env else { continue };

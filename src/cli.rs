@@ -337,6 +337,11 @@ pub fn run_admin(cfg: &Config, command: Command) -> Result<Output, String> {
                     .grant_lot(&user.id, kind, amount, days, t, "admin")
                     .await
                     .map_err(db_error)?;
+                if kind == LotKind::Request {
+                    if let Some(w) = crate::admin::request_lot_warning(cfg, &db, &user).await? {
+                        eprintln!("warning: {w}");
+                    }
+                }
                 Ok(gateway_site::views::lot_json(&lot))
             }
             Command::Payment(cmd) => payment_command(cfg, &db, cmd).await,

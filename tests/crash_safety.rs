@@ -196,10 +196,21 @@ async fn a_live_process_records_what_a_killed_one_left_in_the_journal() {
     let first_api = gw.api.clone();
     let first = gw.pid().unwrap();
 
-    // A second process on the same config and journal path.
+    // A second process on the same config and journal path (its own pid file and upgrade
+    // socket: two live instances never share those).
+    let second_config = gw.dir.path().join("second.toml");
+    let text = std::fs::read_to_string(&gw.config_path).unwrap().replace(
+        "shutdown_drain_seconds = 5\n",
+        &format!(
+            "shutdown_drain_seconds = 5\npid_file = \"{0}/second.pid\"\nupgrade_sock = \"{0}/second.sock\"\n",
+            gw.dir.path().display()
+        ),
+    );
+    assert!(text.contains("second.pid"));
+    std::fs::write(&second_config, text).unwrap();
     let mut second = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"))
         .arg("--config")
-        .arg(&gw.config_path)
+        .arg(&second_config)
         .arg("serve")
         .envs(gw.env.iter().map(|(k, v)| (k, v)))
         .stdout(std::process::Stdio::piped())

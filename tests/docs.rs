@@ -5,11 +5,17 @@
 //! - every `gateway …` command in a shell block of the README or a `docs/` page names real
 //!   subcommands and flags (checked with `--help`);
 //! - every relative link in those pages points at a file inside the repository (and an
-//!   anchor into a page at one of its headings), and no page cites documents kept outside it.
+//!   anchor into a page at one of its headings), and no page cites documents kept outside it;
+//! - every `sh` block of the README runs as written against the built binary and prints what
+//!   the README says it prints.
+
+mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use regex::Regex;
 
@@ -134,7 +140,11 @@ fn probe_for(path: &str) -> String {
         "models.deployments" => {
             "[[models]]\nid = \"m\"\ndeployments = [{ __probe__ = 1 }]\n".into()
         }
-        p => format!("[{}]\n__probe__ = 1\n", p.replace("<tier>", "beginner")),
+        p => format!(
+            "[{}]\n__probe__ = 1\n",
+            p.replace("<tier>", "beginner")
+                .replace("<package>", "steady-100m")
+        ),
     }
 }
 
@@ -348,7 +358,8 @@ fn links_stay_inside_the_repository_and_resolve() {
     let link = Regex::new(r"\]\(([^)\s]+)\)").expect("re");
     for page in manual_pages() {
         let text = read(&page);
-        for outside in ["CONTRACT", "gateway-spec", "../shared", "spec §"] {
+        // `§` numbers sections of the specification, which is not in the repository.
+        for outside in ["CONTRACT", "gateway-spec", "../shared", "spec §", "§"] {
             assert!(
                 !text.contains(outside),
                 "{}: cites a document outside the repository ({outside})",
@@ -481,4 +492,414 @@ fn every_environment_variable_is_documented_and_in_the_template() {
         );
     }
     assert!(in_template("RUST_LOG"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The README's commands, run.
+
+/// A free loopback port (bound, read, released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// The fenced blocks of `text` whose info string is `lang`, in order.
+fn blocks(text: &str, lang: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        if let Some(info) = trimmed.strip_prefix("```") {
+            match current.take() {
+                Some(block) => out.push(block),
+                None if info.trim() == lang => current = Some(String::new()),
+                None => current = Some(String::from("\u{0}")),
+            }
+            continue;
+        }
+        if let Some(block) = current.as_mut() {
+            block.push_str(line);
+            block.push('\n');
+        }
+    }
+    out.retain(|b| !b.starts_with('\u{0}'));
+    out
+}
+
+/// Variables a block assigns at the start of a line (`GW=…`, `KEY=$(…)`), which later blocks
+/// use as one terminal session would.
+fn assigned(block: &str) -> Vec<String> {
+    let re = Regex::new(r"(?m)^\s*([A-Z][A-Z0-9_]*)=").expect("re");
+    let mut names: Vec<String> = re.captures_iter(block).map(|c| c[1].to_string()).collect();
+    names.dedup();
+    names
+}
+
+/// Kills what a block left running in the background (the README starts the mock provider with
+/// `&`) when the test ends, however it ends.
+struct ProcessGroups(Vec<u32>);
+
+impl Drop for ProcessGroups {
+    fn drop(&mut self) {
+        for pgid in &self.0 {
+            // The group of one block (never 0 or 1, which would reach this test's own group
+            // or every process): signalled directly, since `kill(1)`'s parsing of a negative
+            // pid after a signal name differs between implementations.
+            if let Ok(pgid) = i32::try_from(*pgid) {
+                if pgid > 1 {
+                    // SAFETY: kill(2) only sends a signal.
+                    unsafe {
+                        libc::kill(-pgid, libc::SIGTERM);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The gateway the README's commands talk to, stopped when the test ends however it ends.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One README block after its run: exit status and output.
+struct Ran {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// A working directory laid out like the repository for the README's commands: the shipped
+/// `conf/gateway.toml` (listen addresses and the mock's port replaced by free ports),
+/// `conf/tos.md`, and `target/release/gateway` standing for the built binary.
+struct Checkout {
+    dir: tempfile::TempDir,
+    api: String,
+    site: String,
+    mock: String,
+    vars: Vec<(String, String)>,
+    groups: ProcessGroups,
+}
+
+impl Checkout {
+    fn new() -> Checkout {
+        let root = repo_root();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (api, site, mock) = (
+            format!("127.0.0.1:{}", free_port()),
+            format!("127.0.0.1:{}", free_port()),
+            format!("127.0.0.1:{}", free_port()),
+        );
+        let shipped = read(&root.join("conf/gateway.toml"));
+        for needed in ["127.0.0.1:8080", "127.0.0.1:8081", "127.0.0.1:9000"] {
+            assert!(
+                shipped.contains(needed),
+                "conf/gateway.toml has no {needed}"
+            );
+        }
+        let config = Checkout::addresses(&shipped, &api, &site, &mock);
+        std::fs::create_dir_all(dir.path().join("conf")).expect("conf/");
+        std::fs::write(dir.path().join("conf/gateway.toml"), config).expect("config");
+        std::fs::copy(root.join("conf/tos.md"), dir.path().join("conf/tos.md")).expect("tos");
+        std::fs::create_dir_all(dir.path().join("target/release")).expect("target/release");
+        std::os::unix::fs::symlink(
+            env!("CARGO_BIN_EXE_gateway"),
+            dir.path().join("target/release/gateway"),
+        )
+        .expect("gateway link");
+        // No request of the README may hang the test.
+        std::fs::write(dir.path().join(".curlrc"), "max-time = 60\n").expect("curlrc");
+        Checkout {
+            dir,
+            api,
+            site,
+            mock,
+            vars: Vec::new(),
+            groups: ProcessGroups(Vec::new()),
+        }
+    }
+
+    /// `text` with the documented addresses replaced by this checkout's.
+    fn addresses(text: &str, api: &str, site: &str, mock: &str) -> String {
+        text.replace("127.0.0.1:8080", api)
+            .replace("127.0.0.1:8081", site)
+            .replace("127.0.0.1:9000", mock)
+    }
+
+    /// Starts the gateway as `scripts/run` does (`conf/gateway.toml` from the working
+    /// directory), waiting for its listening line.
+    fn start_gateway(&mut self) -> Running {
+        let mut child = Command::new("target/release/gateway")
+            .current_dir(self.dir.path())
+            .env("RUST_LOG", "warn")
+            .env_remove("GATEWAY_KEY_PEPPER")
+            .env_remove("GATEWAY_SESSION_SECRET")
+            .env_remove("GATEWAY_WEBHOOK_SECRET")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::from(
+                std::fs::File::create(self.dir.path().join("gateway.log")).expect("log"),
+            ))
+            .spawn()
+            .expect("start the gateway");
+        let line = common::wait_line(&mut child, "gateway listening", Duration::from_secs(60));
+        assert!(
+            line.contains(&format!("api={}", self.api)),
+            "{line} (the README's gateway prints its addresses)"
+        );
+        Running(child)
+    }
+
+    /// Runs `block` with bash in the checkout (`set -eo pipefail`, after the variables earlier
+    /// blocks set), with the README's addresses and the placeholders in `fill` replaced; the
+    /// mock provider's `cargo run` stands for the built mock. Returns the block's outcome and
+    /// keeps the variables it assigned.
+    fn run(&mut self, block: &str, fill: &[(&str, &str)]) -> Ran {
+        let mut script = Checkout::addresses(block, &self.api, &self.site, &self.mock).replace(
+            "cargo run --release --bin mock-provider --",
+            &format!("'{}'", env!("CARGO_BIN_EXE_mock-provider")),
+        );
+        for (placeholder, value) in fill {
+            script = script.replace(placeholder, value);
+        }
+        let left: Vec<&str> = script
+            .lines()
+            .filter(|l| l.split(" #").next().is_some_and(|code| code.contains('…')))
+            .collect();
+        assert!(
+            left.is_empty(),
+            "README commands with a placeholder this test cannot fill: {left:?}"
+        );
+        let mut prelude = String::from("set -eo pipefail\n");
+        for (name, value) in &self.vars {
+            prelude.push_str(&format!("{name}='{value}'\n"));
+        }
+        let names = assigned(block);
+        let mut epilogue = String::from("\n");
+        for name in &names {
+            epilogue.push_str(&format!("printf '@@%s=%s\\n' {name} \"${name}\"\n"));
+        }
+        let out_path = self.dir.path().join("block.out");
+        let err_path = self.dir.path().join("block.err");
+        let mut child = Command::new("timeout")
+            .args(["180", "bash", "-c", &format!("{prelude}{script}{epilogue}")])
+            .current_dir(self.dir.path())
+            .env("CURL_HOME", self.dir.path())
+            .env_remove("GATEWAY_KEY_PEPPER")
+            .stdin(std::process::Stdio::null())
+            // Files, not pipes: a process the block leaves running must not hold them open.
+            .stdout(std::fs::File::create(&out_path).expect("out"))
+            .stderr(std::fs::File::create(&err_path).expect("err"))
+            .process_group(0)
+            .spawn()
+            .expect("run bash");
+        self.groups.0.push(child.id());
+        let status = child.wait().expect("bash");
+        let stdout = read(&out_path);
+        let stderr = read(&err_path);
+        let mut kept = String::new();
+        for line in stdout.lines() {
+            match line.strip_prefix("@@").and_then(|l| l.split_once('=')) {
+                Some((name, value)) if names.iter().any(|n| n == name) => {
+                    self.vars.retain(|(n, _)| n != name);
+                    self.vars.push((name.to_string(), value.to_string()));
+                }
+                _ => {
+                    kept.push_str(line);
+                    kept.push('\n');
+                }
+            }
+        }
+        Ran {
+            ok: status.success(),
+            stdout: kept,
+            stderr,
+        }
+    }
+
+    fn var(&self, name: &str) -> String {
+        self.vars
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no {name} set by the README's blocks"))
+    }
+
+    /// An admin command in the checkout; its JSON output.
+    fn admin(&self, args: &[&str]) -> serde_json::Value {
+        let out = Command::new("target/release/gateway")
+            .current_dir(self.dir.path())
+            .args(args)
+            .env_remove("GATEWAY_KEY_PEPPER")
+            .output()
+            .expect("admin command");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        serde_json::from_slice(&out.stdout).expect("admin JSON")
+    }
+}
+
+/// The Python a README block runs with: `GATEWAY_TEST_PYTHON`, else the repository's `.venv`
+/// (`scripts/setup` installs the SDKs there), when it imports both SDKs.
+fn sdk_python() -> Option<PathBuf> {
+    let python = std::env::var_os("GATEWAY_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".venv/bin/python"));
+    let ok = Command::new(&python)
+        .args(["-c", "import openai, anthropic"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some(python)
+}
+
+/// Every `sh` block of the README runs, in order, against the built binary as a newcomer would
+/// run it from a checkout: the shipped config on free ports (the documented addresses replaced
+/// by them), the gateway started as `scripts/run` starts it, the mock provider started by the
+/// first-request block itself; each block must exit 0 and print what the README says it
+/// prints. `scripts/run` and `scripts/test` are only checked to exist and be executable (the
+/// one builds a release binary, the other is this suite). The Python block runs too when the
+/// SDKs are installed.
+#[test]
+fn the_readme_commands_run() {
+    let root = repo_root();
+    let readme = read(&root.join("README.md"));
+    let sh = blocks(&readme, "sh");
+    assert!(sh.len() >= 4, "README sh blocks: {}", sh.len());
+    assert!(readme.contains("gateway listening api=127.0.0.1:8080 site=127.0.0.1:8081"));
+    let mut co = Checkout::new();
+    let gateway = co.start_gateway();
+    let scripts: Vec<(String, String)> = ["run", "test", "setup"]
+        .iter()
+        .map(|s| {
+            (
+                format!("scripts/{s} "),
+                format!("test -x '{}/scripts/{s}' ", root.display()),
+            )
+        })
+        .collect();
+    let mut ran = 0;
+    let mut checked = Vec::new();
+    for block in &sh {
+        let mut fill: Vec<(&str, &str)> = scripts
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect();
+        let key_id;
+        if block.contains("key_…") {
+            let keys = co.admin(&["key", "list", "--email", "you@example.com"]);
+            key_id = keys["keys"][0]["id"].as_str().expect("a key").to_string();
+            fill.push(("key_…", &key_id));
+        }
+        if block.contains("data/outbox") {
+            // The panel's sign-in, as the README describes it just above the block.
+            let site = co.site.clone();
+            let r = Command::new("curl")
+                .args(["-s", "-X", "POST"])
+                .arg(format!("http://{site}/api/auth/request-code"))
+                .args(["-H", &format!("Origin: http://{site}")])
+                .args(["-H", "content-type: application/json"])
+                .args(["-d", r#"{"email":"you@example.com","acceptedTerms":true}"#])
+                .output()
+                .expect("curl");
+            assert!(
+                String::from_utf8_lossy(&r.stdout).contains("\"ok\":true"),
+                "{r:?}"
+            );
+        }
+        let out = co.run(block, &fill);
+        assert!(
+            out.ok,
+            "README block failed:\n{block}\nstdout:\n{}\nstderr:\n{}\ngateway log:\n{}",
+            out.stdout,
+            out.stderr,
+            read(&co.dir.path().join("gateway.log"))
+        );
+        ran += 1;
+        // What the README says each block prints.
+        if block.contains("/v1/chat/completions") {
+            assert!(
+                out.stdout.contains(r#""choices":[{"#)
+                    && out
+                        .stdout
+                        .contains(r#""content":"Hello from the mock provider.""#),
+                "the first answer: {}",
+                out.stdout
+            );
+            for event in ["message_start", "content_block_delta", "message_stop"] {
+                assert!(
+                    out.stdout.contains(&format!("event: {event}")),
+                    "the stream: {}",
+                    out.stdout
+                );
+            }
+            assert!(co.var("KEY").starts_with("sk-"), "KEY is the secret");
+            checked.push("first request");
+            if let Some(python) = sdk_python() {
+                let code = blocks(&readme, "python")
+                    .into_iter()
+                    .find(|b| b.contains("from openai import OpenAI"))
+                    .expect("the SDK example");
+                let code = Checkout::addresses(&code, &co.api, &co.site, &co.mock);
+                std::fs::write(co.dir.path().join("first.py"), code).expect("first.py");
+                let r = Command::new(python)
+                    .arg("first.py")
+                    .current_dir(co.dir.path())
+                    .env("KEY", co.var("KEY"))
+                    .output()
+                    .expect("python");
+                let printed = String::from_utf8_lossy(&r.stdout);
+                assert!(
+                    r.status.success()
+                        && printed.lines().count() == 3
+                        && printed.lines().all(|l| l.contains("mock provider")),
+                    "first.py: {r:?}"
+                );
+                checked.push("first.py");
+            } else {
+                eprintln!("README's first.py not run: no Python with the openai and anthropic SDKs (scripts/setup)");
+            }
+        }
+        if block.contains("data/outbox") {
+            assert!(
+                out.stdout.len() == 7
+                    && out.stdout.ends_with('\n')
+                    && out.stdout[..6].bytes().all(|b| b.is_ascii_digit()),
+                "the code: {:?}",
+                out.stdout
+            );
+            checked.push("outbox code");
+        }
+        if block.contains("$GW user list") {
+            for shape in [
+                r#""users":["#,
+                r#""email":"you@example.com""#,
+                r#""status":"revoked""#,
+                r#""type":"token""#,
+                "model,requests,",
+                r#""ok":true"#,
+            ] {
+                assert!(out.stdout.contains(shape), "{shape}: {}", out.stdout);
+            }
+            checked.push("operator commands");
+        }
+    }
+    assert_eq!(ran, sh.len());
+    for expected in ["first request", "outbox code", "operator commands"] {
+        assert!(
+            checked.contains(&expected),
+            "{expected} not checked: {checked:?}"
+        );
+    }
+    // `kill -HUP` reloaded the config; the gateway still serves.
+    let health = Command::new("curl")
+        .args(["-s", &format!("http://{}/health", co.api)])
+        .output()
+        .expect("curl");
+    assert_eq!(String::from_utf8_lossy(&health.stdout), r#"{"ok":true}"#);
+    drop(gateway);
 }

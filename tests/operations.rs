@@ -355,62 +355,39 @@ async fn idle_gateway_stops_at_once() {
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
 }
 
-/// Pingora's graceful upgrade: a new process takes both listeners over (SIGQUIT to the old one),
-/// the old one finishes its streams and exits; no request is refused.
-#[tokio::test]
-async fn graceful_upgrade_hands_over_both_listeners() {
-    let mock = Mock::start(&["--chunks", "10", "--chunk-delay-ms", "100"]);
-    let mut old = Gateway::start(&mock, Options::default());
-    let key = old.user_with_key("upgrade@example.com", &[]);
-    // The new process must bind the very same addresses.
-    let text = std::fs::read_to_string(&old.config_path).unwrap();
+/// Rewrites `gw`'s config so its listeners are the addresses it has now (a graceful upgrade's
+/// new process must ask for the very same ones).
+fn pin_listen_addresses(gw: &Gateway) {
+    let text = std::fs::read_to_string(&gw.config_path).unwrap();
     let text = text
         .replace(
             "api_listen = \"127.0.0.1:0\"",
-            &format!("api_listen = \"{}\"", old.api.trim_start_matches("http://")),
+            &format!("api_listen = \"{}\"", gw.api.trim_start_matches("http://")),
         )
         .replace(
             "site_listen = \"127.0.0.1:0\"",
             &format!(
                 "site_listen = \"{}\"",
-                old.site.trim_start_matches("http://")
+                gw.site.trim_start_matches("http://")
             ),
         );
-    std::fs::write(&old.config_path, text).unwrap();
+    std::fs::write(&gw.config_path, text).unwrap();
+}
 
-    let mut s = chat("mock-gpt");
-    s["stream"] = json!(true);
-    let stream = tokio::spawn({
-        let url = old.url("/v1/chat/completions");
-        let key = key.clone();
-        async move {
-            client()
-                .post(url)
-                .bearer_auth(key)
-                .json(&s)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap()
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-
+/// The documented graceful upgrade of `old` (docs/operations.md): a new process on the same
+/// config with `GATEWAY_UPGRADE=1` (stderr at `info` to `log`), then SIGQUIT to the pid in the
+/// pid file, which must still name `old`. Returns the new process once it prints its
+/// listening line.
+async fn graceful_upgrade(old: &Gateway, log: &Path) -> (Child, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
     cmd.arg("--config")
         .arg(&old.config_path)
         .arg("serve")
+        .envs(old.env.iter().map(|(k, v)| (k, v)))
         .env("GATEWAY_UPGRADE", "1")
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
-        .stderr(Stdio::from(
-            std::fs::File::create(old.dir.path().join("new.log")).unwrap(),
-        ));
-    for (k, v) in &old.env {
-        cmd.env(k, v);
-    }
+        .stderr(Stdio::from(std::fs::File::create(log).unwrap()));
     let mut new = cmd.spawn().unwrap();
     let out = new.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -440,13 +417,60 @@ async fn graceful_upgrade_hands_over_both_listeners() {
         .unwrap_or_else(|e| {
             panic!(
                 "new process did not take over ({e}): {}",
-                std::fs::read_to_string(old.dir.path().join("new.log")).unwrap_or_default()
+                std::fs::read_to_string(log).unwrap_or_default()
             )
         });
     assert!(
         line.contains(old.api.trim_start_matches("http://")),
         "{line}"
     );
+    (new, line)
+}
+
+/// Log lines at `ERROR` or `WARN` in `log`.
+fn alarms(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| l.contains(" ERROR ") || l.contains(" WARN "))
+        .collect()
+}
+
+/// Pingora's graceful upgrade: a new process takes both listeners over (SIGQUIT to the old one),
+/// the old one finishes its streams and exits; no request is refused. Neither process logs an
+/// alarm on this happy path: the new one says it waits for the listeners, at `INFO`.
+#[tokio::test]
+async fn graceful_upgrade_hands_over_both_listeners() {
+    let mock = Mock::start(&["--chunks", "10", "--chunk-delay-ms", "100"]);
+    let mut old = Gateway::start(
+        &mock,
+        Options {
+            env: vec![("RUST_LOG".into(), "info".into())],
+            ..Options::default()
+        },
+    );
+    let key = old.user_with_key("upgrade@example.com", &[]);
+    pin_listen_addresses(&old);
+
+    let mut s = chat("mock-gpt");
+    s["stream"] = json!(true);
+    let stream = tokio::spawn({
+        let url = old.url("/v1/chat/completions");
+        let key = key.clone();
+        async move {
+            client()
+                .post(url)
+                .bearer_auth(key)
+                .json(&s)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let new_log = old.dir.path().join("new.log");
+    let (mut new, _) = graceful_upgrade(&old, &new_log).await;
 
     // The in-flight stream on the old process completes.
     let text = stream.await.unwrap();
@@ -469,19 +493,198 @@ async fn graceful_upgrade_hands_over_both_listeners() {
         .unwrap();
     assert_eq!(r.status(), 200);
     // The old process exits by itself once drained, leaving the new process's pid file.
+    let pid_file = old.dir.path().join("data/gateway.pid");
+    let old_log_path = old.log_path();
     let exited = tokio::task::spawn_blocking(move || {
         let ok = old.terminate();
         (ok, old)
     })
     .await
     .unwrap();
-    let _ = exited;
     assert_eq!(
         std::fs::read_to_string(&pid_file).unwrap().trim(),
         new.id().to_string()
     );
     let _ = new.kill();
     let _ = new.wait();
+    let new_log = std::fs::read_to_string(&new_log).unwrap();
+    let old_log = std::fs::read_to_string(&old_log_path).unwrap();
+    drop(exited);
+    assert!(
+        new_log.contains("INFO  gateway::lifecycle] graceful upgrade: waiting for the running gateway to hand its listeners over"),
+        "{new_log}"
+    );
+    for (who, log) in [("new", &new_log), ("old", &old_log)] {
+        assert!(
+            alarms(log).is_empty(),
+            "{who} process: {:?}\n{log}",
+            alarms(log)
+        );
+        assert!(!log.contains("No incoming socket transfer"), "{who}: {log}");
+        assert!(!log.contains("_sqlx_migrations"), "{who}: {log}");
+        // The listening line is on stdout, and (stderr being another file here) once in the log.
+        assert_eq!(log.matches("gateway listening").count(), 1, "{who}: {log}");
+    }
+}
+
+/// The per-minute windows outlive the process: a key at its limit is still refused after a
+/// restart and after a graceful upgrade (in process, without Redis, the new process rebuilds
+/// them from the usage events), so neither is a way around a limit.
+#[tokio::test]
+async fn per_minute_windows_survive_a_restart_and_a_graceful_upgrade() {
+    let mock = Mock::start(&[]);
+    let mut gw = Gateway::start(
+        &mock,
+        Options::with_toml("[quota.tiers.beginner]\nrequests_per_minute = 4\n"),
+    );
+    let key = gw.user_with_key("windows@example.com", &[]);
+    let own = gw.user_with_key("own-window@example.com", &["--rpm", "2"]);
+    // Everything below happens inside one minute.
+    inside_one_minute(Duration::from_secs(40)).await;
+    let send = |gw: &Gateway, key: &str| {
+        client()
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(key.to_string())
+            .json(&chat("mock-gpt"))
+            .send()
+    };
+    for _ in 0..4 {
+        assert_eq!(send(&gw, &key).await.unwrap().status(), 200);
+    }
+    for _ in 0..2 {
+        assert_eq!(send(&gw, &own).await.unwrap().status(), 200);
+    }
+    let refused = |r: reqwest::Response| async move {
+        let status = r.status();
+        let body: Value = r.json().await.unwrap();
+        (
+            status.as_u16(),
+            body["error"]["code"].as_str().unwrap_or("").to_string(),
+        )
+    };
+    let at_limit = (429, "rate_limit_exceeded".to_string());
+    assert_eq!(refused(send(&gw, &key).await.unwrap()).await, at_limit);
+    assert_eq!(refused(send(&gw, &own).await.unwrap()).await, at_limit);
+
+    // A plain restart.
+    assert!(gw.terminate());
+    gw.spawn();
+    assert_eq!(
+        refused(send(&gw, &key).await.unwrap()).await,
+        at_limit,
+        "after a restart"
+    );
+    assert_eq!(
+        refused(send(&gw, &own).await.unwrap()).await,
+        at_limit,
+        "a key's own window"
+    );
+
+    // The documented graceful upgrade.
+    pin_listen_addresses(&gw);
+    let url = gw.url("/v1/chat/completions");
+    let log = gw.dir.path().join("upgraded.log");
+    let (mut new, _) = graceful_upgrade(&gw, &log).await;
+    // The old process drains and exits, so the new one answers what follows.
+    let gw = tokio::task::spawn_blocking(move || {
+        gw.terminate();
+        gw
+    })
+    .await
+    .unwrap();
+    for k in [&key, &own] {
+        let r = client()
+            .post(&url)
+            .bearer_auth(k)
+            .json(&chat("mock-gpt"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused(r).await, at_limit, "after a graceful upgrade");
+    }
+    let _ = new.kill();
+    let _ = new.wait();
+    drop(gw);
+}
+
+/// Two gateways on one pid file (instances sharing a data directory) would overwrite each
+/// other's pid and share the upgrade socket: the second start is refused, naming the key, and
+/// the first keeps serving with its pid file. (The graceful upgrade's new process, started while
+/// the old one lives, is the exception: `graceful_upgrade_hands_over_both_listeners`.)
+#[tokio::test]
+async fn a_second_instance_on_the_same_pid_file_is_refused() {
+    let mock = Mock::start(&[]);
+    let gw = Gateway::start(&mock, Options::default());
+    let pid_file = gw.dir.path().join("data/gateway.pid");
+    let first = std::fs::read_to_string(&pid_file).unwrap();
+    assert_eq!(first.trim(), gw.pid().unwrap().to_string());
+
+    // Same config (its listen addresses are port 0, so they would not collide).
+    let log = gw.dir.path().join("second.log");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
+    cmd.arg("--config")
+        .arg(&gw.config_path)
+        .envs(gw.env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(std::fs::File::create(&log).unwrap()));
+    let mut second = cmd.spawn().unwrap();
+    let status = wait_exit(&mut second, Duration::from_secs(10)).expect("the second one exits");
+    assert_eq!(status.code(), Some(1));
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        stderr.contains("error: another gateway (pid ")
+            && stderr.contains(&format!("pid {}", gw.pid().unwrap()))
+            && stderr.contains("server.pid_file")
+            && stderr.contains("server.upgrade_sock"),
+        "{stderr}"
+    );
+    let mut stdout = String::new();
+    let _ = second.stdout.take().unwrap().read_to_string(&mut stdout);
+    assert!(!stdout.contains("listening"), "{stdout}");
+    assert_eq!(std::fs::read_to_string(&pid_file).unwrap(), first);
+    let r = client().get(gw.url("/health")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+
+    // With its own pid file and upgrade socket, a second instance on the same data directory
+    // starts.
+    let own = gw.dir.path().join("own.toml");
+    let text = std::fs::read_to_string(&gw.config_path).unwrap().replace(
+        "shutdown_drain_seconds = 5\n",
+        &format!(
+            "shutdown_drain_seconds = 5\npid_file = \"{0}/data/b.pid\"\nupgrade_sock = \"{0}/data/b.sock\"\n",
+            gw.dir.path().display()
+        ),
+    );
+    std::fs::write(&own, text).unwrap();
+    let mut b = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .arg("--config")
+        .arg(&own)
+        .envs(gw.env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let line = first_line(&mut b, Duration::from_secs(60)).expect("b starts");
+    assert!(line.starts_with("gateway listening"), "{line}");
+    assert_eq!(
+        std::fs::read_to_string(gw.dir.path().join("data/b.pid"))
+            .unwrap()
+            .trim(),
+        b.id().to_string()
+    );
+    assert_eq!(std::fs::read_to_string(&pid_file).unwrap(), first);
+    let _ = b.kill();
+    let _ = b.wait();
+
+    // A pid file left by a killed gateway does not block the next start.
+    let mut gw = gw;
+    gw.kill();
+    assert!(pid_file.exists());
+    gw.spawn();
+    assert_eq!(
+        std::fs::read_to_string(&pid_file).unwrap().trim(),
+        gw.pid().unwrap().to_string()
+    );
 }
 
 /// Starts the binary on `config` with the harness's secrets, stdout piped and stderr to `log`.
@@ -547,8 +750,17 @@ async fn pid_file_while_serving_gone_after_sigterm_and_the_panel_url_at_start() 
         "{line}"
     );
 
-    // The shipped default is data/gateway.pid; the harness's data directory is <dir>/data.
+    // The shipped default is data/gateway.pid; the harness's data directory is <dir>/data,
+    // created by the gateway for its owner only.
     let pid_file = dir.path().join("data/gateway.pid");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("data"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700, "data/ is {:o}", mode & 0o777);
+    }
     let written = std::fs::read_to_string(&pid_file).expect("pid file while serving");
     assert_eq!(written.trim(), child.id().to_string());
 

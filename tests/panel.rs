@@ -2,8 +2,9 @@
 //! headless Chromium (`tests/browser/panel.mjs` through playwright-core, at 1280x800 and
 //! 390x844): sign-in with the code and with the magic link delivered to a test SMTP server (the
 //! link's confirmation form submitted in the browser that asked, in a fresh one, and with a
-//! second factor), key rotation and copy, developer calls with the new key, the
-//! usage chart, the two-factor QR code, a billing order with its VietQR code, revocation.
+//! second factor), key rotation and copy, developer calls with the new key, the usage chart,
+//! the two-factor QR code and new recovery codes, a billing order with its VietQR code, an
+//! operator's key beside the global key, revocation of each.
 //! Screenshots land in `target/panel-screenshots/`.
 //!
 //! The browser test skips (with a message) when `node`, `/usr/bin/chromium` or
@@ -358,6 +359,10 @@ async fn panel_in_headless_chromium() {
             .arg(&mail_dir)
             .arg(&shots)
             .env("WEBHOOK_SECRET", WEBHOOK_SECRET)
+            // For `gateway key create` (an operator's key beside the panel's global key).
+            .env("GATEWAY_BIN", env!("CARGO_BIN_EXE_gateway"))
+            .env("GATEWAY_CONFIG", &gw.config_path)
+            .envs(gw.env.iter().cloned())
             .kill_on_drop(true)
             .output(),
     )
@@ -400,6 +405,7 @@ async fn panel_in_headless_chromium() {
             "05-security-scan",
             "05-security-recovery",
             "05-security-on",
+            "05-security-regenerated",
             "06-billing",
             "07-order",
             "08-paid",

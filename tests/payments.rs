@@ -25,6 +25,7 @@ orders_per_hour = 100
 lot_days = 30
 token_price_vnd_per_million = 1000
 request_price_vnd_per_thousand = 500
+min_order_vnd = 500
 bank_bin = "970415"
 account_number = "0123456789"
 account_name = "GATEWAY CO"
@@ -34,6 +35,7 @@ requests_per_minute = 60
 
 [quota.tiers.persistent]
 requests_per_minute = 700
+weekly_requests = 100000
 "#;
 
 /// `POST /api/payment/orders` as the signed-in browser.
@@ -307,17 +309,11 @@ orders_per_hour = 2
 "#;
     let (_mock, gw) = config::start_with_toml(extra);
     let mut b = signed_in(&gw, "cheap@example.com").await;
-    for kind in ["token", "request"] {
-        let (status, code) = b
-            .order(json!({"quotaType": kind, "quantity": 1000}))
-            .await
-            .error();
-        assert_eq!(
-            (status, code.as_str()),
-            (503, "price_not_configured"),
-            "{kind}"
-        );
-    }
+    let (status, code) = b
+        .order(json!({"quotaType": "token", "quantity": 1000}))
+        .await
+        .error();
+    assert_eq!((status, code.as_str()), (503, "price_not_configured"));
     let v = b.get("/api/payment/orders").await.ok_json();
     assert_eq!(v["pricing"]["tokenPricePerMillion"], Value::Null);
     let personal = v["paymentCode"].as_str().expect("code").to_string();
@@ -341,6 +337,159 @@ orders_per_hour = 2
     assert_eq!(statuses(&v), ["unmatched"]);
     assert_eq!(v["processed"][0]["paymentCode"], json!(personal));
     assert!(lots::lots_of(&gw, "cheap@example.com").await.is_empty());
+}
+
+/// A custom order below `min_order_vnd` (default 10,000 VND) is refused before anything is
+/// stored; the operator's package amounts replace the catalogue's.
+#[tokio::test]
+async fn small_orders_are_refused_and_operators_price_packages() {
+    let priced = r#"
+[limits]
+request_code_per_hour = 1000
+
+[payment]
+token_price_vnd_per_million = 1000
+
+[payment.packages.steady-100m]
+amount_vnd = 99000
+"#;
+    let (_mock, gw) = config::start_with_toml(priced);
+    let mut b = signed_in(&gw, "small@example.com").await;
+    let v = b.get("/api/payment/orders").await.ok_json();
+    assert_eq!(v["pricing"]["minOrderAmount"], json!(10_000));
+    assert_eq!(v["packages"][0]["id"], "steady-100m");
+    assert_eq!(v["packages"][0]["amount"], json!(99_000));
+    assert_eq!(v["packages"][1]["amount"], json!(240_000));
+
+    // 1,500 tokens would be a 2 VND order.
+    let (status, code) = b
+        .order(json!({"quotaType": "token", "quantity": 1_500}))
+        .await
+        .error();
+    assert_eq!((status, code.as_str()), (400, "order_below_minimum"));
+    let (status, code) = b
+        .order(json!({"quotaType": "token", "quantity": 9_999_000}))
+        .await
+        .error();
+    assert_eq!((status, code.as_str()), (400, "order_below_minimum"));
+    assert_eq!(
+        count(&gw, "SELECT CAST(COUNT(*) AS BIGINT) FROM payment_orders").await,
+        0
+    );
+    let o = b
+        .order(json!({"quotaType": "token", "quantity": 10_000_000}))
+        .await
+        .ok_json()["order"]
+        .clone();
+    assert_eq!(o["amount"], json!(10_000));
+    let o = b.order(json!({"packageId": "steady-100m"})).await.ok_json()["order"].clone();
+    assert_eq!(o["amount"], json!(99_000));
+    assert_eq!(o["transfer"]["amount"], json!(99_000));
+    assert_eq!(o["quantity"], json!(100_000_000u64));
+
+    // A bad override names its key; the running config is not touched by `config check`.
+    let bad = gw.dir.path().join("bad.toml");
+    let text = std::fs::read_to_string(&gw.config_path).expect("config")
+        + "\n[payment.packages.gold-1t]\namount_vnd = 5\n";
+    std::fs::write(&bad, text).expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .arg("--config")
+        .arg(&bad)
+        .args(["config", "check"])
+        .output()
+        .expect("config check");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("payment.packages.gold-1t") && err.contains("unknown package"),
+        "{err}"
+    );
+}
+
+/// With every tier uncapped (the shipped tiers) requests are not metered: a request lot would
+/// never be drawn, so none is sold, `config check` says why and granting one warns.
+#[tokio::test]
+async fn request_lots_are_sold_only_while_a_tier_caps_requests() {
+    let uncapped = r#"
+[limits]
+request_code_per_hour = 1000
+
+[payment]
+token_price_vnd_per_million = 1000
+request_price_vnd_per_thousand = 500
+"#;
+    let (_mock, gw) = config::start_with_toml(uncapped);
+    let email = "uncapped@example.com";
+    let mut b = signed_in(&gw, email).await;
+    let v = b.get("/api/payment/orders").await.ok_json();
+    assert_eq!(v["pricing"]["tokenPricePerMillion"], json!(1000));
+    assert_eq!(v["pricing"]["requestPricePerThousand"], Value::Null, "{v}");
+    let (status, code) = b
+        .order(json!({"quotaType": "request", "quantity": 100_000}))
+        .await
+        .error();
+    assert_eq!((status, code.as_str()), (400, "invalid_quota_type"));
+    assert_eq!(
+        count(&gw, "SELECT CAST(COUNT(*) AS BIGINT) FROM payment_orders").await,
+        0
+    );
+
+    let out = gw.admin_output(&["config", "check"]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let checked: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(
+        stderr.contains("warning: payment.request_price_vnd_per_thousand is set but no tier"),
+        "{stderr}"
+    );
+    assert!(checked["warnings"]
+        .to_string()
+        .contains("request lots are not sold"));
+
+    let out = gw.admin_output(&[
+        "lot", "grant", "--email", email, "--type", "request", "--amount", "1000",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let lot: Value = serde_json::from_slice(&out.stdout).expect("lot json");
+    assert_eq!(lot["type"], "request");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("warning: uncapped@example.com's tier beginner has no weekly request cap")
+            && stderr.contains("never drawn"),
+        "{stderr}"
+    );
+    // A token lot is drawn whatever the tier: no warning.
+    let out = gw.admin_output(&[
+        "lot", "grant", "--email", email, "--type", "token", "--amount", "1000",
+    ]);
+    assert!(out.status.success() && out.stderr.is_empty(), "{out:?}");
+
+    // Once a tier caps requests they are sold, and granting a lot on that tier is quiet.
+    let (_mock2, capped) = config::start_with_toml(PAY);
+    let mut b = signed_in(&capped, "capped@example.com").await;
+    let v = b.get("/api/payment/orders").await.ok_json();
+    assert_eq!(v["pricing"]["requestPricePerThousand"], json!(500));
+    capped.admin_json(&[
+        "user",
+        "set-tier",
+        "--email",
+        "capped@example.com",
+        "--tier",
+        "persistent",
+    ]);
+    let out = capped.admin_output(&[
+        "lot",
+        "grant",
+        "--email",
+        "capped@example.com",
+        "--type",
+        "request",
+        "--amount",
+        "10",
+    ]);
+    assert!(out.status.success() && out.stderr.is_empty(), "{out:?}");
+    let out = capped.admin_output(&["config", "check"]);
+    assert!(out.stderr.is_empty(), "{out:?}");
 }
 
 #[tokio::test]

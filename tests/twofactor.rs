@@ -371,6 +371,89 @@ async fn turning_off_needs_a_valid_code() {
     assert_eq!(v["security"], json!({"twoFactorEnabled": false}));
 }
 
+/// `{regenerateRecoveryCodes: true, twoFactorCode}` replaces every recovery code with ten new
+/// ones while two-factor stays on: the old codes stop working, the new ones sign in.
+#[tokio::test]
+async fn recovery_codes_are_regenerated_with_a_second_factor() {
+    let (_mock, gw) = gateway();
+    let email = "regen@example.com";
+    let mut b = signed_in(&gw, email).await;
+    let id = gw.user_id(email).await;
+    let regenerate = |code: Option<&str>| match code {
+        Some(c) => json!({"regenerateRecoveryCodes": true, "twoFactorCode": c}),
+        None => json!({"regenerateRecoveryCodes": true}),
+    };
+
+    // Nothing to regenerate while two-factor is off.
+    let (s, c) = b
+        .post("/api/account/security", &regenerate(Some("123456")))
+        .await
+        .error();
+    assert_eq!((s, c.as_str()), (400, "invalid_body"));
+
+    let (secret, old) = enrol(&mut b).await;
+    assert_eq!(
+        sign_in(&gw, email, Some(&old[0])).await,
+        (200, String::new())
+    );
+    for (body, want) in [
+        (regenerate(None), (401, "two_factor_code_required")),
+        (
+            regenerate(Some(&wrong_totp(&secret))),
+            (400, "invalid_code"),
+        ),
+        (regenerate(Some(&old[0])), (400, "invalid_code")),
+        (
+            json!({"regenerateRecoveryCodes": "yes", "twoFactorCode": old[1]}),
+            (400, "invalid_body"),
+        ),
+    ] {
+        let (s, c) = b.post("/api/account/security", &body).await.error();
+        assert_eq!((s, c.as_str()), want, "{body}");
+    }
+    assert_eq!(stored_recovery_hashes(&gw, &id).await.len(), 10);
+
+    // A TOTP code: ten new codes, shown once; the old ones are gone, used or not.
+    let code = twofactor::code_at(&secret, now_s()).expect("code");
+    let v = b
+        .post("/api/account/security", &regenerate(Some(&code)))
+        .await
+        .ok_json();
+    assert_eq!(
+        v["security"],
+        json!({"twoFactorEnabled": true, "recoveryCodesLeft": 10}),
+        "{v}"
+    );
+    let new = recovery_codes(&v);
+    assert_eq!(new.len(), 10);
+    assert!(new.iter().all(|c| !old.contains(c)), "{new:?}");
+    assert_eq!(stored_recovery_hashes(&gw, &id).await.len(), 10);
+    assert!(!stored_recovery_hashes(&gw, &id).await.contains(&new[0]));
+    assert_eq!(security(&mut b).await["recoveryCodesLeft"], json!(10));
+    assert_eq!(
+        sign_in(&gw, email, Some(&old[3])).await,
+        (400, "invalid_code".to_string())
+    );
+    assert_eq!(
+        sign_in(&gw, email, Some(&new[3])).await,
+        (200, String::new())
+    );
+    assert_eq!(security(&mut b).await["recoveryCodesLeft"], json!(9));
+
+    // An unused recovery code works as the second factor too (and is used up by it).
+    let v = b
+        .post("/api/account/security", &regenerate(Some(&new[4])))
+        .await
+        .ok_json();
+    let newer = recovery_codes(&v);
+    assert_eq!(newer.len(), 10);
+    assert_eq!(security(&mut b).await["twoFactorEnabled"], json!(true));
+    assert_eq!(
+        sign_in(&gw, email, Some(&new[5])).await,
+        (400, "invalid_code".to_string())
+    );
+}
+
 const SPENT: (u16, &str) = (429, "too_many_attempts");
 
 #[tokio::test]

@@ -197,7 +197,7 @@ pub fn build_state(cfg: Config, rt: &tokio::runtime::Runtime) -> Result<SharedSt
             );
             gateway_core::quota::Backend::Shared(Box::new(shared))
         }
-        None => gateway_core::quota::Backend::Local(gateway_core::quota::local::Local::new(
+        None => gateway_core::quota::Backend::Local(gateway_core::quota::local::Local::in_process(
             cfg.storage.database_timeout,
         )),
     };
@@ -282,6 +282,8 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     let pid_file = cfg.server.pid_file.clone();
     let panel_url = format!("{}/panel", cfg.server.site_origin.trim_end_matches('/'));
     let upgrading = std::env::var("GATEWAY_UPGRADE").is_ok_and(|v| v == "1");
+    // Before anything else: a second gateway on this deployment's pid file is refused.
+    let _pid_lock = crate::lifecycle::PidLock::acquire(&pid_file, upgrading)?;
     if !upgrading {
         // A graceful upgrade receives the listeners from the old process instead.
         let mut listeners = vec![
@@ -295,8 +297,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     }
     for p in [&upgrade_sock, &pid_file] {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            gateway_core::util::create_private_dir(dir)?;
         }
     }
     gateway_core::metrics::init();
@@ -403,7 +404,9 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
         "gateway listening api={api_listen} site={site_listen}{admin_note} panel={panel_url}"
     );
     println!("{line}");
-    log::info!("{line}");
+    if !crate::lifecycle::stderr_is_stdout() {
+        log::info!("{line}");
+    }
     server.run(RunArgs {
         shutdown_signal: Box::new(Signals),
     });

@@ -13,13 +13,15 @@
 //   node tests/browser/panel.mjs <site_url> <api_url> <mail_dir> <screenshot_dir>
 //
 // <mail_dir> holds one `.eml` file per delivered message (the test's SMTP sink writes them).
-// WEBHOOK_SECRET in the environment is the gateway's GATEWAY_WEBHOOK_SECRET.
+// WEBHOOK_SECRET in the environment is the gateway's GATEWAY_WEBHOOK_SECRET; GATEWAY_BIN and
+// GATEWAY_CONFIG (with the gateway's environment) run operator commands against it.
 // Prints `KEY=<secret>` (the desktop run's last key, revoked at the end) and, at the end,
 // `PANEL_OK`; exits non-zero on any failure.
 
 import { chromium } from 'playwright-core';
 import { createHmac } from 'node:crypto';
 import { readdirSync, readFileSync, mkdirSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
 
 const [site, api, mailDir, shots] = process.argv.slice(2);
@@ -31,6 +33,12 @@ const webhookSecret = process.env.WEBHOOK_SECRET || '';
 mkdirSync(shots, { recursive: true });
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** An operator command (`gateway --config … args`): its JSON output. */
+function operator(...args) {
+  const out = execFileSync(process.env.GATEWAY_BIN, ['--config', process.env.GATEWAY_CONFIG, ...args], { encoding: 'utf8' });
+  return JSON.parse(out);
+}
 function check(cond, what) {
   if (!cond) throw new Error(`check failed: ${what}`);
   console.log(`ok - ${what}`);
@@ -163,6 +171,19 @@ async function scenario(tag, contextOptions) {
     check(m.scroll <= m.inner && m.scroll <= m.client,
       `${tag}: ${what} has no horizontal scroll (scrollWidth ${m.scroll}, innerWidth ${m.inner}, clientWidth ${m.client}${m.wide.length ? `, too wide: ${m.wide.join(', ')}` : ''})`);
   };
+  /** Whether the toast (when shown) covers the element `selector`. */
+  const toastCovers = (selector) => page.evaluate((sel) => {
+    const t = document.getElementById('status');
+    const e = document.querySelector(sel);
+    if (!t || !e || !t.textContent) return false;
+    const a = t.getBoundingClientRect(); const b = e.getBoundingClientRect();
+    return a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  }, selector);
+  /** Whether the element `selector` is wholly inside the window. */
+  const inView = (selector) => page.evaluate((sel) => {
+    const r = document.querySelector(sel).getBoundingClientRect();
+    return r.top >= 0 && r.bottom <= window.innerHeight;
+  }, selector);
   /** Opens the confirmation a click raises, checks it names `words`, and answers it. */
   const confirmWith = async (selector, words, answer) => {
     await page.click(selector);
@@ -268,7 +289,21 @@ async function scenario(tag, contextOptions) {
   // (waitForFunction evaluates strings, which the panel's CSP forbids: wait on selectors.)
   await page.waitForSelector('#copy-secret:text-is("Copied")');
   check(await page.evaluate(() => navigator.clipboard.readText()) === first, `${tag}: the copied text is the secret`);
-  check(await page.locator('#main tbody tr').count() >= 1, `${tag}: the key list shows the key`);
+  check(await page.locator('#active-keys tbody tr').count() === 1, `${tag}: the key list shows the key`);
+  check(await inView('#new-secret'), `${tag}: the new secret is scrolled into view`);
+  check(!(await toastCovers('#rotate')), `${tag}: the toast does not cover the Rotate button`);
+  check(!(await toastCovers('#copy-secret')), `${tag}: the toast does not cover the Copy button`);
+  // An operator's key beside the global one: both are listed, each with its Revoke button, and
+  // the page says rotation replaces only the global key.
+  const ci = operator('key', 'create', '--email', email, '--name', 'ci');
+  await page.reload();
+  await ready('/panel/keys');
+  check(await page.locator('#active-keys tbody tr').count() === 2, `${tag}: both active keys are listed`);
+  check(await page.locator(`[data-revoke="${ci.id}"]`).count() === 1 && await page.locator('button[data-revoke]').count() === 2,
+    `${tag}: each active key has its own Revoke button`);
+  check((await page.textContent('#rotation-note')).includes('Rotating replaces the global key')
+    && (await page.textContent('#rotation-note')).includes('stay active until you revoke them'), `${tag}: the page says what rotation replaces`);
+  check((await page.textContent('#active-keys')).includes('global'), `${tag}: the global key is marked`);
   await fits('keys');
   await shot('03-keys');
 
@@ -296,7 +331,19 @@ async function scenario(tag, contextOptions) {
   check(/\d/.test(await page.textContent('#quota-left')), `${tag}: the usage page shows the tokens left`);
   check((await page.textContent('#quota-allowance')).includes('left'), `${tag}: the usage page shows the allowance left`);
   check(Number((await page.textContent('#sum-charged')).replace(/[^0-9]/g, '')) > 0, `${tag}: the usage page shows the quota charged`);
-  check((await page.textContent('#model-prices')).includes('mock-gpt'), `${tag}: the usage page lists the models' quota weights`);
+  check((await page.textContent('#model-weights')).includes('mock-gpt'), `${tag}: the usage page lists the models' quota weights`);
+  check((await page.textContent('#weights-h')) === 'Model weights', `${tag}: the weights are called weights`);
+  // Six summary cards: rows of equal length, never five and an orphan.
+  const rowsOfCards = await page.$$eval('#summary .stat', (cards) => {
+    const tops = new Map();
+    for (const c of cards) { const t = Math.round(c.getBoundingClientRect().top); tops.set(t, (tops.get(t) || 0) + 1); }
+    return [...tops.values()];
+  });
+  check(rowsOfCards.every((n) => n === rowsOfCards[0]), `${tag}: the summary cards fill their rows evenly (${rowsOfCards})`);
+  // The allowance bar shows what is left, as its text does.
+  const bar = await page.$eval('#quota-allowance-bar', (b) => ({ value: b.value, max: b.max }));
+  const leftText = Number((await page.textContent('#quota-allowance')).split(' of ')[0].replace(/[^0-9]/g, ''));
+  check(bar.value === Math.min(leftText, bar.max) && bar.value > bar.max / 2, `${tag}: the allowance bar shows what is left (${bar.value} of ${bar.max})`);
   check(await page.getAttribute('#usage-chart', 'data-unit') === 'hour', `${tag}: the 24h chart is per hour`);
   const hours = await page.$$eval('#usage-chart rect.bar.in', (rs) => rs.map((r) => Number(r.dataset.value)));
   // (The last two hours: the requests may sit in the previous hour when one just began.)
@@ -354,6 +401,24 @@ async function scenario(tag, contextOptions) {
   check(!(await page.$('#recovery-codes')), `${tag}: the recovery codes are not shown again`);
   await fits('security with two-factor on');
   await shot('05-security-on');
+  // New recovery codes for a code (an unused recovery code here), without turning it off.
+  await page.fill('#regenerate-code', recovery[9]);
+  await page.click('#regenerate-recovery');
+  await page.waitForSelector('#recovery-codes li');
+  const renewed = await page.$$eval('#recovery-codes li', (lis) => lis.map((li) => li.textContent.trim()));
+  check(renewed.length === 10 && renewed.every((c) => !recovery.includes(c)), `${tag}: new recovery codes replace the old ones`);
+  check((await page.textContent('#tfa-state')) === 'on', `${tag}: two-factor stays on`);
+  const style = (sel) => page.$eval(sel, (b) => { const s = getComputedStyle(b); return [s.backgroundColor, s.color, s.fontSize, s.paddingTop].join(' '); });
+  const primary = await page.evaluate(() => {
+    const b = document.createElement('button'); document.body.append(b);
+    const s = getComputedStyle(b); const v = [s.backgroundColor, s.color, s.fontSize, s.paddingTop].join(' ');
+    b.remove(); return v;
+  });
+  check(await style('#copy-recovery') === primary, `${tag}: the recovery codes' Copy button is a primary button`);
+  await fits('security with new recovery codes');
+  await shot('05-security-regenerated');
+  await page.click('#recovery-done');
+  await page.waitForSelector('#disable-form');
 
   // Signing in again asks for the second factor.
   const used = (await mailCode(email)).code;
@@ -384,7 +449,7 @@ async function scenario(tag, contextOptions) {
   const tfaContext = await browser.newContext(contextOptions);
   const tfaPage = await tfaContext.newPage();
   watch(tfaPage);
-  await signInByLink(tfaPage, tfaLink, 'two-factor by link', '17-link-two-factor', recovery[0]);
+  await signInByLink(tfaPage, tfaLink, 'two-factor by link', '17-link-two-factor', renewed[0]);
   await tfaContext.close();
 
   // Billing: a double click on Buy creates one order; bank name and copy buttons.
@@ -414,6 +479,10 @@ async function scenario(tag, contextOptions) {
   await page.waitForSelector('#copy-account:text-is("Copied")');
   check(await page.evaluate(() => navigator.clipboard.readText()) === '0123456789', `${tag}: copy puts the account number on the clipboard`);
   check(await page.getAttribute('main', 'data-polling') === 'on', `${tag}: the page polls while an order is pending`);
+  const oneLine = await page.$$eval('#orders code', (codes) => codes.every((c) => c.getClientRects().length === 1
+    && c.getBoundingClientRect().height < 1.6 * parseFloat(getComputedStyle(c).lineHeight || '16') + 2));
+  check(oneLine, `${tag}: order ids and payment codes are not broken across lines`);
+  check(!(await toastCovers('#transfer dl dd:last-of-type')), `${tag}: the toast does not cover the Expires row`);
   await fits('billing with an order');
   await shot('07-order');
 
@@ -435,7 +504,12 @@ async function scenario(tag, contextOptions) {
   await page.click('[data-package="persistent-1b"]');
   await page.waitForSelector('#transfer-qr svg path');
   const pendingId = (await page.textContent('#transfer-h')).split(' ').pop();
-  await confirmWith(`[data-cancel="${pendingId}"]`, pendingId, false);
+  await page.click(`[data-cancel="${pendingId}"]`);
+  await page.waitForSelector('dialog#confirm[open]');
+  check(await page.textContent('#confirm-cancel') === 'Keep order' && await page.textContent('#confirm-ok') === 'Cancel order',
+    `${tag}: the cancel dialog's buttons read Keep order / Cancel order`);
+  await page.click('#confirm-cancel');
+  await page.waitForSelector('dialog#confirm', { state: 'detached' });
   check((await page.textContent('#orders')).includes('pending'), `${tag}: dismissing the dialog keeps the order pending`);
   await confirmWith(`[data-cancel="${pendingId}"]`, pendingId, true);
   await page.waitForSelector('#order-state.cancelled');
@@ -451,6 +525,7 @@ async function scenario(tag, contextOptions) {
   // Overview: the quota left includes the paid lot.
   await page.goto(`${site}/panel`);
   await ready('/panel');
+  check(await page.getAttribute('#nav a[href="/panel"]', 'aria-current') === 'page', `${tag}: the navigation has the overview, marked current`);
   check((await page.textContent('#quota-lots')).includes('100,000,000'), `${tag}: the overview shows the lot's tokens left`);
   check(/\d/.test(await page.textContent('#quota-left')), `${tag}: the overview shows the tokens left`);
   await fits('overview');
@@ -479,25 +554,35 @@ async function scenario(tag, contextOptions) {
   check(!(await page.$('#new-secret')), `${tag}: dismissing the rotation creates no key`);
   const still = await fetch(`${api}/v1/models`, { headers: { authorization: `Bearer ${first}` } });
   check(still.status === 200, `${tag}: the key still works after a dismissed rotation (${still.status})`);
-  await confirmWith('#rotate', 'stops working', true);
+  await confirmWith('#rotate', 'other key stays active', true);
   await page.waitForSelector('#new-secret');
   const second = (await page.textContent('#new-secret')).trim();
   check(second !== first, `${tag}: the rotation shows a new secret`);
+  check(await inView('#new-secret'), `${tag}: the rotated secret is scrolled into view`);
   const old = await fetch(`${api}/v1/models`, { headers: { authorization: `Bearer ${first}` } });
   check(old.status === 401, `${tag}: the rotated-out key is refused (${old.status})`);
+  const ciStill = await fetch(`${api}/v1/models`, { headers: { authorization: `Bearer ${ci.secret}` } });
+  check(ciStill.status === 200, `${tag}: the operator's key survives the rotation (${ciStill.status})`);
+  check(await page.locator('#active-keys tbody tr').count() === 2, `${tag}: after rotation the page lists both active keys`);
+  check(await page.locator('#revoked-keys tbody tr').count() === 1, `${tag}: the rotated-out key is listed as revoked`);
 
-  // Revoke: asked first, then the key stops working.
-  await confirmWith('button[data-revoke]', 'stops working', false);
+  // Revoke each: asked first, then the key stops working.
+  const globalId = (await (await page.request.get(`${site}/api/account/keys`)).json()).keys.find((k) => k.global && k.status === 'active').id;
+  await confirmWith(`[data-revoke="${globalId}"]`, 'stops working', false);
   const kept = await fetch(`${api}/v1/models`, { headers: { authorization: `Bearer ${second}` } });
   check(kept.status === 200, `${tag}: dismissing the revocation keeps the key (${kept.status})`);
-  await page.click('button[data-revoke]');
+  await page.click(`[data-revoke="${ci.id}"]`);
   await page.waitForSelector('dialog#confirm[open]');
   await shot('13-confirm');
   await page.click('#confirm-ok');
-  await page.waitForSelector('.badge.revoked');
+  await page.waitForSelector(`[data-revoke="${ci.id}"]`, { state: 'detached' });
+  const ciAfter = await fetch(`${api}/v1/models`, { headers: { authorization: `Bearer ${ci.secret}` } });
+  check(ciAfter.status === 401, `${tag}: the operator's key is revoked from the panel (${ciAfter.status})`);
+  await confirmWith(`[data-revoke="${globalId}"]`, 'stops working', true);
   await page.waitForSelector('button[data-revoke]', { state: 'detached' });
   const after = await fetch(`${api}/v1/models`, { headers: { authorization: `Bearer ${second}` } });
   check(after.status === 401, `${tag}: the revoked key is refused (${after.status})`);
+  check(await page.locator('#revoked-keys tbody tr').count() === 3, `${tag}: the revoked keys are listed apart`);
   await fits('keys after revoking');
   await shot('14-revoked');
 

@@ -28,7 +28,7 @@ pub const SESSION_SECRET: &str = "test-session-secret-0123456789";
 pub const WEBHOOK_SECRET: &str = "test-webhook-secret";
 
 /// Reads the first stdout line starting with `prefix` within `timeout`.
-fn wait_line(child: &mut Child, prefix: &str, timeout: Duration) -> String {
+pub fn wait_line(child: &mut Child, prefix: &str, timeout: Duration) -> String {
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel();
     let prefix = prefix.to_string();
@@ -469,18 +469,24 @@ impl Gateway {
     /// Runs an admin command against this gateway's config; returns (exit ok, stdout JSON or
     /// stderr text).
     pub fn admin(&self, args: &[&str]) -> (bool, String) {
+        let out = self.admin_output(args);
+        if out.status.success() {
+            (true, String::from_utf8_lossy(&out.stdout).to_string())
+        } else {
+            (false, String::from_utf8_lossy(&out.stderr).to_string())
+        }
+    }
+
+    /// Runs an admin command against this gateway's config; returns its whole output (stdout,
+    /// stderr and exit status), for commands that warn on stderr and still succeed.
+    pub fn admin_output(&self, args: &[&str]) -> std::process::Output {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
         cmd.arg("--config").arg(&self.config_path).args(args);
         cmd.env_remove("GATEWAY_KEY_PEPPER");
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
-        let out = cmd.output().expect("run admin command");
-        if out.status.success() {
-            (true, String::from_utf8_lossy(&out.stdout).to_string())
-        } else {
-            (false, String::from_utf8_lossy(&out.stderr).to_string())
-        }
+        cmd.output().expect("run admin command")
     }
 
     /// `admin` that must succeed and print JSON.

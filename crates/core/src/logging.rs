@@ -13,6 +13,11 @@
 //!   values of the process's secrets (registered with [`never_print`]) become `<redacted>`.
 //!   This catches a dependency's `warn`/`error` that quotes a request (Pingora's
 //!   `Fail to proxy: … GET /api/auth/verify-link?token=…`).
+//!
+//! A few dependency records describe the happy path in alarming terms (an `ERROR` on every
+//! graceful upgrade, a Postgres notice on every start): [`EXPECTED`] drops them or says what
+//! happened at `INFO`, in the gateway's words, so an operator's alerts on `ERROR` stay quiet
+//! when nothing is wrong.
 
 use std::sync::OnceLock;
 
@@ -91,6 +96,48 @@ pub fn redact(line: &str) -> String {
     out
 }
 
+/// What to do with one expected dependency record.
+enum Expected {
+    /// Noise: nothing an operator needs.
+    Drop,
+    /// An expected event: written at `INFO` under `gateway::lifecycle` with this text.
+    Info(&'static str),
+}
+
+/// Dependency records matched by target (prefix) and message (prefix).
+const EXPECTED: &[(&str, &str, Expected)] = &[
+    // The new process of a graceful upgrade polls the upgrade socket once a second until the
+    // old one sends its listeners (on SIGQUIT); every poll was an ERROR.
+    (
+        "pingora_core::server::transfer_fd",
+        "No incoming socket transfer",
+        Expected::Info(
+            "graceful upgrade: waiting for the running gateway to hand its listeners over \
+             (send it SIGQUIT)",
+        ),
+    ),
+    // A pooled connection another task still held for a moment: Pingora opens a new one.
+    (
+        "pingora_core::connectors",
+        "failed to acquire reusable stream",
+        Expected::Drop,
+    ),
+    // `CREATE TABLE IF NOT EXISTS _sqlx_migrations` on every Postgres start.
+    (
+        "sqlx::postgres::notice",
+        "relation \"_sqlx_migrations\" already exists",
+        Expected::Drop,
+    ),
+];
+
+/// What [`EXPECTED`] says about a dependency's record, if anything.
+fn expected(target: &str, message: &str) -> Option<&'static Expected> {
+    EXPECTED
+        .iter()
+        .find(|(t, m, _)| target.starts_with(t) && message.starts_with(m))
+        .map(|(_, _, e)| e)
+}
+
 /// True for the gateway's own targets: the binary's (`gateway`, `gateway::…`) and its crates'
 /// (`gateway_core::…`, `gateway_devapi::…`, …).
 fn ours(target: &str) -> bool {
@@ -108,7 +155,33 @@ impl Log for SafeLogger {
     }
 
     fn log(&self, record: &Record<'_>) {
-        if !self.enabled(record.metadata()) || !self.inner.matches(record) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        if !ours(record.target()) {
+            let message = record.args().to_string();
+            match expected(record.target(), &message) {
+                Some(Expected::Drop) => return,
+                Some(Expected::Info(text)) => {
+                    let metadata = Metadata::builder()
+                        .level(Level::Info)
+                        .target("gateway::lifecycle")
+                        .build();
+                    let info = Record::builder().metadata(metadata).build();
+                    if self.inner.matches(&info) {
+                        self.inner.log(
+                            &Record::builder()
+                                .metadata(info.metadata().clone())
+                                .args(format_args!("{text}"))
+                                .build(),
+                        );
+                    }
+                    return;
+                }
+                None => {}
+            }
+        }
+        if !self.inner.matches(record) {
             return;
         }
         let text = redact(&record.args().to_string());
@@ -192,6 +265,33 @@ mod tests {
             redact("upstream said a-provider-key-value is bad; short"),
             "upstream said <redacted> is bad; short"
         );
+    }
+
+    #[test]
+    fn expected_dependency_records_are_dropped_or_reworded() {
+        assert!(matches!(
+            expected(
+                "pingora_core::server::transfer_fd",
+                "No incoming socket transfer, sleep 1s and try again"
+            ),
+            Some(Expected::Info(t)) if t.starts_with("graceful upgrade")
+        ));
+        assert!(matches!(
+            expected(
+                "pingora_core::connectors",
+                "failed to acquire reusable stream"
+            ),
+            Some(Expected::Drop)
+        ));
+        assert!(matches!(
+            expected(
+                "sqlx::postgres::notice",
+                "relation \"_sqlx_migrations\" already exists, skipping"
+            ),
+            Some(Expected::Drop)
+        ));
+        assert!(expected("pingora_core::connectors", "connect failed").is_none());
+        assert!(expected("sqlx::postgres::notice", "something else").is_none());
     }
 
     #[test]

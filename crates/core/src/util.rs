@@ -14,6 +14,18 @@ const BASE62: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrst
 
 /// Milliseconds since the Unix epoch: the unit every stored timestamp uses, so both databases
 /// compare and index them as plain integers.
+/// Creates `dir` and any missing parents with mode 0700: the data directory holds the
+/// database, secrets, journal and pid file, none of them for other local users. A directory
+/// that exists is left as the operator set it. The error names the directory.
+pub fn create_private_dir(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))
+}
+
 pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -30,6 +30,9 @@ pub enum SiteError {
     InvalidQuotaType,
     #[error("invalid_quantity")]
     InvalidQuantity,
+    /// A custom order priced below `[payment] min_order_vnd`.
+    #[error("order_below_minimum")]
+    OrderBelowMinimum,
     #[error("invalid_text")]
     InvalidText,
     #[error("terms_required")]
@@ -122,10 +125,9 @@ impl SiteError {
         use SiteError::*;
         match self {
             InvalidEmail | InvalidCode | InvalidLink | InvalidBody | InvalidKeyId
-            | InvalidPackage | InvalidQuotaType | InvalidQuantity | InvalidText | TermsRequired
-            | CaptchaRequired | CaptchaFailed | CodeExpired | LinkExpired => {
-                StatusCode::BAD_REQUEST
-            }
+            | InvalidPackage | InvalidQuotaType | InvalidQuantity | OrderBelowMinimum
+            | InvalidText | TermsRequired | CaptchaRequired | CaptchaFailed | CodeExpired
+            | LinkExpired => StatusCode::BAD_REQUEST,
             Unauthorized | TwoFactorCodeRequired => StatusCode::UNAUTHORIZED,
             InvalidOrigin | InvalidCsrf | PrivateBetaOnly | BlockedDomain
             | AdvancedKeysDisabled => StatusCode::FORBIDDEN,

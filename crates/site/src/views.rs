@@ -30,6 +30,8 @@ pub struct KeyView<'a> {
     id: &'a str,
     name: &'a str,
     status: &'static str,
+    /// The account's global key: the one a rotation replaces.
+    global: bool,
     key_prefix: &'a str,
     key_suffix: &'a str,
     scopes: &'a [String],
@@ -51,6 +53,7 @@ impl<'a> From<&'a KeyRecord> for KeyView<'a> {
             id: &k.id,
             name: &k.name,
             status: key_status(k),
+            global: k.is_global,
             key_prefix: &k.key_prefix,
             key_suffix: &k.key_suffix,
             scopes: &k.scopes,

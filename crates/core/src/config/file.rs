@@ -261,6 +261,18 @@ pub struct PaymentFile {
     pub account_number: Option<String>,
     pub account_name: Option<String>,
     pub orders_per_hour: Option<u32>,
+    /// Custom orders priced below this many VND are refused (default 10000; 0: no minimum).
+    pub min_order_vnd: Option<u64>,
+    /// `[payment.packages.<id>]`: the operator's amounts for the fixed catalogue's packages.
+    #[serde(default)]
+    pub packages: BTreeMap<String, PackageFile>,
+}
+
+/// `[payment.packages.<id>]`: one catalogue package as the operator prices it.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PackageFile {
+    pub amount_vnd: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -38,7 +38,7 @@ pub use keys::KeysConfig;
 pub use limits::LimitsConfig;
 pub use mail::{MailConfig, MailTransport};
 pub use models::{Deployment, Model};
-pub use payment::PaymentConfig;
+pub use payment::{catalogue_package, Package, PaymentConfig, CATALOGUE};
 pub use providers::{Provider, ProviderCa};
 pub use quota::{QuotaConfig, TierLimits};
 pub use routing::RoutingConfig;

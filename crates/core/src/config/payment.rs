@@ -1,9 +1,55 @@
-//! `[payment]`: bank transfers, order codes and prices.
+//! `[payment]`: bank transfers, order codes and prices, and the package catalogue with the
+//! operator's amounts.
 
 use std::time::Duration;
 
 use super::check::{Checker, ConfigError};
 use super::file::PaymentFile;
+use crate::domain::Tier;
+
+/// One package of the fixed catalogue: what it grants is fixed, its price is the operator's
+/// (`[payment.packages.<id>] amount_vnd`, by default the catalogue's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Package {
+    pub id: &'static str,
+    pub name: &'static str,
+    pub tier: Tier,
+    pub tokens: u64,
+    pub amount_vnd: u64,
+}
+
+/// The catalogue as shipped (the product's fixed packages and their default amounts).
+pub const CATALOGUE: [Package; 3] = [
+    Package {
+        id: "steady-100m",
+        name: "Steady 100M",
+        tier: Tier::Steady,
+        tokens: 100_000_000,
+        amount_vnd: 85_000,
+    },
+    Package {
+        id: "persistent-1b",
+        name: "Persistent 1B",
+        tier: Tier::Persistent,
+        tokens: 1_000_000_000,
+        amount_vnd: 240_000,
+    },
+    Package {
+        id: "tryharder-10b",
+        name: "Tryharder 10B",
+        tier: Tier::Tryharder,
+        tokens: 10_000_000_000,
+        amount_vnd: 950_000,
+    },
+];
+
+/// A catalogue package by id, with its shipped amount (names and grants never change).
+pub fn catalogue_package(id: &str) -> Option<&'static Package> {
+    CATALOGUE.iter().find(|p| p.id == id)
+}
+
+/// Custom orders below this many VND are refused unless the config says otherwise.
+pub const DEFAULT_MIN_ORDER_VND: u64 = 10_000;
 
 /// One billion đồng: far above any real top-up, far below amounts whose token counts or sums
 /// come near the integer limits.
@@ -25,6 +71,17 @@ pub struct PaymentConfig {
     pub account_number: String,
     pub account_name: String,
     pub orders_per_hour: u32,
+    /// Custom orders priced below this are refused (0: no minimum).
+    pub min_order_vnd: u64,
+    /// The catalogue in its order, at the operator's amounts.
+    pub packages: [Package; 3],
+}
+
+impl PaymentConfig {
+    /// A package of the catalogue at the configured amount.
+    pub fn package(&self, id: &str) -> Option<&Package> {
+        self.packages.iter().find(|p| p.id == id)
+    }
 }
 
 pub(super) fn validate(c: &Checker, f: PaymentFile) -> Result<PaymentConfig, ConfigError> {
@@ -51,6 +108,30 @@ pub(super) fn validate(c: &Checker, f: PaymentFile) -> Result<PaymentConfig, Con
             "must be letters, digits, - or _",
         ));
     }
+    let mut packages = CATALOGUE;
+    for (id, over) in &f.packages {
+        let key = format!("payment.packages.{id}");
+        let Some(p) = packages.iter_mut().find(|p| p.id == id) else {
+            let ids: Vec<&str> = CATALOGUE.iter().map(|p| p.id).collect();
+            return Err(c.err(
+                &key,
+                format!("unknown package (the catalogue has {})", ids.join(", ")),
+            ));
+        };
+        if let Some(amount) = over.amount_vnd {
+            if amount == 0 || amount > i64::MAX as u64 {
+                return Err(c.err(
+                    format!("{key}.amount_vnd"),
+                    "must be a positive whole number of VND",
+                ));
+            }
+            p.amount_vnd = amount;
+        }
+    }
+    let min_order_vnd = f.min_order_vnd.unwrap_or(DEFAULT_MIN_ORDER_VND);
+    if min_order_vnd > i64::MAX as u64 {
+        return Err(c.err("payment.min_order_vnd", "is too large"));
+    }
     let max_webhook_amount_vnd = match f.max_webhook_amount_vnd {
         None => DEFAULT_MAX_WEBHOOK_AMOUNT_VND,
         Some(n) => i64::try_from(n).ok().filter(|n| *n >= 1).ok_or_else(|| {
@@ -76,5 +157,7 @@ pub(super) fn validate(c: &Checker, f: PaymentFile) -> Result<PaymentConfig, Con
         account_number: f.account_number.unwrap_or_default(),
         account_name: f.account_name.unwrap_or_default(),
         orders_per_hour: f.orders_per_hour.unwrap_or(20).max(1),
+        min_order_vnd,
+        packages,
     })
 }

@@ -31,6 +31,12 @@ impl QuotaConfig {
     pub fn limits(&self, tier: Tier) -> &TierLimits {
         &self.tiers[tier.index()]
     }
+
+    /// Whether any tier caps weekly requests. Without one the request meter is never drawn,
+    /// so request lots would buy nothing: they are not sold, and granting one warns.
+    pub fn meters_requests(&self) -> bool {
+        self.tiers.iter().any(|t| t.weekly_requests > 0)
+    }
 }
 
 fn parse_tier(c: &Checker, key: &str, value: &str) -> Result<Tier, ConfigError> {

@@ -45,7 +45,7 @@ impl StorageConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RedisOutage {
     /// Serve with in-process limits and quota, loaded from the database; reconciled into Redis
-    /// when it is back. Overspend is bounded (README, "Redis outages").
+    /// when it is back. Overspend is bounded (docs/operations.md, "Redis and database outages").
     Local,
     /// Answer 503 `quota_unavailable` until Redis is back.
     Refuse,

@@ -528,8 +528,7 @@ pub struct Replayed {
 /// is admitted.
 pub fn open(base: PathBuf, database: DatabaseIdentity) -> Result<Arc<Journal>, String> {
     if let Some(dir) = base.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        crate::util::create_private_dir(dir)?;
     }
     let owner = crate::util::random_base62(10);
     let lock = try_lock(&base, &owner)?

@@ -1,6 +1,6 @@
 //! Per-minute limits with a sliding-window counter.
 //!
-//! Semantics (documented in the README): the count for a limit is
+//! Semantics (documented in docs/developer-api.md): the count for a limit is
 //! `previous_minute * (1 - elapsed_fraction) + current_minute`, the approximation of a true
 //! 60-second sliding window that Cloudflare and others use. A request is admitted when its cost
 //! fits under the limit; a single request costing more than the whole limit is admitted only

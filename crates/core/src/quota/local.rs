@@ -1,6 +1,12 @@
 //! The in-process engine: exact for a single instance. Each account's balance sits behind its
 //! own mutex (loaded from the database on first use); per-minute windows sit in one map entry
 //! per scope, locked together with the account so check-and-charge is one atomic step.
+//!
+//! As the gateway's engine (no Redis) it also rebuilds an account's windows when it loads the
+//! account: the current and previous minute's admissions of its keys, from their usage events.
+//! A restart or a graceful upgrade then carries the windows over instead of opening them anew,
+//! so neither is a way around a per-minute limit. (As the Redis engine's outage engine it does
+//! not: during an outage each instance counts only its own share, see `set_share`.)
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,9 +20,10 @@ use super::account::AccountState;
 use super::limits::{check, view, WINDOW_MS};
 use super::{Denied, RatePlan, RateView, Reservation, Ticket, Used};
 use crate::config::QuotaConfig;
-use crate::domain::{Breakdown, Lot};
+use crate::domain::{Breakdown, LimitMode, Lot};
 use crate::identity::Identity;
 use crate::pricing::Weights;
+use crate::storage::quota::MinuteAdmissions;
 use crate::storage::Db;
 use crate::util::FastHash;
 
@@ -57,15 +64,28 @@ pub struct Local {
     /// outage engine, this instance admits `1/share` of each per-minute limit and of each
     /// balance, so the instances together stay within one, not one each.
     share: AtomicU64,
+    /// Rebuild an account's windows from its usage events when it is loaded.
+    inherit_windows: bool,
 }
 
 impl Local {
+    /// The Redis engine's outage engine: windows start empty.
     pub fn new(deadline: Duration) -> Self {
         Local {
             accounts: DashMap::default(),
             windows: DashMap::default(),
             deadline,
             share: AtomicU64::new(1),
+            inherit_windows: false,
+        }
+    }
+
+    /// The gateway's engine without Redis: an account's windows are rebuilt from its recent
+    /// usage events when it is first used (see the module doc).
+    pub fn in_process(deadline: Duration) -> Self {
+        Local {
+            inherit_windows: true,
+            ..Local::new(deadline)
         }
     }
 
@@ -95,6 +115,14 @@ impl Local {
             crate::storage::within(self.deadline, async {
                 let spend = db.quota().spend(user_id, now).await?;
                 let lots = db.quota().lots(user_id, now).await?;
+                if self.inherit_windows {
+                    let minute = now.div_euclid(WINDOW_MS);
+                    let recent = db
+                        .quota()
+                        .admissions_since(user_id, (minute - 1) * WINDOW_MS)
+                        .await?;
+                    self.inherit(user_id, &recent, minute);
+                }
                 Ok(Mutex::new(AccountState::new(user_id, spend, lots)))
             })
         })
@@ -104,6 +132,40 @@ impl Local {
             Denied::Unavailable
         })?;
         Ok(cell)
+    }
+
+    /// Seeds the windows of `user_id`'s scopes with `recent` admissions (the current and the
+    /// previous minute's), for scopes this process has no window of yet: a window it already
+    /// counts in holds its own admissions, which the database may not have yet.
+    fn inherit(&self, user_id: &str, recent: &[MinuteAdmissions], minute: i64) {
+        let mut seeded: std::collections::HashMap<String, Windows> = Default::default();
+        for a in recent {
+            let scope = match a.limit_mode {
+                LimitMode::PerKey => ["key:", a.key_id.as_str()].concat(),
+                LimitMode::AccountPool => ["acct:", user_id].concat(),
+            };
+            let w = seeded.entry(scope).or_insert(Windows {
+                minute,
+                ..Windows::default()
+            });
+            // A clock a little ahead on another host counts in the current minute.
+            let slot = if a.minute >= minute {
+                &mut w.curr
+            } else if a.minute == minute - 1 {
+                &mut w.prev
+            } else {
+                continue;
+            };
+            for (d, n) in [a.requests, a.input_tokens, a.output_tokens]
+                .into_iter()
+                .enumerate()
+            {
+                slot[d] = slot[d].saturating_add(n);
+            }
+        }
+        for (scope, w) in seeded {
+            self.windows.entry(scope).or_insert(w);
+        }
     }
 
     #[allow(clippy::too_many_arguments)]

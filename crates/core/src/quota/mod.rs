@@ -10,7 +10,7 @@
 //!
 //! The Redis engine never waits on Redis longer than `storage.redis_timeout_ms`; while Redis is
 //! unreachable a circuit breaker (`breaker`) stops calling it and the engine follows
-//! `storage.redis_outage`: serve from an in-process engine or refuse (README, "Redis outages").
+//! `storage.redis_outage`: serve from an in-process engine or refuse (docs/operations.md, "Redis and database outages").
 
 pub mod account;
 pub mod breaker;

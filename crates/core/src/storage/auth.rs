@@ -174,6 +174,9 @@ pub(crate) mod sql {
              totp_pending_secret = NULL, totp_last_step = NULL, updated_at = $1 \
              WHERE id = $2 AND two_factor_enabled = 1";
         DELETE_RECOVERY_CODES = "DELETE FROM two_factor_recovery_codes WHERE user_id = $1";
+        /// Locks the user's row while two-factor is on (the recovery codes are replaced under it).
+        TOUCH_TWO_FACTOR_ON = "UPDATE users SET updated_at = $1 \
+             WHERE id = $2 AND two_factor_enabled = 1";
         INSERT_RECOVERY_CODE = "INSERT INTO two_factor_recovery_codes \
              (user_id, code_hash, created_at) VALUES ($1, $2, $3)";
         UNUSED_RECOVERY_CODES -> String = "SELECT code_hash FROM two_factor_recovery_codes \
@@ -442,6 +445,41 @@ impl AuthStore<'_> {
             .bind(now)
             .bind(user_id)
             .bind(pending)
+            .execute(&mut *tx)
+            .await?;
+        if r.rows_affected() != 1 {
+            return Ok(false);
+        }
+        sqlx::query(sql::DELETE_RECOVERY_CODES)
+            .bind(user_id)
+            .execute(&mut *tx)
+            .await?;
+        for hash in recovery_hashes {
+            sqlx::query(sql::INSERT_RECOVERY_CODE)
+                .bind(user_id)
+                .bind(hash)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::from_sqlx)?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Replaces every recovery code of the user (used or not) with `recovery_hashes`, in one
+    /// transaction, while two-factor is on. False when it is off (a concurrent request turned
+    /// it off): nothing changes then.
+    pub async fn replace_recovery_codes(
+        &self,
+        user_id: &str,
+        recovery_hashes: &[String],
+        now: i64,
+    ) -> StoreResult<bool> {
+        let mut tx = self.db.pool.begin().await?;
+        let r = sqlx::query(sql::TOUCH_TWO_FACTOR_ON)
+            .bind(now)
+            .bind(user_id)
             .execute(&mut *tx)
             .await?;
         if r.rows_affected() != 1 {

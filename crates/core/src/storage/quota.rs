@@ -80,6 +80,30 @@ impl From<SpendRow> for SpendBucket {
     }
 }
 
+row! {
+    /// Admissions of one key in one minute, as the usage events record them.
+    struct AdmissionRow {
+        key_id: String,
+        limit_mode: String,
+        minute: i64,
+        requests: i64,
+        input_tokens: i64,
+        output_tokens: i64,
+    }
+}
+
+/// What one key of an account was admitted in one minute (Unix minutes): its requests and raw
+/// tokens, as its per-minute windows count them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MinuteAdmissions {
+    pub key_id: String,
+    pub limit_mode: crate::domain::LimitMode,
+    pub minute: i64,
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
 /// `SELECT` of a `LotRow` followed by `$rest`.
 macro_rules! select_lot {
     ($rest:literal) => {
@@ -102,6 +126,16 @@ pub(crate) mod sql {
         SPEND -> super::SpendRow = "SELECT hour, allowance_tokens, allowance_requests, lot_tokens, \
              lot_requests FROM quota_spend WHERE user_id = $1 AND hour >= $2";
         LOTS_CREATED_SINCE -> super::LotRow = select_lot!("WHERE created_at >= $1 LIMIT 10000");
+        /// Per key and minute since `$2`: one account's range of the events' key, so cheap.
+        ADMISSIONS_SINCE -> super::AdmissionRow = "SELECT e.key_id AS key_id, \
+             COALESCE(k.limit_mode, '') AS limit_mode, \
+             CAST(e.created_at / 60000 AS BIGINT) AS minute, \
+             CAST(COUNT(*) AS BIGINT) AS requests, \
+             CAST(SUM(e.input_tokens) AS BIGINT) AS input_tokens, \
+             CAST(SUM(e.output_tokens) AS BIGINT) AS output_tokens \
+             FROM usage_events e LEFT JOIN api_keys k ON k.id = e.key_id \
+             WHERE e.user_id = $1 AND e.created_at >= $2 \
+             GROUP BY e.key_id, k.limit_mode, CAST(e.created_at / 60000 AS BIGINT)";
         DRAW_LOT = "UPDATE quota_lots SET remaining = \
              CASE WHEN remaining > $1 THEN remaining - $2 ELSE 0 END WHERE id = $3";
         ADD_SPEND = "INSERT INTO quota_spend (user_id, hour, allowance_tokens, \
@@ -200,6 +234,33 @@ impl QuotaStore<'_> {
             .fetch_all(&self.db.pool)
             .await?;
         Ok(rows.into_iter().map(SpendBucket::from).collect())
+    }
+
+    /// The account's admissions since `since` (Unix ms) per key and minute, from its usage
+    /// events (each event is one admitted request, dated at its admission). The in-process
+    /// engine rebuilds its per-minute windows from them, so a restart or an upgrade does not
+    /// reset a limit.
+    pub async fn admissions_since(
+        &self,
+        user_id: &str,
+        since: i64,
+    ) -> StoreResult<Vec<MinuteAdmissions>> {
+        let rows = sqlx::query_as::<_, AdmissionRow>(sql::ADMISSIONS_SINCE)
+            .bind(user_id)
+            .bind(since)
+            .fetch_all(&self.db.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| MinuteAdmissions {
+                limit_mode: crate::domain::LimitMode::parse(&r.limit_mode),
+                key_id: r.key_id,
+                minute: r.minute,
+                requests: u(r.requests),
+                input_tokens: u(r.input_tokens),
+                output_tokens: u(r.output_tokens),
+            })
+            .collect())
     }
 
     /// Lots created at or after `since` (the change feed for hot balances).

@@ -35,6 +35,8 @@ const MESSAGES = {
   active_key_limit_reached: 'You already have the maximum number of active keys.',
   too_many_pending_payment_orders: 'You have too many unpaid orders; pay or let one expire first.',
   invalid_quantity: 'Enter a valid quantity.',
+  order_below_minimum: 'That order is below the smallest amount we accept; order more.',
+  invalid_quota_type: 'That cannot be bought here.',
   unauthorized: 'Your session has ended; sign in again.',
 };
 const explain = (e) => (e instanceof ApiError ? MESSAGES[e.code] || `Error: ${e.code}` : `Error: ${e.message}`);
@@ -136,11 +138,14 @@ async function busy(buttons, work) {
   }
 }
 
-/** A modal question; resolves true for the confirm button, false for Cancel or Escape. */
-function confirmAction({ title, text, ok, danger = false }) {
+/**
+ * A modal question; resolves true for the confirm button (`ok`), false for the other one
+ * (`keep`, which names what dismissing keeps) or Escape.
+ */
+function confirmAction({ title, text, ok, keep = 'Cancel', danger = false }) {
   return new Promise((resolve) => {
     const yes = el('button', { type: 'button', id: 'confirm-ok', class: danger ? 'danger-solid' : null }, ok);
-    const no = el('button', { type: 'button', id: 'confirm-cancel', class: 'secondary' }, 'Cancel');
+    const no = el('button', { type: 'button', id: 'confirm-cancel', class: 'secondary' }, keep);
     const dlg = el('dialog', { id: 'confirm', class: 'confirm', 'aria-labelledby': 'confirm-h', 'aria-describedby': 'confirm-text' },
       el('h2', { id: 'confirm-h' }, title), el('p', { id: 'confirm-text' }, text), el('div', { class: 'row end' }, no, yes));
     const done = (answer) => { dlg.close(); dlg.remove(); resolve(answer); };
@@ -153,9 +158,12 @@ function confirmAction({ title, text, ok, danger = false }) {
   });
 }
 
-/** A small button that copies `text` and says so. */
-function copyButton(id, text, what) {
-  const b = el('button', { type: 'button', class: 'secondary small-btn', id, 'aria-label': `Copy ${what}` }, 'Copy');
+/**
+ * A button that copies `text` and says so: small and secondary beside a value, or (`primary`)
+ * a full-size primary button when copying is the step's main action.
+ */
+function copyButton(id, text, what, { primary = false } = {}) {
+  const b = el('button', { type: 'button', class: primary ? null : 'secondary small-btn', id, 'aria-label': `Copy ${what}` }, 'Copy');
   b.addEventListener('click', async () => {
     const ok = await copy(text);
     b.textContent = ok ? 'Copied' : 'Copy failed';
@@ -164,9 +172,10 @@ function copyButton(id, text, what) {
   return b;
 }
 
+/** Renders a page: its title and the sections given (absent ones, `null`, are left out). */
 function page(title, ...children) {
   document.title = `${title} · Gateway panel`;
-  main.replaceChildren(el('h1', {}, title), ...children);
+  main.replaceChildren(el('h1', {}, title), ...children.filter((c) => c !== null && c !== undefined && c !== false));
 }
 
 /**
@@ -329,11 +338,11 @@ function quotaSection(q, lots = []) {
   }
   const allowance = q.weeklyTokens || 0;
   const allowanceLeft = q.allowanceTokensRemaining ?? Math.max(0, (q.tokensRemaining || 0) - (q.lotTokensRemaining || 0));
-  const allowanceUsed = Math.max(0, allowance - allowanceLeft);
   const tokenLots = lots.filter((l) => l.type === 'token' && l.remaining > 0);
   const requestLots = lots.filter((l) => l.type === 'request' && l.remaining > 0);
   const nextExpiry = (ls) => ls.map((l) => l.expiresAt).sort()[0];
-  const meter = (used, total, label) => el('progress', { max: Math.max(1, total), value: Math.min(used, total), 'aria-label': label });
+  // The bar shows what is left, as the text beside it does: full at the start of the week.
+  const meter = (left, total, label) => el('progress', { id: 'quota-allowance-bar', max: Math.max(1, total), value: Math.min(left, total), 'aria-label': label });
   const requests = q.weeklyRequests
     ? [el('dt', {}, 'Weekly requests'), el('dd', { id: 'quota-requests' }, `${fmt(q.allowanceRequestsRemaining)} of ${fmt(q.weeklyRequests)} left`)]
     : [el('dt', {}, 'Weekly requests'), el('dd', { id: 'quota-requests' }, 'no weekly cap')];
@@ -344,7 +353,7 @@ function quotaSection(q, lots = []) {
       el('div', { class: 'stat' }, el('div', { class: 'v', id: 'quota-used' }, short(q.weeklyTokensUsed)), el('div', { class: 'k' }, 'tokens used this week'))),
     el('dl', { class: 'kv plain' },
       el('dt', {}, 'Weekly allowance'),
-      el('dd', { id: 'quota-allowance' }, `${fmt(allowanceLeft)} of ${fmt(allowance)} tokens left`, el('br'), meter(allowanceUsed, allowance, 'Weekly allowance used')),
+      el('dd', { id: 'quota-allowance' }, `${fmt(allowanceLeft)} of ${fmt(allowance)} tokens left`, el('br'), meter(allowanceLeft, allowance, 'Weekly allowance left')),
       el('dt', {}, 'Purchased lots'),
       el('dd', { id: 'quota-lots' }, tokenLots.length
         ? `${fmt(q.lotTokensRemaining)} tokens left in ${tokenLots.length} lot${tokenLots.length > 1 ? 's' : ''}, next expiry ${when(nextExpiry(tokenLots))}`
@@ -370,7 +379,7 @@ async function overviewPage() {
     quotaSection(q, u.quotaLots || []),
     el('nav', { class: 'card', 'aria-label': 'Sections' },
       el('div', { class: 'row' },
-        el('a', { href: '/panel/keys' }, 'API key →'), el('a', { href: '/panel/usage' }, 'Usage →'),
+        el('a', { href: '/panel/keys' }, 'API keys →'), el('a', { href: '/panel/usage' }, 'Usage →'),
         el('a', { href: '/panel/billing' }, 'Buy quota →'), el('a', { href: '/panel/security' }, 'Security →'))));
 }
 
@@ -380,17 +389,21 @@ async function overviewPage() {
 async function keysPage() {
   const data = await api('/api/account/keys');
   const keys = data.keys || [];
-  const reveal = el('div', { id: 'secret-box', 'aria-live': 'polite' });
   const error = el('p', { class: 'error', role: 'alert' });
   const active = keys.filter((k) => k.status === 'active');
+  const revoked = keys.filter((k) => k.status !== 'active');
+  const global = active.find((k) => k.global);
+  const others = active.filter((k) => !k.global);
+  const label = (k) => `${k.name} (${k.keyPrefix}…${k.keySuffix})`;
 
-  const rotate = el('button', { type: 'button', id: 'rotate' }, active.length ? 'Rotate key' : 'Create key');
+  const rotate = el('button', { type: 'button', id: 'rotate' }, global ? 'Rotate global key' : 'Create global key');
   rotate.addEventListener('click', async () => {
     error.textContent = '';
-    if (active.length && !await confirmAction({
-      title: 'Rotate the key?',
-      text: 'A new key is created and the current one stops working at once: every program that uses it needs the new key.',
+    if (global && !await confirmAction({
+      title: 'Rotate the global key?',
+      text: `A new global key is created and ${label(global)} stops working at once: every program that uses it needs the new key.${others.length ? ` Your ${others.length === 1 ? 'other key stays' : `${others.length} other keys stay`} active.` : ''}`,
       ok: 'Rotate key',
+      keep: 'Keep current key',
       danger: true,
     })) return;
     await busy(rotate, async () => {
@@ -403,46 +416,57 @@ async function keysPage() {
     });
   });
 
-  const rows = keys.map((k) => {
-    const revoke = k.status === 'active'
-      ? el('button', { type: 'button', class: 'danger', 'data-revoke': k.id, 'aria-label': `Revoke ${k.name}` }, 'Revoke')
-      : '';
-    if (revoke) {
-      revoke.addEventListener('click', async () => {
-        error.textContent = '';
-        if (!await confirmAction({
-          title: 'Revoke this key?',
-          text: `${k.name} (${k.keyPrefix}…${k.keySuffix}) stops working at once and cannot be turned back on.`,
-          ok: 'Revoke key',
-          danger: true,
-        })) return;
-        await busy([revoke, rotate], async () => {
-          try {
-            await api(`/api/account/keys/${encodeURIComponent(k.id)}`, { method: 'DELETE' });
-            say('Key revoked.');
-            await keysPage();
-          } catch (e) { error.textContent = explain(e); }
-        });
+  const rows = active.map((k) => {
+    const revoke = el('button', { type: 'button', class: 'danger', 'data-revoke': k.id, 'aria-label': `Revoke ${label(k)}` }, 'Revoke');
+    revoke.addEventListener('click', async () => {
+      error.textContent = '';
+      if (!await confirmAction({
+        title: 'Revoke this key?',
+        text: `${label(k)} stops working at once and cannot be turned back on.`,
+        ok: 'Revoke key',
+        keep: 'Keep key',
+        danger: true,
+      })) return;
+      await busy([revoke, rotate], async () => {
+        try {
+          await api(`/api/account/keys/${encodeURIComponent(k.id)}`, { method: 'DELETE' });
+          say('Key revoked.');
+          await keysPage();
+        } catch (e) { error.textContent = explain(e); }
       });
-    }
+    });
     return [
-      el('span', {}, k.name, el('br'), el('span', { class: 'muted small mono' }, k.id)),
+      el('span', {}, k.name, k.global ? [' ', el('span', { class: 'badge global' }, 'global')] : null, el('br'), el('span', { class: 'muted small mono' }, k.id)),
       el('code', {}, `${k.keyPrefix}…${k.keySuffix}`),
-      badge(k.status),
       (k.scopes || []).join(', '),
       when(k.createdAt),
       when(k.lastUsedAt),
       revoke,
     ];
   });
+  const revokedRows = revoked.map((k) => [
+    el('span', {}, k.name, el('br'), el('span', { class: 'muted small mono' }, k.id)),
+    el('code', {}, `${k.keyPrefix}…${k.keySuffix}`),
+    when(k.createdAt),
+    when(k.revokedAt),
+  ]);
 
-  page('API key',
-    el('section', { class: 'card' },
-      el('h2', {}, 'Global key'),
-      el('p', { class: 'muted' }, 'One key for every endpoint, drawing on your account quota. Rotating creates a new key and revokes the old one at once.'),
-      table('Keys', ['Name', 'Key', 'Status', 'Scopes', 'Created', 'Last used', ''], rows),
+  page('API keys',
+    el('section', { class: 'card', 'aria-labelledby': 'active-h' },
+      el('h2', { id: 'active-h' }, `Active keys (${active.length})`),
+      el('p', { class: 'muted', id: 'rotation-note' },
+        'Every key draws on your account quota. ',
+        el('strong', {}, 'Rotating replaces the global key'),
+        ': a new global key is created and shown once, and the previous global key stops working at once. ',
+        'Other keys (an operator may create some for your programs) are not touched: they stay active until you revoke them.'),
+      table('Active keys', ['Name', 'Key', 'Scopes', 'Created', 'Last used', ''], rows, [], 'active-keys'),
       el('div', { class: 'row' }, rotate),
-      reveal, error));
+      el('div', { id: 'secret-box', 'aria-live': 'polite' }), error),
+    revokedRows.length
+      ? el('section', { class: 'card', 'aria-labelledby': 'revoked-h' },
+        el('h2', { id: 'revoked-h' }, `Revoked keys (${revokedRows.length})`),
+        table('Revoked keys', ['Name', 'Key', 'Created', 'Revoked'], revokedRows, [], 'revoked-keys'))
+      : null);
 
   function showSecret(secret) {
     const box = document.getElementById('secret-box');
@@ -456,6 +480,7 @@ async function keysPage() {
     box.replaceChildren(el('div', { class: 'notice row' },
       el('p', {}, el('strong', {}, 'Your new key. '), 'It is shown only this once: store it somewhere safe.'),
       el('div', { class: 'secret' }, el('code', { id: 'new-secret' }, secret), copyBtn)));
+    box.scrollIntoView({ block: 'center' });
   }
 }
 
@@ -528,7 +553,7 @@ async function usagePage() {
   const stat = (k, v, id, cls = 'v') => el('div', { class: 'stat' }, el('div', { class: cls, id }, v), el('div', { class: 'k' }, k));
   const hourly = Array.isArray(u.hourly);
   page('Usage', seg,
-    el('section', { class: 'grid', 'aria-label': 'Summary' },
+    el('section', { class: 'grid summary', id: 'summary', 'aria-label': 'Summary' },
       stat('Quota charged', fmt(s.quotaCharged), 'sum-charged'),
       stat('Requests', fmt(s.requests), 'sum-requests'),
       stat('Input tokens', fmt(s.inputTokens), 'sum-input'),
@@ -544,10 +569,10 @@ async function usagePage() {
     el('section', { class: 'card', 'aria-labelledby': 'recent-h' }, el('h2', { id: 'recent-h' }, 'Recent requests'),
       table('Requests', ['Time', 'Model', 'Effort', 'Quota', 'Input', 'Cached', 'Output', 'Total'],
         (u.recentRequests || []).map((r) => [when(r.createdAt), el('code', {}, r.model), r.reasoningEffort || '—', fmt(r.quotaCharged), fmt(r.inputTokens), fmt(r.cachedTokens), fmt(r.outputTokens), fmt(r.totalTokens)]), [3, 4, 5, 6, 7])),
-    el('section', { class: 'card', 'aria-labelledby': 'prices-h' }, el('h2', { id: 'prices-h' }, 'Model prices'),
-      el('p', { class: 'muted small' }, 'Quota tokens charged per token of each model. A request costs its uncached input, cached input and output tokens at these rates, rounded up once.'),
-      table('Model prices', ['Model', 'Input', 'Cached input', 'Output'],
-        (u.models || []).map((m) => [el('code', {}, m.id), weight(m.inputWeight), weight(m.cachedInputWeight), weight(m.outputWeight)]), [1, 2, 3], 'model-prices')));
+    el('section', { class: 'card', 'aria-labelledby': 'weights-h' }, el('h2', { id: 'weights-h' }, 'Model weights'),
+      el('p', { class: 'muted small' }, 'Quota tokens charged per token of each model. A request costs its uncached input, cached input and output tokens at these weights, rounded up once.'),
+      table('Model weights', ['Model', 'Input', 'Cached input', 'Output'],
+        (u.models || []).map((m) => [el('code', {}, m.id), weight(m.inputWeight), weight(m.cachedInputWeight), weight(m.outputWeight)]), [1, 2, 3], 'model-weights')));
   // Drawn once the page is in place, so the chart takes the width it really has.
   document.getElementById('chart-box').replaceChildren(usageChart(hourly ? u.hourly : (u.daily || []), hourly));
   main.dataset.shownPeriod = u.period;
@@ -574,6 +599,7 @@ async function cancelOrder(order, button, error) {
     title: `Cancel order ${order.id}?`,
     text: 'Do not transfer money for it after cancelling: a late transfer is not matched to the order and has to be refunded or credited by hand.',
     ok: 'Cancel order',
+    keep: 'Keep order',
     danger: true,
   })) return false;
   return busy(button, async () => {
@@ -668,17 +694,37 @@ function renderBilling(data, shownId) {
   const kind = el('select', { id: 'quota-type' },
     pr.tokenPricePerMillion ? el('option', { value: 'token' }, `Tokens (${vnd(pr.tokenPricePerMillion)} per million)`) : null,
     pr.requestPricePerThousand ? el('option', { value: 'request' }, `Requests (${vnd(pr.requestPricePerThousand)} per thousand)`) : null);
-  const qty = el('input', { type: 'number', id: 'quantity', min: 1, step: 1, required: true, value: 1000000 });
+  const minimum = pr.minOrderAmount || 0;
+  // The price of `n` of the selected kind, as the server computes it (rounded up to whole VND).
+  const priceOf = (n) => (kind.value === 'request'
+    ? Math.ceil((n * (pr.requestPricePerThousand || 0)) / 1000)
+    : Math.ceil((n * (pr.tokenPricePerMillion || 0)) / 1e6));
+  const smallest = () => {
+    const per = kind.value === 'request' ? (pr.requestPricePerThousand || 0) / 1000 : (pr.tokenPricePerMillion || 0) / 1e6;
+    return per > 0 ? Math.ceil(minimum / per) : 1;
+  };
+  const qty = el('input', { type: 'number', id: 'quantity', min: 1, step: 1, required: true, value: Math.max(1000000, smallest()), 'aria-describedby': 'custom-price' });
+  const priceLine = el('p', { class: 'muted small', id: 'custom-price', 'aria-live': 'polite' });
+  const showPrice = () => {
+    const n = Number(qty.value);
+    const what = kind.value === 'request' ? 'requests' : 'tokens';
+    const min = minimum ? ` The smallest order is ${vnd(minimum)} (${fmt(smallest())} ${what}).` : '';
+    priceLine.textContent = Number.isInteger(n) && n > 0 ? `Costs ${vnd(priceOf(n))}.${min}` : min.trim();
+  };
+  kind.addEventListener('change', showPrice);
+  qty.addEventListener('input', showPrice);
+  showPrice();
   const submit = el('button', { type: 'submit' }, 'Create order');
   orderButtons.push(submit);
   const custom = el('form', { id: 'custom-order', novalidate: true },
     el('label', { for: 'quota-type' }, 'What to buy'), kind,
-    el('label', { for: 'quantity' }, 'Quantity'), qty,
+    el('label', { for: 'quantity' }, 'Quantity'), qty, priceLine,
     el('div', { class: 'row' }, submit));
   custom.addEventListener('submit', (ev) => {
     ev.preventDefault();
     const n = Number(qty.value);
     if (!Number.isInteger(n) || n < 1) { error.textContent = MESSAGES.invalid_quantity; return; }
+    if (priceOf(n) < minimum) { error.textContent = `The smallest order is ${vnd(minimum)}: buy at least ${fmt(smallest())}.`; return; }
     order({ quotaType: kind.value, quantity: n }, submit);
   });
 
@@ -696,7 +742,7 @@ function renderBilling(data, shownId) {
       cancel.addEventListener('click', () => onCancel(o, cancel));
       actions.append(details, cancel);
     }
-    return [el('code', {}, o.id), o.packageName || `${fmt(o.quantity)} ${o.quotaType}s`, vnd(o.amount), el('code', {}, o.paymentCode || '—'), badge(o.paymentStatus), when(o.createdAt), actions];
+    return [el('code', { class: 'nowrap' }, o.id), o.packageName || `${fmt(o.quantity)} ${o.quotaType}s`, el('span', { class: 'nowrap' }, vnd(o.amount)), el('code', { class: 'nowrap' }, o.paymentCode || '—'), badge(o.paymentStatus), when(o.createdAt), actions];
   });
   const lots = (data.quotaLots || []).map((l) => [l.type, l.tier || '—', fmt(l.amount), fmt(l.remaining), l.source || '—', when(l.expiresAt)]);
 
@@ -794,7 +840,9 @@ async function start() {
     nav.hidden = false;
     document.getElementById('account').hidden = false;
     document.getElementById('who').textContent = session.user.email;
-    for (const a of nav.querySelectorAll('a')) if (a.getAttribute('href') === path) a.setAttribute('aria-current', 'page');
+    // The overview answers at three paths; its link is the first.
+    const current = ['/panel/', '/panel/account'].includes(path) ? '/panel' : path;
+    for (const a of nav.querySelectorAll('a')) if (a.getAttribute('href') === current) a.setAttribute('aria-current', 'page');
     document.getElementById('signout').addEventListener('click', async () => {
       try { await api('/api/auth/signout', { method: 'POST', body: {} }); } catch (e) { say(explain(e)); }
       location.assign('/panel/signin');

@@ -1,6 +1,6 @@
 // The panel's security page (/panel/security): two-factor enrolment in three visible steps —
 // scan the secret (QR code or typed), confirm it with a code from the app, save the recovery
-// codes (shown once) — and turning two-factor off with a code. The app module hands in its
+// codes (shown once) — new recovery codes for a code, and turning two-factor off with a code. The app module hands in its
 // helpers, so this module imports nothing and nothing imports it but the app.
 
 export async function securityPage(ui) {
@@ -12,15 +12,16 @@ export async function securityPage(ui) {
   const show = (...children) => { error.textContent = ''; area.replaceChildren(...children); };
   const state = (on) => el('p', {}, 'Two-factor is ', el('strong', { id: 'tfa-state' }, on ? 'on' : 'off'), '.');
 
-  /** Step 3: the recovery codes, shown this once. */
-  function recoveryStep(codes) {
-    const done = el('button', { type: 'button', id: 'recovery-done' }, 'I have saved them');
+  /** Step 3 (or a regeneration): the recovery codes, shown this once. */
+  function recoveryStep(codes, replaced = false) {
+    const done = el('button', { type: 'button', class: 'secondary', id: 'recovery-done' }, 'I have saved them');
     done.addEventListener('click', () => securityPage(ui));
     show(state(true), el('div', { class: 'notice', id: 'recovery-box' },
-      el('h3', {}, 'Step 3 of 3: save your recovery codes'),
-      el('p', {}, 'Each code signs you in once if you lose your authenticator. ', el('strong', {}, 'They are shown only now.')),
+      el('h3', {}, replaced ? 'Your new recovery codes' : 'Step 3 of 3: save your recovery codes'),
+      el('p', {}, 'Each code signs you in once if you lose your authenticator. ',
+        replaced ? 'Your previous codes no longer work. ' : '', el('strong', {}, 'They are shown only now.')),
       el('ol', { class: 'recovery', id: 'recovery-codes' }, codes.map((c) => el('li', {}, el('code', {}, c)))),
-      el('div', { class: 'row' }, copyButton('copy-recovery', codes.join('\n'), 'recovery codes'), done)));
+      el('div', { class: 'row' }, copyButton('copy-recovery', codes.join('\n'), 'recovery codes', { primary: true }), done)));
     done.focus();
   }
 
@@ -94,7 +95,25 @@ export async function securityPage(ui) {
         } catch (e) { error.textContent = explain(e); }
       });
     });
-    show(state(true), el('p', { id: 'recovery-left' }, `${left ?? 0} unused recovery code${left === 1 ? '' : 's'} left.`), form);
+    const regenInput = el('input', { type: 'text', id: 'regenerate-code', name: 'twoFactorCode', autocomplete: 'one-time-code', maxlength: 24, required: true });
+    const regenSubmit = el('button', { type: 'submit', class: 'secondary', id: 'regenerate-recovery' }, 'Get new recovery codes');
+    const regenForm = el('form', { id: 'regenerate-form', novalidate: true },
+      el('h3', {}, 'Recovery codes'),
+      el('p', { id: 'recovery-left' }, `${left ?? 0} unused recovery code${left === 1 ? '' : 's'} left. New codes replace all of them.`),
+      el('label', { for: 'regenerate-code' }, 'Authenticator code or recovery code'), regenInput,
+      el('div', { class: 'row' }, regenSubmit));
+    regenForm.addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      error.textContent = '';
+      busy(regenSubmit, async () => {
+        try {
+          const r = await api('/api/account/security', { method: 'POST', body: { regenerateRecoveryCodes: true, twoFactorCode: regenInput.value.trim() } });
+          say('New recovery codes made; the old ones no longer work.');
+          recoveryStep(r.recoveryCodes || [], true);
+        } catch (e) { error.textContent = explain(e); regenInput.select(); }
+      });
+    });
+    show(state(true), regenForm, el('h3', {}, 'Turn off'), form);
   }
 
   if (sec.twoFactorEnabled) onState(sec.recoveryCodesLeft);

@@ -5,6 +5,9 @@
 //! `{twoFactorEnabled:true, twoFactorCode}` with a code of that secret turns two-factor on and
 //! shows the ten recovery codes once. `{twoFactorEnabled:false, twoFactorCode}` turns it off
 //! with a TOTP or recovery code (a pending enrolment is dropped without one).
+//! `{regenerateRecoveryCodes:true, twoFactorCode}` replaces the recovery codes with ten new
+//! ones (shown once) while two-factor stays on, so a user who used or lost some need not turn
+//! two-factor off and enrol again.
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -119,11 +122,26 @@ fn code_field(body: &Value) -> Result<Option<&str>, SiteError> {
     }
 }
 
-/// `POST /security {twoFactorEnabled, twoFactorCode?}`; any other body is `invalid_body`.
+/// `POST /security {twoFactorEnabled, twoFactorCode?}` or `{regenerateRecoveryCodes: true,
+/// twoFactorCode}`; any other body is `invalid_body`.
 pub(super) async fn post_security(
     State(state): State<SharedState>,
     Member(Mutation { session, body }): Member<Mutation>,
 ) -> Result<Response, SiteError> {
+    match body.get("regenerateRecoveryCodes") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+        Some(Value::Bool(true)) => {
+            let code = code_field(&body)?;
+            let user = load_user(&state, &session.user_id, SiteError::SecurityQueryFailed).await?;
+            let tfa = two_factor_state(&state, &user.id).await?;
+            if !tfa.enabled {
+                // No recovery codes exist while two-factor is off.
+                return Err(SiteError::InvalidBody);
+            }
+            return regenerate(&state, &user, tfa.secret.as_deref(), code).await;
+        }
+        Some(_) => return Err(SiteError::InvalidBody),
+    }
     let enable = body
         .get("twoFactorEnabled")
         .and_then(Value::as_bool)
@@ -230,15 +248,15 @@ async fn confirm(
     ))
 }
 
-/// Turns two-factor off with a TOTP or recovery code: `two_factor_code_required` without one,
-/// `too_many_attempts` when the account's wrong codes are spent ([`budget`]), `invalid_code`
-/// for a wrong one.
-async fn turn_off(
+/// Checks a second factor for a change to two-factor itself: `two_factor_code_required`
+/// without a code, `too_many_attempts` when the account's wrong codes are spent ([`budget`]),
+/// `invalid_code` for a wrong one. A recovery code that passes is used up.
+async fn second_factor(
     state: &AppState,
     user: &UserRecord,
     secret: Option<&str>,
     code: Option<&str>,
-) -> Result<Response, SiteError> {
+) -> Result<(), SiteError> {
     let failure = SiteError::SecurityUpdateFailed;
     let code = code.ok_or(SiteError::TwoFactorCodeRequired)?;
     let guess = budget::take(state, &user.id).await?;
@@ -259,6 +277,18 @@ async fn turn_off(
         return Err(SiteError::InvalidCode);
     }
     guess.give_back(state).await;
+    Ok(())
+}
+
+/// Turns two-factor off with a TOTP or recovery code ([`second_factor`]).
+async fn turn_off(
+    state: &AppState,
+    user: &UserRecord,
+    secret: Option<&str>,
+    code: Option<&str>,
+) -> Result<Response, SiteError> {
+    let failure = SiteError::SecurityUpdateFailed;
+    second_factor(state, user, secret, code).await?;
     state
         .db
         .auth()
@@ -267,4 +297,40 @@ async fn turn_off(
         .or_fail(failure)?;
     log::info!("user {}: two-factor turned off", user.id);
     Ok(plain(false))
+}
+
+/// Replaces the recovery codes with ten new ones after a TOTP or recovery code
+/// ([`second_factor`]); the old ones, used or not, stop working. Shows the new ones once.
+async fn regenerate(
+    state: &AppState,
+    user: &UserRecord,
+    secret: Option<&str>,
+    code: Option<&str>,
+) -> Result<Response, SiteError> {
+    second_factor(state, user, secret, code).await?;
+    let key = AuthKey::from_state(state)?;
+    let codes = recovery::generate();
+    let hashes: Vec<String> = codes
+        .iter()
+        .filter_map(|c| recovery::digest(&key, &user.id, c))
+        .collect();
+    let replaced = state
+        .db
+        .auth()
+        .replace_recovery_codes(&user.id, &hashes, now_ms())
+        .await
+        .or_fail(SiteError::SecurityUpdateFailed)?;
+    if !replaced {
+        // Turned off meanwhile: there are no recovery codes to replace.
+        return Err(SiteError::InvalidBody);
+    }
+    log::info!("user {}: recovery codes regenerated", user.id);
+    Ok(answer(
+        SecurityState {
+            two_factor_enabled: true,
+            recovery_codes_left: Some(codes.len()),
+            ..SecurityState::default()
+        },
+        Some(&codes),
+    ))
 }

@@ -8,7 +8,7 @@
 //! grants its quota lot, exactly once (`storage::payments`). A transfer that carries the
 //! account's personal code instead tops up tokens at the configured price.
 //!
-//! Decisions the spec leaves open (README "Payments"):
+//! Decisions the spec leaves open (docs/payments.md):
 //! - Paying at least the order's amount matches (the surplus stays on record); less is
 //!   `amount_mismatch` and the order stays pending.
 //! - A pending order can be cancelled by its owner (`POST /orders/{id}/cancel`). A transfer for
@@ -32,7 +32,7 @@ use axum::Router;
 use gateway_core::state::SharedState;
 use gateway_core::util::now_ms;
 
-pub use catalogue::{package, Package, CATALOGUE, MAX_CUSTOM_QUANTITY};
+pub use catalogue::{package, MAX_CUSTOM_QUANTITY};
 pub use vietqr::{vietqr_image_url, vietqr_payload};
 pub use views::{order_json, transaction_json, OrderView, TransactionView};
 pub use webhook::WEBHOOK_BODY_LIMIT;

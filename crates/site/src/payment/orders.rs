@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::catalogue::{order_request, PackageView, Pricing, CATALOGUE};
+use super::catalogue::{order_request, PackageView, Pricing};
 use super::views::{OrderView, PaymentSettings};
 use crate::access::check_beta;
 use crate::error::{Failing, SiteError};
@@ -94,10 +94,14 @@ pub(super) async fn list_orders(
     Ok(Reply(Orders {
         ok: true,
         authenticated: true,
-        packages: CATALOGUE.iter().map(|p| PackageView::new(p, pay)).collect(),
+        packages: pay
+            .packages
+            .iter()
+            .map(|p| PackageView::new(p, pay))
+            .collect(),
         orders: orders.iter().map(|o| OrderView::new(o, pay, now)).collect(),
         quota_lots: views::all(&lots),
-        pricing: Pricing::new(pay),
+        pricing: Pricing::new(&cfg),
         config: PaymentSettings::from(pay),
         csrf_token: &session.csrf_token,
         payment_code: personal,
@@ -119,7 +123,7 @@ pub(super) async fn create_order(
 ) -> Result<Response, SiteError> {
     let cfg = state.config();
     let pay = &cfg.payment;
-    let new = order_request(pay, &session.user_id, &body)?;
+    let new = order_request(&cfg, &session.user_id, &body)?;
     let rules = OrderRules {
         code_prefix: pay.code_prefix.clone(),
         ttl_ms: i64::try_from(pay.order_ttl.as_millis()).unwrap_or(i64::MAX),
