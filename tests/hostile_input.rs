@@ -6,7 +6,7 @@ use gateway_devapi::route::{classify, Route};
 use gateway_devapi::sse::SseParser;
 use gateway_devapi::tokens::{requested_output, TokenCounter};
 use gateway_devapi::usage::{usage_from_body, StreamKind, StreamUsageTracker};
-use gateway_translate::{chat_to_messages, messages_to_chat, responses};
+use gateway_translate::{chat_to_messages, gemini, messages_to_chat, responses};
 use proptest::prelude::*;
 use serde_json::Value;
 use std::sync::LazyLock;
@@ -38,7 +38,12 @@ fn json_value() -> impl Strategy<Value = Value> {
             Just("type"),
             Just("input"),
             Just("system"),
-            Just("tools")
+            Just("tools"),
+            Just("model"),
+            Just("user"),
+            Just("tool"),
+            Just("STOP"),
+            Just("RESOURCE_EXHAUSTED")
         ]
         .prop_map(|s| Value::String(s.to_string())),
     ];
@@ -59,6 +64,14 @@ fn json_value() -> impl Strategy<Value = Value> {
                     Just("input".to_string()),
                     Just("tools".to_string()),
                     Just("system".to_string()),
+                    Just("tool_call_id".to_string()),
+                    Just("function".to_string()),
+                    Just("candidates".to_string()),
+                    Just("parts".to_string()),
+                    Just("functionCall".to_string()),
+                    Just("usageMetadata".to_string()),
+                    Just("finishReason".to_string()),
+                    Just("error".to_string()),
                     "[a-z_]{1,12}",
                 ],
                 inner,
@@ -172,6 +185,43 @@ proptest! {
         let _ = b.finish();
         let _ = c.finish(true);
         let _ = d.finish(false);
+    }
+
+    /// Whatever a client sends, the Gemini request is either refused or well formed: turns of
+    /// `user` and `model` only, none empty, never two of one role in a row; and whatever Gemini
+    /// answers (or sends as events), the chat client gets a chat answer and well-formed frames
+    /// ending in `[DONE]`.
+    #[test]
+    fn gemini_translation_is_total_and_well_formed(v in json_value(), events in prop::collection::vec(json_value(), 0..12)) {
+        if let Ok(out) = gemini::request(&v) {
+            let contents = out["contents"].as_array().expect("contents");
+            prop_assert!(!contents.is_empty());
+            let mut last = "";
+            for turn in contents {
+                let role = turn["role"].as_str().unwrap_or("");
+                prop_assert!(role == "user" || role == "model", "{}", turn);
+                prop_assert!(role != last, "{}", out);
+                prop_assert!(!turn["parts"].as_array().expect("parts").is_empty());
+                last = role;
+            }
+        }
+        let answer = gemini::response(&v, "m");
+        prop_assert!(answer["choices"][0]["finish_reason"].is_string());
+        prop_assert!(answer["usage"]["total_tokens"].is_u64());
+        let raw = serde_json::to_vec(&v).unwrap_or_default();
+        prop_assert!(gemini::error(&raw)["error"]["message"].is_string());
+        let mut t = gemini::StreamTranslator::new("m", true);
+        let mut frames = Vec::new();
+        for data in &events {
+            frames.extend(t.on_event_frames(&data.to_string()));
+        }
+        frames.extend(t.finish_frames());
+        let text: String = frames.iter().map(|f| String::from_utf8_lossy(f).into_owned()).collect();
+        prop_assert!(text.ends_with("data: [DONE]\n\n"), "{}", text);
+        for frame in text.split_terminator("\n\n") {
+            let data = frame.strip_prefix("data: ").expect("data frame");
+            prop_assert!(data == "[DONE]" || serde_json::from_str::<Value>(data).is_ok(), "{}", frame);
+        }
     }
 }
 

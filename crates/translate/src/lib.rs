@@ -1,6 +1,6 @@
 //! Cross-style translation between the OpenAI chat-completions API and the
-//! Anthropic messages API, in both directions and for streams, and from the OpenAI
-//! Responses API to either of them.
+//! Anthropic messages API, in both directions and for streams, from the OpenAI
+//! Responses API to either of them, and between chat completions and the Gemini API.
 //!
 //! Everything here is pure: the proxy layer owns I/O, status codes and the parsing of
 //! the upstream SSE stream, so these functions can be tested without a network and
@@ -24,6 +24,7 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 pub mod chat_to_messages;
+pub mod gemini;
 pub mod messages_to_chat;
 pub mod responses;
 

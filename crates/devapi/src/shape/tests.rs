@@ -1,5 +1,6 @@
 //! Unit tests of shaping: crossings, shapers and the bytes the client gets.
 use super::*;
+use gateway_core::domain::ProviderStyle;
 
 fn client(endpoint: Endpoint, wants_usage: bool) -> ClientSide<'static> {
     ClientSide {
@@ -82,14 +83,13 @@ fn normalized(text: &str) -> Vec<Value> {
 
 use serde_json::json;
 
+/// A provider of `style` (only the style and `serves_responses` matter to crossings).
 fn provider(style: ProviderStyle, serves_responses: bool) -> Provider {
-    let kind = style.as_str();
-    let toml = format!(
-        "[[providers]]\nname = \"p\"\nstyle = \"{kind}\"\nbase_url = \"http://127.0.0.1:9\"\n"
-    );
-    let cfg =
-        gateway_core::config::Config::from_str(std::path::Path::new("t.toml"), &toml).unwrap();
+    let toml =
+        "[[providers]]\nname = \"p\"\nstyle = \"openai\"\nbase_url = \"http://127.0.0.1:9\"\n";
+    let cfg = gateway_core::config::Config::from_str(std::path::Path::new("t.toml"), toml).unwrap();
     let mut p = (*cfg.providers["p"]).clone();
+    p.style = style;
     p.serves_responses = serves_responses;
     p
 }
@@ -120,6 +120,34 @@ fn crossings() {
         (Endpoint::Responses, OpenAi, false, Some(ResponsesToChat)),
         (Endpoint::Embeddings, Anthropic, false, None),
         (Endpoint::Search, Anthropic, false, Some(Native)),
+        // The clouds speak one of the protocols (Gemini its own), never serve the tools, and
+        // count no tokens (the gateway counts for them).
+        (Endpoint::ChatCompletions, Azure, false, Some(Native)),
+        (Endpoint::Messages, Azure, false, Some(MessagesToChat)),
+        (Endpoint::Responses, Azure, false, Some(ResponsesToChat)),
+        (Endpoint::Embeddings, Azure, false, Some(Native)),
+        (Endpoint::Search, Azure, false, None),
+        (Endpoint::Messages, Bedrock, false, Some(Native)),
+        (
+            Endpoint::ChatCompletions,
+            Bedrock,
+            false,
+            Some(ChatToMessages),
+        ),
+        (Endpoint::CountTokens, Bedrock, false, None),
+        (Endpoint::Messages, VertexAnthropic, false, Some(Native)),
+        (
+            Endpoint::Responses,
+            VertexAnthropic,
+            false,
+            Some(ResponsesToMessages),
+        ),
+        (Endpoint::WebFetch, VertexAnthropic, false, None),
+        (Endpoint::ChatCompletions, Gemini, false, Some(ChatToGemini)),
+        (Endpoint::Messages, Gemini, false, Some(MessagesToGemini)),
+        (Endpoint::Responses, Gemini, false, Some(ResponsesToGemini)),
+        (Endpoint::Embeddings, Gemini, false, None),
+        (Endpoint::CountTokens, Gemini, false, None),
     ];
     for (endpoint, style, responses, want) in cases {
         assert_eq!(
