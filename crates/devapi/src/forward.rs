@@ -327,6 +327,8 @@ async fn connect(
         }
     }
     Err(match last_failure {
+        // No answer to pass on (a cloud's token could not be had): the operator's credential.
+        Some(Failure::Credential) => ApiError::ProviderAuthFailed,
         Some(f) => ApiError::RouteFailed(f.describe().into()),
         None => ApiError::RoutingUnavailable,
     })

@@ -161,7 +161,8 @@ fn classify_openai_error(s: &str) -> Option<&'static str> {
         | "invalid_request"
         | "context_length_exceeded"
         | "invalid_value"
-        | "bad_request" => "invalid_request_error",
+        | "bad_request"
+        | "content_filter" => "invalid_request_error",
         "api_error" | "server_error" | "internal_error" | "internal_server_error" => "api_error",
         _ => return None,
     })
@@ -185,9 +186,13 @@ fn classify_status(code: u64) -> Option<&'static str> {
 /// Maps an OpenAI error object (`{message, type, code}`) to an Anthropic error type.
 pub(crate) fn openai_error_type_to_anthropic(err: &Value) -> &'static str {
     let code = err.get("code");
+    // Azure writes the status as a string code (`"code": "429"`).
+    let numeric = code
+        .and_then(Value::as_u64)
+        .or_else(|| code.and_then(Value::as_str).and_then(|c| c.parse().ok()));
     code.and_then(Value::as_str)
         .and_then(classify_openai_error)
-        .or_else(|| code.and_then(Value::as_u64).and_then(classify_status))
+        .or_else(|| numeric.and_then(classify_status))
         .or_else(|| str_field(err, "type").and_then(classify_openai_error))
         .unwrap_or("api_error")
 }
@@ -284,6 +289,14 @@ mod tests {
             (json!({"code": 429}), "rate_limit_error"),
             (json!({"code": 503}), "overloaded_error"),
             (json!({"code": 404}), "not_found_error"),
+            (
+                json!({"code": "429", "message": "Azure"}),
+                "rate_limit_error",
+            ),
+            (
+                json!({"type": null, "code": "content_filter"}),
+                "invalid_request_error",
+            ),
             (json!({"type": "something_new"}), "api_error"),
             (json!({}), "api_error"),
             (json!("not an object"), "api_error"),

@@ -431,8 +431,9 @@ impl Shaper {
         });
         let aws_events = matches!(dialect, Some(Dialect::Aws { .. }))
             && content_type.is_some_and(|v| {
-                v.get(..32)
-                    .is_some_and(|t| t.eq_ignore_ascii_case("application/vnd.amazon.eventstream"))
+                let name = "application/vnd.amazon.eventstream";
+                v.get(..name.len())
+                    .is_some_and(|t| t.eq_ignore_ascii_case(name))
             });
         let framing = || {
             if aws_events {

@@ -27,16 +27,24 @@ pub fn usage(meta: &Value) -> Value {
         .saturating_add(u64_field(meta, "toolUsePromptTokenCount"));
     let thoughts = u64_field(meta, "thoughtsTokenCount");
     let completion = u64_field(meta, "candidatesTokenCount").saturating_add(thoughts);
-    let mut usage = json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt.saturating_add(completion),
-        "prompt_tokens_details": { "cached_tokens": u64_field(meta, "cachedContentTokenCount") },
-    });
+    let mut usage = Map::new();
+    usage.insert("prompt_tokens".into(), json!(prompt));
+    usage.insert("completion_tokens".into(), json!(completion));
+    usage.insert(
+        "total_tokens".into(),
+        json!(prompt.saturating_add(completion)),
+    );
+    usage.insert(
+        "prompt_tokens_details".into(),
+        json!({ "cached_tokens": u64_field(meta, "cachedContentTokenCount") }),
+    );
     if thoughts > 0 {
-        usage["completion_tokens_details"] = json!({ "reasoning_tokens": thoughts });
+        usage.insert(
+            "completion_tokens_details".into(),
+            json!({ "reasoning_tokens": thoughts }),
+        );
     }
-    usage
+    Value::Object(usage)
 }
 
 /// What one candidate's parts say, gathered.
