@@ -1,6 +1,7 @@
 //! Hostile input: property tests on every parser that sees client or provider bytes. None may
 //! panic or hang, and each answers something documented.
 
+use gateway_devapi::cloud::EventStreamReader;
 use gateway_devapi::query::has_sensitive_param;
 use gateway_devapi::route::{classify, Route};
 use gateway_devapi::sse::SseParser;
@@ -130,7 +131,7 @@ proptest! {
 
     #[test]
     fn usage_trackers_take_any_event(events in prop::collection::vec((prop::option::of("[a-z_]{0,20}"), json_value()), 0..20)) {
-        for kind in [StreamKind::OpenAiChat, StreamKind::OpenAiResponses, StreamKind::Anthropic] {
+        for kind in [StreamKind::OpenAiChat, StreamKind::OpenAiResponses, StreamKind::Anthropic, StreamKind::Gemini] {
             let mut t = StreamUsageTracker::new(kind);
             let mut p = SseParser::new();
             for (name, data) in &events {
@@ -147,10 +148,24 @@ proptest! {
         }
     }
 
+    /// Bedrock's binary event stream, whatever arrives and however it is cut: never a panic,
+    /// and nothing read past a frame that failed.
+    #[test]
+    fn event_stream_reader_takes_any_bytes(body in prop::collection::vec(any::<u8>(), 0..3000), step in 1usize..64) {
+        let mut r = EventStreamReader::default();
+        for piece in body.chunks(step) {
+            for ev in r.feed(piece) {
+                prop_assert!(ev.event.is_some());
+                prop_assert!(serde_json::from_str::<Value>(&ev.data).is_ok());
+            }
+        }
+        prop_assert!(r.finish().is_none());
+    }
+
     #[test]
     fn body_usage_and_estimates_are_total(v in json_value()) {
         let bytes = serde_json::to_vec(&v).unwrap_or_default();
-        for kind in [StreamKind::OpenAiChat, StreamKind::OpenAiResponses, StreamKind::Anthropic] {
+        for kind in [StreamKind::OpenAiChat, StreamKind::OpenAiResponses, StreamKind::Anthropic, StreamKind::Gemini] {
             let _ = usage_from_body(kind, &bytes);
         }
         let _ = COUNTER.estimate_input(&v);
@@ -235,9 +250,13 @@ fn garbage_bytes_as_sse_and_bodies() {
         StreamKind::OpenAiChat,
         StreamKind::OpenAiResponses,
         StreamKind::Anthropic,
+        StreamKind::Gemini,
     ] {
         assert!(usage_from_body(kind, &junk).is_none());
     }
+    let mut r = EventStreamReader::default();
+    let events = r.feed(&junk);
+    assert!(events.len() <= 1, "one error event, then nothing");
     // Deep nesting does not overflow the stack.
     let deep = format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000));
     let v: Result<Value, _> = serde_json::from_str(&deep);
