@@ -809,6 +809,8 @@ async fn vertex_mints_and_reuses_tokens_and_speaks_anthropic() {
         ("vx-403", "vertex", "replay:vertex/error_403#8"),
         ("vx-synthetic", "vertex", "claude-sonnet-4@20250514"),
         ("vx-stranger", "vertex-stranger", "claude-sonnet-4@20250514"),
+        ("vx-401", "vertex", "replay:vertex/error_401#11"),
+        ("vx-after-401", "vertex", "replay:vertex/message#12"),
     ] {
         toml.push_str(&model(id, provider, upstream));
     }
@@ -871,6 +873,16 @@ async fn vertex_mints_and_reuses_tokens_and_speaks_anthropic() {
     assert!(body.get("model").is_none(), "{body}");
     assert!(!c.gw.log().contains(token.trim_start_matches("Bearer ")));
 
+    // Vertex refusing the token (revoked, expired early) drops it: the next request mints anew.
+    let a = c.call("/v1/messages", "vx-401", messages(false)).await;
+    assert_eq!(a.status, 502);
+    assert_eq!(a.json()["error"]["code"], "provider_auth_failed");
+    let a = c
+        .call("/v1/messages", "vx-after-401", messages(false))
+        .await;
+    assert_eq!(a.status, 200);
+    assert_eq!(c.stats().await["google_tokens_issued"], 2);
+
     // Past half the token's life a request still uses it and a refresh runs behind it; the
     // new token serves once the old one is gone.
     tokio::time::sleep(Duration::from_millis(2300)).await;
@@ -883,12 +895,12 @@ async fn vertex_mints_and_reuses_tokens_and_speaks_anthropic() {
     .await;
     assert_eq!(r.status(), 200);
     for _ in 0..100 {
-        if c.stats().await["google_tokens_issued"] == 2 {
+        if c.stats().await["google_tokens_issued"] == 3 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(c.stats().await["google_tokens_issued"], 2);
+    assert_eq!(c.stats().await["google_tokens_issued"], 3);
     tokio::time::sleep(Duration::from_millis(2000)).await;
     let r = post_in_style(
         &c.gw,
@@ -900,6 +912,11 @@ async fn vertex_mints_and_reuses_tokens_and_speaks_anthropic() {
     assert_eq!(r.status(), 200, "the refreshed token is accepted");
     let path = "/models/claude-sonnet-4@20250514:rawPredict";
     assert_eq!(c.received(path).await.len(), 2);
+    assert!(
+        c.gw.log().contains("check its credentials_file"),
+        "{}",
+        c.gw.log()
+    );
 
     // Google's errors in each client's style: RESOURCE_EXHAUSTED is a rate limit.
     let a = c.call("/v1/messages", "vx-429", messages(false)).await;

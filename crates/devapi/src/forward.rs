@@ -31,6 +31,7 @@ use crate::shape::{ClientSide, Crossing, Shaper, Translated};
 use crate::state::SharedApiState;
 use crate::upstream::{Exchange, ProviderRequest, UpstreamError};
 use crate::usage::{StreamKind, StreamUsageTracker};
+use gateway_core::config::StyleAccess;
 use gateway_core::domain::{ProviderStyle, Wire};
 use gateway_core::response_items::Issued;
 
@@ -273,6 +274,12 @@ async fn connect(
                 };
                 state.routing.attempted(target, verdict);
                 let refused = verdict == Verdict::Failed(Failure::Credential);
+                if status == 401 {
+                    // A token refused before its end (revoked): the next request mints anew.
+                    if let StyleAccess::Vertex(access) = &target.provider.access {
+                        state.google_tokens.forget(access);
+                    }
+                }
                 let Verdict::Failed(failure) = verdict else {
                     return Ok(Answer {
                         ex,
@@ -532,7 +539,7 @@ async fn refused(state: &SharedApiState, answer: Answer) -> ApiError {
     };
     state.upstreams.finish(ex).await;
     let p = &target.provider;
-    sanitize::operator_refused(&p.name, status, &body, &p.api_key_mask)
+    sanitize::operator_refused(p, status, &body, &p.api_key_mask)
 }
 
 /// Why the relay stopped before the client's header went out.

@@ -21,6 +21,8 @@ use gateway_core::credential_mask::CredentialMask;
 use http::HeaderName;
 
 use crate::error::ApiError;
+use gateway_core::config::Provider;
+use gateway_core::domain::ProviderStyle;
 
 /// The provider's request id, as the client sees it: the gateway's own `x-request-id` names the
 /// client's request, so the provider's (`x-request-id` at OpenAI, `request-id` at Anthropic)
@@ -59,7 +61,7 @@ pub fn refuses_operator(status: u16) -> bool {
 /// The error the client gets for a provider 401/403. The provider's message is logged (with its
 /// credential masked) for the operator and never sent.
 pub fn operator_refused(
-    provider: &str,
+    provider: &Provider,
     status: u16,
     body: &[u8],
     secret: &CredentialMask,
@@ -67,9 +69,14 @@ pub fn operator_refused(
     let body = secret.mask(body);
     let text = String::from_utf8_lossy(&body);
     let text: String = text.chars().take(300).collect();
+    let check = match provider.style {
+        ProviderStyle::Bedrock => "the AWS credentials in the environment and their access",
+        ProviderStyle::VertexAnthropic => "its credentials_file and the account's access",
+        _ => "its api_key_env",
+    };
     log::error!(
-        "provider {provider} refused the gateway's credential ({status}): {text}; \
-         check its api_key_env"
+        "provider {} refused the gateway's credential ({status}): {text}; check {check}",
+        provider.name
     );
     ApiError::ProviderAuthFailed
 }

@@ -133,6 +133,16 @@ impl TokenCache {
         Arc::clone(&self.entries.entry(key).or_default())
     }
 
+    /// Drops the cached token of `access`'s account (Vertex refused it): the next request
+    /// mints a new one.
+    pub fn forget(&self, access: &VertexAccess) {
+        *self
+            .entry(access)
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
     /// A usable access token for `access`'s account: the cached one, else a new one.
     pub async fn token(&self, access: &Arc<VertexAccess>) -> Result<Arc<str>, TokenError> {
         let entry = self.entry(access);

@@ -626,6 +626,7 @@ impl Shaper {
             let items = match shape {
                 Shape::ResponsesFromMessages(t) => t.take_output(),
                 Shape::ResponsesFromChat(t) => t.take_output(),
+                Shape::ResponsesFromGemini(t) => t.1.take_output(),
                 _ => Vec::new(),
             };
             self.issued = items::issued_items(&items);

@@ -487,3 +487,50 @@ fn translated_responses_answers_hand_over_their_items() {
     assert_eq!(Value::Array(kept), done["response"]["output"]);
     assert_eq!(issued.ids.len(), 2, "the message and the call");
 }
+
+/// A Gemini stream reaches a Responses client through chat chunks: the response completes,
+/// its output items are handed over for the registry, and the usage is read from Gemini's own
+/// events.
+#[test]
+fn gemini_streams_reach_responses_clients_with_their_items_and_usage() {
+    let stream = concat!(
+        "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"Hal\"}],\"role\":\"model\"},\"index\":0}],",
+        "\"usageMetadata\":{\"promptTokenCount\":40,\"totalTokenCount\":40},\"responseId\":\"r1\"}\r\n\r\n",
+        "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"lo\"}],\"role\":\"model\"},",
+        "\"finishReason\":\"STOP\",\"index\":0}],\"usageMetadata\":{\"promptTokenCount\":40,",
+        "\"candidatesTokenCount\":3,\"thoughtsTokenCount\":7,\"cachedContentTokenCount\":32,",
+        "\"totalTokenCount\":50},\"responseId\":\"r1\"}\r\n\r\n",
+    );
+    for step in [1, 5, stream.len()] {
+        let responses = client(Endpoint::Responses, false);
+        let mut shaper = Shaper::new(
+            Crossing::ResponsesToGemini,
+            responses,
+            200,
+            Some("text/event-stream"),
+        );
+        let mut tracker = shaper.tracker();
+        let mut out = Vec::new();
+        for piece in stream.as_bytes().chunks(step) {
+            out.extend_from_slice(&shaper.feed(Bytes::copy_from_slice(piece), tracker.as_mut()));
+        }
+        out.extend_from_slice(&shaper.end(Reason::Complete, tracker.as_mut()));
+        let text = String::from_utf8(out).unwrap();
+        let done = normalized(&text).pop().unwrap();
+        assert_eq!(done["type"], "response.completed", "{text}");
+        assert_eq!(done["response"]["output"][0]["content"][0]["text"], "Hallo");
+        assert_eq!(done["response"]["usage"]["output_tokens"], 10);
+        let issued = shaper.take_issued();
+        assert_eq!(issued.ids.len(), 1, "{text}");
+        let usage = tracker.unwrap().usage().unwrap();
+        assert_eq!(
+            (
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cached_tokens,
+                usage.reasoning_tokens
+            ),
+            (40, 10, 32, 7)
+        );
+    }
+}
