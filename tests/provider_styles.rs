@@ -651,6 +651,11 @@ async fn bedrock_signs_its_requests_and_streams_are_reframed_as_sse() {
     let a = c.call("/v1/messages", "br-whole", messages(false)).await;
     assert_eq!(a.status, 200, "{}", a.text());
     assert_eq!(a.body, fixture_body("bedrock/invoke"));
+    assert_eq!(
+        a.header("x-provider-request-id"),
+        Some("3f0e2c8a-7d41-4b9e-a6c3-5b8d9e1f2a7c")
+    );
+    assert!(a.header("x-amzn-bedrock-input-token-count").is_none());
     assert_eq!(c.usage("br-whole").await, (22 + 1600, 48, 1600));
 
     // Style A on Bedrock: a tool call streamed across, and a whole answer.

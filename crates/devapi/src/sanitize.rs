@@ -25,8 +25,8 @@ use gateway_core::config::Provider;
 use gateway_core::domain::ProviderStyle;
 
 /// The provider's request id, as the client sees it: the gateway's own `x-request-id` names the
-/// client's request, so the provider's (`x-request-id` at OpenAI, `request-id` at Anthropic)
-/// is passed on under this name.
+/// client's request, so the provider's (`x-request-id` at OpenAI and Azure, `request-id` at
+/// Anthropic, `x-amzn-requestid` at Bedrock) is passed on under this name.
 pub const PROVIDER_REQUEST_ID: HeaderName = HeaderName::from_static("x-provider-request-id");
 
 /// The name a provider response header is passed to the client under, or `None` when it stays
@@ -47,7 +47,7 @@ pub fn client_header_name(name: &HeaderName) -> Option<HeaderName> {
         return Some(name.clone());
     }
     match name.as_str() {
-        "x-request-id" | "request-id" => Some(PROVIDER_REQUEST_ID),
+        "x-request-id" | "request-id" | "x-amzn-requestid" => Some(PROVIDER_REQUEST_ID),
         _ => None,
     }
 }
@@ -107,6 +107,7 @@ mod tests {
         }
         assert_eq!(pass("x-request-id"), Some(PROVIDER_REQUEST_ID));
         assert_eq!(pass("request-id"), Some(PROVIDER_REQUEST_ID));
+        assert_eq!(pass("x-amzn-requestid"), Some(PROVIDER_REQUEST_ID));
         for dropped in [
             "www-authenticate",
             "server",
