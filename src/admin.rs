@@ -457,6 +457,15 @@ pub fn config_warnings(cfg: &Config, env: impl Fn(&str) -> Option<OsString>) -> 
         );
     }
     for p in cfg.providers.values() {
+        if p.style == gateway_core::domain::ProviderStyle::Bedrock && p.lacks_credential() {
+            out.push(format!(
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set: provider {} is never \
+                 tried until they are ({})",
+                p.name,
+                served_by(cfg, p)
+            ));
+            continue;
+        }
         let Some(var) = &p.api_key_env else { continue };
         if set(var) {
             continue;

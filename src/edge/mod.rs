@@ -250,6 +250,7 @@ pub fn build_api_state(
         tokens,
         upstreams: UpstreamPool::new(),
         routing: Routing::new(),
+        google_tokens: gateway_devapi::cloud::TokenCache::new(),
     });
     api.routing.register(&api.config());
     let sweeper = api.clone();

@@ -44,21 +44,75 @@ impl fmt::Display for Tier {
     }
 }
 
-/// Provider API style: how the gateway authenticates and which paths it speaks.
+/// Provider API style: how the gateway authenticates, which paths it speaks and which
+/// protocol its answers come in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProviderStyle {
     /// `Authorization: Bearer`, OpenAI paths.
     OpenAi,
     /// `x-api-key` + `anthropic-version`, Anthropic paths.
     Anthropic,
+    /// Azure OpenAI: OpenAI's protocol, `api-key`, deployment paths with `api-version`.
+    Azure,
+    /// Anthropic models on AWS Bedrock: InvokeModel, SigV4, binary event streams.
+    Bedrock,
+    /// Anthropic models on Google Vertex AI: rawPredict, OAuth from a service account.
+    VertexAnthropic,
+    /// The Gemini API's own protocol (`generateContent`), `x-goog-api-key`.
+    Gemini,
+}
+
+/// The protocol a provider's requests and answers are written in, whatever carries them:
+/// it decides which translation a client needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    /// OpenAI chat completions (and, where served, Responses, embeddings, images, speech).
+    OpenAi,
+    /// Anthropic messages.
+    Anthropic,
+    /// Gemini `generateContent`.
+    Gemini,
 }
 
 impl ProviderStyle {
+    pub const ALL: [ProviderStyle; 6] = [
+        ProviderStyle::OpenAi,
+        ProviderStyle::Anthropic,
+        ProviderStyle::Azure,
+        ProviderStyle::Bedrock,
+        ProviderStyle::VertexAnthropic,
+        ProviderStyle::Gemini,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             ProviderStyle::OpenAi => "openai",
             ProviderStyle::Anthropic => "anthropic",
+            ProviderStyle::Azure => "azure",
+            ProviderStyle::Bedrock => "bedrock",
+            ProviderStyle::VertexAnthropic => "vertex-anthropic",
+            ProviderStyle::Gemini => "gemini",
         }
+    }
+
+    pub fn parse(s: &str) -> Option<ProviderStyle> {
+        ProviderStyle::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+
+    pub fn wire(self) -> Wire {
+        match self {
+            ProviderStyle::OpenAi | ProviderStyle::Azure => Wire::OpenAi,
+            ProviderStyle::Anthropic | ProviderStyle::Bedrock | ProviderStyle::VertexAnthropic => {
+                Wire::Anthropic
+            }
+            ProviderStyle::Gemini => Wire::Gemini,
+        }
+    }
+
+    /// The two styles whose paths, headers and bodies are the client's own (renames aside):
+    /// every other style has its request built for it (paths, credentials, body fields).
+    pub fn is_direct(self) -> bool {
+        matches!(self, ProviderStyle::OpenAi | ProviderStyle::Anthropic)
     }
 }
 

@@ -19,6 +19,7 @@ use http::HeaderName;
 use pingora_http::ResponseHeader;
 use serde_json::Value;
 
+use crate::cloud::{self, ClientHeaders, NotSent};
 use crate::error::ApiError;
 use crate::pipeline::Admitted;
 use crate::respond;
@@ -30,7 +31,8 @@ use crate::shape::{ClientSide, Crossing, Shaper, Translated};
 use crate::state::SharedApiState;
 use crate::upstream::{Exchange, ProviderRequest, UpstreamError};
 use crate::usage::{StreamKind, StreamUsageTracker};
-use gateway_core::domain::ProviderStyle;
+use gateway_core::config::StyleAccess;
+use gateway_core::domain::{ProviderStyle, Wire};
 use gateway_core::response_items::Issued;
 
 /// Provider error bodies read while failing over are bounded.
@@ -70,7 +72,7 @@ static ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
 /// wants the provider's own count) or its output is clamped to the model's limit. Other style:
 /// the translated body (which asks for usage itself) with this deployment's model name and any
 /// clamp.
-fn upstream_body(
+pub(crate) fn upstream_body(
     adm: &Admitted,
     target: &Target,
     crossing: Crossing,
@@ -101,7 +103,7 @@ fn upstream_body(
         .filter(|m| *m != adm.model_name);
     let want_usage = adm.stream
         && adm.endpoint == Endpoint::ChatCompletions
-        && target.provider.style == ProviderStyle::OpenAi
+        && target.provider.style.wire() == Wire::OpenAi
         && !adm.client_wants_usage;
     if rename.is_none() && !want_usage && adm.output_clamp.is_none() {
         return Ok(adm.body.clone());
@@ -126,6 +128,16 @@ fn upstream_body(
     Ok(Bytes::from(
         serde_json::to_vec(&j).unwrap_or_else(|_| adm.body.to_vec()),
     ))
+}
+
+/// The client headers a cloud request carries on ([`cloud::prepare`]).
+fn client_headers(session: &Session) -> ClientHeaders<'_> {
+    let req = session.req_header();
+    let get = |n: &HeaderName| req.headers.get(n).and_then(|v| v.to_str().ok());
+    ClientHeaders {
+        user_agent: get(&http::header::USER_AGENT),
+        anthropic_beta: get(&ANTHROPIC_BETA),
+    }
 }
 
 /// The headers sent to a provider, borrowed from the client's request and the provider's
@@ -166,6 +178,11 @@ fn upstream_headers<'a>(
                 h.push(("anthropic-beta", Cow::Borrowed(beta)));
             }
         }
+        // Cloud styles build their own requests (`cloud::prepare`).
+        ProviderStyle::Azure
+        | ProviderStyle::Bedrock
+        | ProviderStyle::VertexAnthropic
+        | ProviderStyle::Gemini => {}
     }
     h
 }
@@ -178,6 +195,10 @@ struct Answer {
     target: Target,
     crossing: Crossing,
     scores: bool,
+    /// The provider refused the operator's credential (401/403, or what a cloud's error says).
+    refused: bool,
+    /// The body, when it was read to judge the answer ([`cloud::judge`]).
+    prefetched: Option<Bytes>,
     /// Holds the deployment's outstanding count until the answer is relayed.
     _outstanding: Outstanding,
 }
@@ -209,26 +230,64 @@ async fn connect(
             continue;
         };
         let endpoint = crossing.provider_endpoint(adm.endpoint);
-        let path = [target.provider.base_path.as_str(), endpoint.path()].concat();
-        let req = ProviderRequest {
-            provider: &target.provider,
-            method: if endpoint.is_get() { "GET" } else { "POST" },
-            path: &path,
-            headers: upstream_headers(session, target, adm),
-            body: upstream_body(adm, target, crossing, &attempts.translated)?,
+        let direct = target.provider.style.is_direct();
+        let req = if direct {
+            ProviderRequest {
+                provider: &target.provider,
+                method: if endpoint.is_get() { "GET" } else { "POST" },
+                path: Cow::Owned([target.provider.base_path.as_str(), endpoint.path()].concat()),
+                headers: upstream_headers(session, target, adm),
+                body: upstream_body(adm, target, crossing, &attempts.translated)?,
+            }
+        } else {
+            let client = client_headers(session);
+            match cloud::prepare(state, &client, target, adm, crossing, &attempts.translated).await
+            {
+                Ok(p) => ProviderRequest {
+                    provider: &target.provider,
+                    method: "POST",
+                    path: Cow::Owned(p.path),
+                    headers: p.headers,
+                    body: p.body,
+                },
+                Err(NotSent::Request(e)) => return Err(e),
+                Err(NotSent::Deployment(failure, why)) => {
+                    log::warn!(
+                        "deployment {} cannot be used: {why} (request {request_id})",
+                        target.label()
+                    );
+                    state.routing.attempted(target, Verdict::Failed(failure));
+                    state.routing.failed(target, failure, None, request_id);
+                    last_failure = Some(failure);
+                    continue;
+                }
+            }
         };
         let outstanding = target.health.begin();
         match Box::pin(state.upstreams.start(&req)).await {
             Ok(mut ex) => {
                 let status = ex.status();
-                let verdict = Verdict::of_status(status);
+                let (verdict, prefetched) = if direct {
+                    (Verdict::of_status(status), None)
+                } else {
+                    cloud::judge(target.provider.style, &mut ex).await
+                };
                 state.routing.attempted(target, verdict);
+                let refused = verdict == Verdict::Failed(Failure::Credential);
+                if status == 401 {
+                    // A token refused before its end (revoked): the next request mints anew.
+                    if let StyleAccess::Vertex(access) = &target.provider.access {
+                        state.google_tokens.forget(access);
+                    }
+                }
                 let Verdict::Failed(failure) = verdict else {
                     return Ok(Answer {
                         ex,
                         target: target.clone(),
                         crossing,
                         scores: true,
+                        refused,
+                        prefetched,
                         _outstanding: outstanding,
                     });
                 };
@@ -236,7 +295,9 @@ async fn connect(
                 state.routing.failed(target, failure, wait, request_id);
                 let last = i + 1 == targets.len() || started.elapsed() >= attempts.deadline;
                 if !last {
-                    let _ = ex.read_all(ERROR_BODY_LIMIT).await;
+                    if prefetched.is_none() {
+                        let _ = ex.read_all(ERROR_BODY_LIMIT).await;
+                    }
                     state.upstreams.finish(ex).await;
                     last_failure = Some(failure);
                     log::warn!(
@@ -252,6 +313,8 @@ async fn connect(
                     target: target.clone(),
                     crossing,
                     scores: false,
+                    refused,
+                    prefetched,
                     _outstanding: outstanding,
                 });
             }
@@ -271,6 +334,8 @@ async fn connect(
         }
     }
     Err(match last_failure {
+        // No answer to pass on (a cloud's token could not be had): the operator's credential.
+        Some(Failure::Credential) => ApiError::ProviderAuthFailed,
         Some(f) => ApiError::RouteFailed(f.describe().into()),
         None => ApiError::RoutingUnavailable,
     })
@@ -437,7 +502,7 @@ pub async fn forward(
     }
     let answer = Box::pin(connect(state, session, adm, attempts, reply.request_id)).await?;
     flight.set_deployment(answer.target.label());
-    if sanitize::refuses_operator(answer.ex.status()) {
+    if answer.refused {
         return Err(refused(state, answer).await);
     }
     let (mut relay, outstanding) = Relay::new(state, adm, reply, answer, flight);
@@ -461,12 +526,20 @@ pub async fn forward(
 /// A provider refused the operator's credential (401/403): nothing of its answer is relayed,
 /// the client gets `provider_auth_failed` with any echo of the credential masked.
 async fn refused(state: &SharedApiState, answer: Answer) -> ApiError {
-    let Answer { mut ex, target, .. } = answer;
+    let Answer {
+        mut ex,
+        target,
+        prefetched,
+        ..
+    } = answer;
     let status = ex.status();
-    let body = ex.read_all(ERROR_BODY_LIMIT).await.unwrap_or_default();
+    let body = match prefetched {
+        Some(body) => body,
+        None => ex.read_all(ERROR_BODY_LIMIT).await.unwrap_or_default(),
+    };
     state.upstreams.finish(ex).await;
     let p = &target.provider;
-    sanitize::operator_refused(&p.name, status, &body, &p.api_key_mask)
+    sanitize::operator_refused(p, status, &body, &p.api_key_mask)
 }
 
 /// Why the relay stopped before the client's header went out.
@@ -512,11 +585,27 @@ impl<'a> Relay<'a> {
             target,
             crossing,
             scores,
+            prefetched,
             _outstanding: outstanding,
+            ..
         } = answer;
         let status = ex.status();
         let client = ClientSide::of(adm, reply.style_b);
-        let shaper = Shaper::new(crossing, client, status, content_type(&ex));
+        let mut shaper = match target.provider.style.is_direct() {
+            true => Shaper::new(crossing, client, status, content_type(&ex)),
+            false => Shaper::with_dialect(
+                crossing,
+                client,
+                status,
+                content_type(&ex),
+                cloud::dialect(target.provider.style, ex.header()),
+            ),
+        };
+        if let Some(body) = prefetched {
+            // Read whole to judge the answer (an error, held whole): what the relay would have
+            // fed first.
+            shaper.feed(body, None);
+        }
         flight.watch_stream(shaper.tracker());
         let relay = Relay {
             state,

@@ -17,6 +17,7 @@
 pub mod accesslog;
 pub mod affinity;
 pub mod auth;
+pub mod cloud;
 pub mod conn_limits;
 pub mod ctx;
 pub mod error;

@@ -7,14 +7,16 @@ use serde_json::{json, Value};
 use crate::error::ApiError;
 use crate::route::Endpoint;
 use gateway_core::config::{Config, Model};
-use gateway_core::domain::ProviderStyle;
+use gateway_core::domain::{ProviderStyle, Wire};
 use gateway_core::identity::Identity;
 
 /// The endpoints a model can serve, given its provider style. Chat completions, Responses and
-/// messages are offered in both styles: the gateway translates between them.
+/// messages are offered in every style: the gateway translates between them. Embeddings,
+/// images and speech need an OpenAI-protocol provider; token counting is answered by an
+/// Anthropic provider itself, and counted locally for the others.
 pub fn endpoints_for(style: ProviderStyle) -> Vec<Endpoint> {
-    match style {
-        ProviderStyle::OpenAi => vec![
+    match style.wire() {
+        Wire::OpenAi => vec![
             Endpoint::ChatCompletions,
             Endpoint::Responses,
             Endpoint::Messages,
@@ -23,11 +25,17 @@ pub fn endpoints_for(style: ProviderStyle) -> Vec<Endpoint> {
             Endpoint::Images,
             Endpoint::Speech,
         ],
-        ProviderStyle::Anthropic => vec![
+        Wire::Anthropic => vec![
             Endpoint::Messages,
             Endpoint::CountTokens,
             Endpoint::ChatCompletions,
             Endpoint::Responses,
+        ],
+        Wire::Gemini => vec![
+            Endpoint::ChatCompletions,
+            Endpoint::Responses,
+            Endpoint::Messages,
+            Endpoint::CountTokens,
         ],
     }
 }

@@ -21,10 +21,12 @@ use gateway_core::credential_mask::CredentialMask;
 use http::HeaderName;
 
 use crate::error::ApiError;
+use gateway_core::config::Provider;
+use gateway_core::domain::ProviderStyle;
 
 /// The provider's request id, as the client sees it: the gateway's own `x-request-id` names the
-/// client's request, so the provider's (`x-request-id` at OpenAI, `request-id` at Anthropic)
-/// is passed on under this name.
+/// client's request, so the provider's (`x-request-id` at OpenAI and Azure, `request-id` at
+/// Anthropic, `x-amzn-requestid` at Bedrock) is passed on under this name.
 pub const PROVIDER_REQUEST_ID: HeaderName = HeaderName::from_static("x-provider-request-id");
 
 /// The name a provider response header is passed to the client under, or `None` when it stays
@@ -45,7 +47,7 @@ pub fn client_header_name(name: &HeaderName) -> Option<HeaderName> {
         return Some(name.clone());
     }
     match name.as_str() {
-        "x-request-id" | "request-id" => Some(PROVIDER_REQUEST_ID),
+        "x-request-id" | "request-id" | "x-amzn-requestid" => Some(PROVIDER_REQUEST_ID),
         _ => None,
     }
 }
@@ -59,7 +61,7 @@ pub fn refuses_operator(status: u16) -> bool {
 /// The error the client gets for a provider 401/403. The provider's message is logged (with its
 /// credential masked) for the operator and never sent.
 pub fn operator_refused(
-    provider: &str,
+    provider: &Provider,
     status: u16,
     body: &[u8],
     secret: &CredentialMask,
@@ -67,9 +69,14 @@ pub fn operator_refused(
     let body = secret.mask(body);
     let text = String::from_utf8_lossy(&body);
     let text: String = text.chars().take(300).collect();
+    let check = match provider.style {
+        ProviderStyle::Bedrock => "the AWS credentials in the environment and their access",
+        ProviderStyle::VertexAnthropic => "its credentials_file and the account's access",
+        _ => "its api_key_env",
+    };
     log::error!(
-        "provider {provider} refused the gateway's credential ({status}): {text}; \
-         check its api_key_env"
+        "provider {} refused the gateway's credential ({status}): {text}; check {check}",
+        provider.name
     );
     ApiError::ProviderAuthFailed
 }
@@ -100,6 +107,7 @@ mod tests {
         }
         assert_eq!(pass("x-request-id"), Some(PROVIDER_REQUEST_ID));
         assert_eq!(pass("request-id"), Some(PROVIDER_REQUEST_ID));
+        assert_eq!(pass("x-amzn-requestid"), Some(PROVIDER_REQUEST_ID));
         for dropped in [
             "www-authenticate",
             "server",

@@ -4,6 +4,7 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
+use crate::cloud::TokenCache;
 use crate::routing::Routing;
 use crate::tokens::TokenCounter;
 use crate::upstream::UpstreamPool;
@@ -14,6 +15,8 @@ pub struct ApiState {
     pub tokens: Arc<TokenCounter>,
     pub upstreams: UpstreamPool,
     pub routing: Routing,
+    /// Vertex AI access tokens, per service account.
+    pub google_tokens: TokenCache,
 }
 
 /// The shared services are read through the API state as if they were its own fields.

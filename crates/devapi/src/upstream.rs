@@ -92,7 +92,7 @@ impl Default for UpstreamPool {
 pub struct ProviderRequest<'a> {
     pub provider: &'a Provider,
     pub method: &'a str,
-    pub path: &'a str,
+    pub path: std::borrow::Cow<'a, str>,
     pub headers: Vec<(&'static str, std::borrow::Cow<'a, str>)>,
     pub body: Bytes,
 }
@@ -412,6 +412,7 @@ mod tests {
             cooldown: Duration::from_secs(1),
             ca: None,
             serves_responses: true,
+            access: Default::default(),
             max_cooldown: Duration::from_secs(1),
         }
     }
@@ -422,7 +423,7 @@ mod tests {
         let req = ProviderRequest {
             provider: &p,
             method: "POST",
-            path: "/v1/chat/completions",
+            path: "/v1/chat/completions".into(),
             headers: vec![
                 ("content-type", Cow::Borrowed("application/json")),
                 ("authorization", Cow::Owned("Bearer k".into())),
@@ -445,7 +446,7 @@ mod tests {
             let req = ProviderRequest {
                 provider: &p,
                 method: "GET",
-                path: "/v1/models",
+                path: "/v1/models".into(),
                 headers: vec![("user-agent", Cow::Borrowed(bad))],
                 body: Bytes::new(),
             };
@@ -454,7 +455,7 @@ mod tests {
         let req = ProviderRequest {
             provider: &p,
             method: "GET",
-            path: "/v1/models x",
+            path: "/v1/models x".into(),
             headers: vec![],
             body: Bytes::new(),
         };

@@ -18,6 +18,7 @@
 
 mod anthropic;
 mod body;
+mod cloud;
 mod endpoints;
 mod faults;
 mod openai;
@@ -92,6 +93,35 @@ struct Cli {
     /// PEM private key for `--tls-cert`.
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<String>,
+    /// Azure OpenAI: the `api-key` its paths (`/openai/...`) accept; unset, any is.
+    #[arg(long)]
+    azure_key: Option<String>,
+    /// Gemini: the `x-goog-api-key` its paths (`/v1beta/models/...`) accept; unset, any is.
+    #[arg(long)]
+    gemini_key: Option<String>,
+    /// Bedrock: the access key id SigV4 signatures must be made with (`/model/...`); unset,
+    /// nothing is checked.
+    #[arg(long, requires = "aws_secret_access_key")]
+    aws_access_key_id: Option<String>,
+    /// Bedrock: the secret the signatures are checked with.
+    #[arg(long, requires = "aws_access_key_id")]
+    aws_secret_access_key: Option<String>,
+    /// Bedrock: the session token requests must carry (`x-amz-security-token`).
+    #[arg(long, requires = "aws_access_key_id")]
+    aws_session_token: Option<String>,
+    /// Bedrock: the region signatures must be scoped to.
+    #[arg(long, requires = "aws_access_key_id")]
+    aws_region: Option<String>,
+    /// Vertex AI: the service account's public key (PEM) that `POST /token` checks assertions
+    /// with; the Vertex paths then want a token it issued. Unset, nothing is checked.
+    #[arg(long, requires = "gcp_client_email")]
+    gcp_public_key: Option<String>,
+    /// Vertex AI: the service account's email (the assertions' issuer).
+    #[arg(long, requires = "gcp_public_key")]
+    gcp_client_email: Option<String>,
+    /// Vertex AI: how long the access tokens `POST /token` issues live, in seconds.
+    #[arg(long, default_value_t = 3599)]
+    gcp_token_seconds: u64,
 }
 
 /// Read the whole request body, refusing more than `MAX_BODY_BYTES`.
@@ -141,6 +171,20 @@ async fn answer(
             }
             return (reply, Behaviour::default());
         }
+    }
+    if parts.uri.path() == "/token" && parts.method == http::Method::POST {
+        if let Some(account) = &state.config.clouds.google {
+            let host = parts
+                .headers
+                .get(http::header::HOST)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let reply = cloud::oauth::token_endpoint(account, &state.google_tokens, host, &body);
+            return (reply, Behaviour::default());
+        }
+    }
+    if let Some(call) = cloud::CloudCall::parse(parts.uri.path()) {
+        return cloud::answer(&call, parts, &body, state);
     }
     let info = RequestInfo::parse(&body);
     if let Some(recorded) = replay::answer(state.config.fixtures.as_deref(), info.model()) {
@@ -271,6 +315,7 @@ async fn run(cli: Cli) -> io::Result<()> {
         (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
         _ => None,
     };
+    let clouds = cloud_credentials(&cli)?;
     let listener = TcpListener::bind(cli.listen)
         .await
         .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {}: {e}", cli.listen)))?;
@@ -285,12 +330,40 @@ async fn run(cli: Cli) -> io::Result<()> {
         latency: Duration::from_millis(cli.latency_ms),
         record: !cli.no_record,
         fixtures: cli.fixtures.clone(),
+        clouds,
     }));
     tokio::select! {
         _ = accept_loop(listener, state, tls) => {}
         _ = shutdown_signal() => {}
     }
     Ok(())
+}
+
+/// The credentials the clouds' paths check, from the command line.
+fn cloud_credentials(cli: &Cli) -> io::Result<cloud::CloudCredentials> {
+    let aws = match (&cli.aws_access_key_id, &cli.aws_secret_access_key) {
+        (Some(id), Some(secret)) => Some(cloud::sigv4::AwsCredentials {
+            access_key_id: id.clone(),
+            secret_access_key: secret.clone(),
+            session_token: cli.aws_session_token.clone(),
+            region: cli.aws_region.clone(),
+        }),
+        _ => None,
+    };
+    let google = match (&cli.gcp_public_key, &cli.gcp_client_email) {
+        (Some(key), Some(email)) => Some(Arc::new(cloud::oauth::GoogleAccount::load(
+            key,
+            email.clone(),
+            cli.gcp_token_seconds.max(1),
+        )?)),
+        _ => None,
+    };
+    Ok(cloud::CloudCredentials {
+        azure_key: cli.azure_key.clone(),
+        gemini_key: cli.gemini_key.clone(),
+        aws,
+        google,
+    })
 }
 
 /// Runs the mock provider with the process's command line (the `mock-provider` binary).

@@ -27,6 +27,8 @@ pub(crate) struct Config {
     pub(crate) latency: Duration,
     pub(crate) record: bool,
     pub(crate) fixtures: Option<std::path::PathBuf>,
+    /// The credentials the clouds' paths check.
+    pub(crate) clouds: crate::cloud::CloudCredentials,
 }
 
 /// One recorded request, as returned by `GET /__mock/requests`.
@@ -52,6 +54,8 @@ pub(crate) struct State {
     pub(crate) by_path: Mutex<HashMap<String, u64>>,
     /// Failures scripted through `/__mock/fail`, served before anything else.
     pub(crate) scripted: Mutex<Option<Scripted>>,
+    /// The access tokens `POST /token` issued.
+    pub(crate) google_tokens: crate::cloud::oauth::Tokens,
 }
 
 /// `POST /__mock/fail {"status":500,"count":1,"retry_after":2}`: the next `count` model
@@ -84,6 +88,7 @@ impl State {
             connections: AtomicU64::new(0),
             by_path: Mutex::new(HashMap::new()),
             scripted: Mutex::new(None),
+            google_tokens: Default::default(),
         }
     }
 
@@ -118,6 +123,7 @@ impl State {
             "connections": self.connections.load(Ordering::Relaxed),
             "by_path": by_path,
             "tls_server_names": tls::server_names(),
+            "google_tokens_issued": self.google_tokens.count(),
         })
     }
 }

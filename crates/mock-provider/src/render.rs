@@ -24,6 +24,7 @@ pub(crate) fn assemble(plan: EventPlan, behaviour: &Behaviour) -> Vec<Step> {
         mut deltas,
         epilogue,
         error_event,
+        content_type: _,
     } = plan;
     let mut steps: Vec<Step> = prelude.into_iter().map(Step::Data).collect();
     if behaviour.cut {
@@ -100,9 +101,25 @@ pub(crate) fn render(
         }
         Reply::Events(plan) => {
             builder = builder
-                .header(CONTENT_TYPE, "text/event-stream")
+                .header(
+                    CONTENT_TYPE,
+                    plan.content_type.unwrap_or("text/event-stream"),
+                )
                 .header("cache-control", "no-cache");
             paced_body(assemble(plan, b), chunk_delay)
+        }
+        Reply::Raw {
+            status,
+            headers,
+            body,
+        } => {
+            let mut builder = Response::builder()
+                .status(status)
+                .header(CONTENT_TYPE, "application/json");
+            for (name, value) in headers {
+                builder = builder.header(name, value);
+            }
+            return builder.body(full_body(body));
         }
         // Sent as recorded: none of the mock's own headers.
         Reply::Replay(answer) => return replay::render(answer, chunk_delay),

@@ -14,6 +14,11 @@
 //!
 //! The fixture's own `content-length` and `transfer-encoding` are dropped: the framing is the
 //! mock's, the headers and the body are the provider's.
+//!
+//! A Bedrock stream (`content-type: application/vnd.amazon.eventstream`) is binary; its fixture
+//! writes each message as two lines (its headers as a JSON object, then its payload), which the
+//! mock encodes into the binary framing. Cut `awkward`ly, its frames end inside every message's
+//! prelude, inside its headers and one byte before its end.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -58,6 +63,8 @@ pub struct Recorded {
     headers: Vec<(HeaderName, HeaderValue)>,
     body: Bytes,
     chunking: Chunking,
+    /// Where each message of a binary event stream starts in `body`.
+    messages: Option<Vec<usize>>,
 }
 
 /// What a replay request gets: the recording, or why there is none.
@@ -147,11 +154,23 @@ fn parse(raw: &[u8], chunking: Chunking) -> Result<Recorded, String> {
         let value = HeaderValue::from_str(value.trim()).map_err(|e| e.to_string())?;
         headers.push((name, value));
     }
+    let event_stream = headers.iter().any(|(n, v)| {
+        n == http::header::CONTENT_TYPE
+            && v.as_bytes()
+                .starts_with(crate::cloud::eventstream::CONTENT_TYPE.as_bytes())
+    });
+    let (body, messages) = if event_stream {
+        let (encoded, starts) = crate::cloud::eventstream::encode_fixture(body)?;
+        (encoded, Some(starts))
+    } else {
+        (Bytes::copy_from_slice(body), None)
+    };
     Ok(Recorded {
         status,
         headers,
-        body: Bytes::copy_from_slice(body),
+        body,
         chunking,
+        messages,
     })
 }
 
@@ -191,12 +210,25 @@ fn awkward_cuts(body: &[u8]) -> BTreeSet<usize> {
     cuts
 }
 
+/// Where `awkward` cuts a binary event stream: inside each message's prelude, inside its
+/// headers, and one byte before its end.
+fn message_cuts(body: &[u8], starts: &[usize]) -> BTreeSet<usize> {
+    let mut cuts = BTreeSet::new();
+    for (i, start) in starts.iter().enumerate() {
+        let end = starts.get(i + 1).copied().unwrap_or(body.len());
+        cuts.extend([start + 3, start + 14, end.saturating_sub(1)]);
+    }
+    cuts.retain(|&c| c > 0 && c < body.len());
+    cuts
+}
+
 /// The body's frames for a chunking.
-fn frames(body: &Bytes, chunking: Chunking) -> Vec<Bytes> {
-    let cuts: Vec<usize> = match chunking {
-        Chunking::Whole => Vec::new(),
-        Chunking::Every(n) => (n..body.len()).step_by(n).collect(),
-        Chunking::Awkward => awkward_cuts(body).into_iter().collect(),
+fn frames(body: &Bytes, chunking: Chunking, messages: Option<&[usize]>) -> Vec<Bytes> {
+    let cuts: Vec<usize> = match (chunking, messages) {
+        (Chunking::Whole, _) => Vec::new(),
+        (Chunking::Every(n), _) => (n..body.len()).step_by(n).collect(),
+        (Chunking::Awkward, Some(starts)) => message_cuts(body, starts).into_iter().collect(),
+        (Chunking::Awkward, None) => awkward_cuts(body).into_iter().collect(),
     };
     let mut out = Vec::with_capacity(cuts.len() + 1);
     let mut start = 0;
@@ -231,7 +263,7 @@ pub fn render(answer: Answer, delay: Duration) -> Result<Response<BoxedBody>, ht
             full_body(rec.body)
         }
         chunking => {
-            let steps = frames(&rec.body, chunking)
+            let steps = frames(&rec.body, chunking, rec.messages.as_deref())
                 .into_iter()
                 .map(Step::Data)
                 .collect();
@@ -283,7 +315,7 @@ mod tests {
     #[test]
     fn awkward_frames_cut_lines_events_and_characters() {
         let body = Bytes::from("data: {\"t\":\"é\"}\n\ndata: [DONE]\n\n");
-        let frames = frames(&body, Chunking::Awkward);
+        let frames = frames(&body, Chunking::Awkward, None);
         let joined: Vec<u8> = frames.iter().flat_map(|f| f.to_vec()).collect();
         assert_eq!(joined, body.to_vec());
         assert_eq!(&frames[0][..], b"dat");

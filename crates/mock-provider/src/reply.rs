@@ -33,6 +33,12 @@ pub(crate) enum Reply {
     Events(EventPlan),
     /// A recorded provider answer (`--fixtures`), sent as recorded.
     Replay(replay::Answer),
+    /// A provider's answer with headers of its own (a cloud's refusal), sent as it is.
+    Raw {
+        status: StatusCode,
+        headers: Vec<(http::header::HeaderName, http::header::HeaderValue)>,
+        body: Bytes,
+    },
 }
 
 impl Reply {
@@ -58,6 +64,8 @@ pub(crate) struct EventPlan {
     pub(crate) deltas: Vec<Bytes>,
     pub(crate) epilogue: Vec<Bytes>,
     pub(crate) error_event: Bytes,
+    /// The stream's media type; `None`: `text/event-stream`.
+    pub(crate) content_type: Option<&'static str>,
 }
 
 /// `data: <json>\n\n` — OpenAI chat completions style SSE event.

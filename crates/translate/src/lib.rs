@@ -1,6 +1,6 @@
 //! Cross-style translation between the OpenAI chat-completions API and the
-//! Anthropic messages API, in both directions and for streams, and from the OpenAI
-//! Responses API to either of them.
+//! Anthropic messages API, in both directions and for streams, from the OpenAI
+//! Responses API to either of them, and between chat completions and the Gemini API.
 //!
 //! Everything here is pure: the proxy layer owns I/O, status codes and the parsing of
 //! the upstream SSE stream, so these functions can be tested without a network and
@@ -24,6 +24,7 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 pub mod chat_to_messages;
+pub mod gemini;
 pub mod messages_to_chat;
 pub mod responses;
 
@@ -160,7 +161,8 @@ fn classify_openai_error(s: &str) -> Option<&'static str> {
         | "invalid_request"
         | "context_length_exceeded"
         | "invalid_value"
-        | "bad_request" => "invalid_request_error",
+        | "bad_request"
+        | "content_filter" => "invalid_request_error",
         "api_error" | "server_error" | "internal_error" | "internal_server_error" => "api_error",
         _ => return None,
     })
@@ -184,9 +186,13 @@ fn classify_status(code: u64) -> Option<&'static str> {
 /// Maps an OpenAI error object (`{message, type, code}`) to an Anthropic error type.
 pub(crate) fn openai_error_type_to_anthropic(err: &Value) -> &'static str {
     let code = err.get("code");
+    // Azure writes the status as a string code (`"code": "429"`).
+    let numeric = code
+        .and_then(Value::as_u64)
+        .or_else(|| code.and_then(Value::as_str).and_then(|c| c.parse().ok()));
     code.and_then(Value::as_str)
         .and_then(classify_openai_error)
-        .or_else(|| code.and_then(Value::as_u64).and_then(classify_status))
+        .or_else(|| numeric.and_then(classify_status))
         .or_else(|| str_field(err, "type").and_then(classify_openai_error))
         .unwrap_or("api_error")
 }
@@ -283,6 +289,14 @@ mod tests {
             (json!({"code": 429}), "rate_limit_error"),
             (json!({"code": 503}), "overloaded_error"),
             (json!({"code": 404}), "not_found_error"),
+            (
+                json!({"code": "429", "message": "Azure"}),
+                "rate_limit_error",
+            ),
+            (
+                json!({"type": null, "code": "content_filter"}),
+                "invalid_request_error",
+            ),
             (json!({"type": "something_new"}), "api_error"),
             (json!({}), "api_error"),
             (json!("not an object"), "api_error"),

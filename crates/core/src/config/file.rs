@@ -192,6 +192,17 @@ pub struct ProviderFile {
     /// The endpoints the provider serves itself (`chat`, `responses`, `messages`); the
     /// others of its style's clients are served by translation. Default: all of its style.
     pub endpoints: Option<Vec<String>>,
+    /// `azure`: the `api-version` sent (a date, or `v1` for the v1 path family); `gemini`:
+    /// the API version in the path (`v1beta` by default).
+    pub api_version: Option<String>,
+    /// `bedrock` and `vertex-anthropic`: the cloud region the requests go to.
+    pub region: Option<String>,
+    /// `vertex-anthropic`: the Google Cloud project (default: the key file's `project_id`).
+    pub project: Option<String>,
+    /// `vertex-anthropic`: the service-account key file access tokens are minted from.
+    pub credentials_file: Option<String>,
+    /// `vertex-anthropic`: the OAuth token endpoint (default: the key file's `token_uri`).
+    pub token_url: Option<String>,
 }
 
 /// `[routing]`: how far one request may fail over.

@@ -9,6 +9,7 @@
 mod auth;
 mod base_url;
 mod check;
+mod cloud;
 mod content;
 pub mod file;
 mod keys;
@@ -32,6 +33,7 @@ use std::sync::Arc;
 pub use auth::AuthConfig;
 use check::Checker;
 pub use check::ConfigError;
+pub use cloud::{AwsCredentials, ServiceAccount, StyleAccess, VertexAccess, GOOGLE_TOKEN_URL};
 pub use content::ContentConfig;
 use file::FileConfig;
 pub use keys::KeysConfig;

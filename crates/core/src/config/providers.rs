@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use super::base_url::parse_base_url;
 use super::check::{Checker, ConfigError};
+use super::cloud::StyleAccess;
 use super::file::ProviderFile;
 use crate::credential_mask::CredentialMask;
-use crate::domain::ProviderStyle;
+use crate::domain::{ProviderStyle, Wire};
 
 /// One upstream provider, with its base URL already taken apart.
 #[derive(Debug, Clone)]
@@ -43,13 +44,19 @@ pub struct Provider {
     /// An OpenAI-style provider with its own `/v1/responses`; without it, Responses requests
     /// are translated to chat completions (`endpoints` in the config).
     pub serves_responses: bool,
+    /// What the style needs beyond the base URL and the API key (cloud credentials, API
+    /// versions, regions).
+    pub access: StyleAccess,
 }
 
 impl Provider {
     /// True when the provider names a credential variable that was not set: its deployments
     /// are skipped (every request would be refused), and said so when nothing else is left.
     pub fn lacks_credential(&self) -> bool {
-        self.api_key_env.is_some() && self.api_key.is_none()
+        match &self.access {
+            StyleAccess::Bedrock { credentials, .. } => credentials.is_none(),
+            _ => self.api_key_env.is_some() && self.api_key.is_none(),
+        }
     }
 }
 
@@ -100,16 +107,14 @@ pub(super) fn validate(
         if providers.contains_key(&p.name) {
             return Err(c.err(key("name"), format!("duplicate provider {:?}", p.name)));
         }
-        let style = match p.style.as_str() {
-            "openai" => ProviderStyle::OpenAi,
-            "anthropic" => ProviderStyle::Anthropic,
-            other => {
-                return Err(c.err(
-                    key("style"),
-                    format!("must be \"openai\" or \"anthropic\", got {other:?}"),
-                ))
-            }
+        let Some(style) = ProviderStyle::parse(&p.style) else {
+            let names: Vec<&str> = ProviderStyle::ALL.iter().map(|s| s.as_str()).collect();
+            return Err(c.err(
+                key("style"),
+                format!("must be one of {names:?}, got {:?}", p.style),
+            ));
         };
+        let access = super::cloud::validate(c, i, style, p)?;
         let (tls, host, port, base_path) =
             parse_base_url(&p.base_url).map_err(|e| c.err(key("base_url"), e))?;
         let default_port = if tls { 443 } else { 80 };
@@ -156,6 +161,15 @@ pub(super) fn validate(
             .and_then(|v| std::env::var(v).ok())
             .filter(|v| !v.is_empty())
             .inspect(|key| crate::logging::never_print(key));
+        // Bedrock sends the session token (never the secret key): that is what an answer
+        // could quote back.
+        let mask_secret = match &access {
+            StyleAccess::Bedrock {
+                credentials: Some(c),
+                ..
+            } => c.session_token.as_deref(),
+            _ => api_key.as_deref(),
+        };
         providers.insert(
             p.name.clone(),
             Arc::new(Provider {
@@ -166,7 +180,7 @@ pub(super) fn validate(
                 port,
                 base_path,
                 host_header,
-                api_key_mask: CredentialMask::new(api_key.as_deref()),
+                api_key_mask: CredentialMask::new(mask_secret),
                 api_key,
                 api_key_env,
                 connect_timeout: millis("connect_timeout_ms", p.connect_timeout_ms, 5_000)?,
@@ -181,6 +195,7 @@ pub(super) fn validate(
                 max_cooldown: Duration::from_secs(max_cooldown),
                 ca,
                 serves_responses,
+                access,
             }),
         );
     }
@@ -194,9 +209,15 @@ fn provider_endpoints(style: ProviderStyle, endpoints: Option<&[String]>) -> Res
     let Some(list) = endpoints else {
         return Ok(style == ProviderStyle::OpenAi);
     };
-    let allowed: &[&str] = match style {
-        ProviderStyle::OpenAi => &["chat", "responses"],
-        ProviderStyle::Anthropic => &["messages"],
+    let allowed: &[&str] = match style.wire() {
+        Wire::OpenAi => &["chat", "responses"],
+        Wire::Anthropic => &["messages"],
+        Wire::Gemini => {
+            return Err(
+                "is not used by a \"gemini\" provider: every endpoint is served by translation"
+                    .into(),
+            )
+        }
     };
     for (n, e) in list.iter().enumerate() {
         if !allowed.contains(&e.as_str()) {
@@ -253,6 +274,68 @@ mod tests {
         ] {
             let e = provider(style, &format!("endpoints = {bad}")).unwrap_err();
             assert_eq!(e.key, "providers[0].endpoints", "{style} {bad}");
+        }
+    }
+
+    #[test]
+    fn cloud_styles_check_their_own_keys() {
+        use super::super::cloud::StyleAccess;
+        let load = |style: &str, keys: &str| {
+            Config::from_str(
+                Path::new("test.toml"),
+                &format!(
+                    "[[providers]]\nname=\"a\"\nstyle=\"{style}\"\nbase_url=\"http://127.0.0.1:1\"\n{keys}\n"
+                ),
+            )
+        };
+        let access =
+            |style: &str, keys: &str| load(style, keys).unwrap().providers["a"].access.clone();
+        assert!(matches!(
+            access("azure", "api_version = \"2024-10-21\""),
+            StyleAccess::Azure { api_version } if api_version == "2024-10-21"
+        ));
+        assert!(access("azure", "api_version = \"v1\"").azure_v1());
+        assert!(matches!(
+            access("gemini", ""),
+            StyleAccess::Gemini { api_version } if api_version == "v1beta"
+        ));
+        assert!(matches!(
+            access("bedrock", "region = \"us-east-1\""),
+            StyleAccess::Bedrock { region, .. } if region == "us-east-1"
+        ));
+        for (style, keys, key) in [
+            ("azure", "", "api_version"),
+            ("azure", "api_version = \"yesterday\"", "api_version"),
+            ("gemini", "api_version = \"v2\"", "api_version"),
+            ("gemini", "endpoints = [\"chat\"]", "endpoints"),
+            ("bedrock", "", "region"),
+            ("bedrock", "region = \"us east\"", "region"),
+            (
+                "bedrock",
+                "region = \"us-east-1\"\napi_key_env = \"K\"",
+                "api_key_env",
+            ),
+            (
+                "vertex-anthropic",
+                "region = \"us-east5\"",
+                "credentials_file",
+            ),
+            (
+                "vertex-anthropic",
+                "region = \"us-east5\"\ncredentials_file = \"/nonexistent/sa.json\"",
+                "credentials_file",
+            ),
+            ("openai", "region = \"us-east-1\"", "region"),
+            ("anthropic", "token_url = \"http://x\"", "token_url"),
+            (
+                "bedrock",
+                "region = \"us-east-1\"\nproject = \"p\"",
+                "project",
+            ),
+            ("palm", "", "style"),
+        ] {
+            let e = load(style, keys).unwrap_err();
+            assert_eq!(e.key, format!("providers[0].{key}"), "{style} {keys}: {e}");
         }
     }
 }

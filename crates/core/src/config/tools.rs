@@ -21,11 +21,22 @@ pub(super) fn validate(
     let tool = |k: &str, v: &Option<String>| -> Result<Option<Arc<Provider>>, ConfigError> {
         match v.as_deref().filter(|s| !s.is_empty()) {
             None => Ok(None),
-            Some(name) => providers
-                .get(name)
-                .cloned()
-                .map(Some)
-                .ok_or_else(|| c.err(k, format!("no [[providers]] named {name:?}"))),
+            Some(name) => {
+                let p = providers
+                    .get(name)
+                    .ok_or_else(|| c.err(k, format!("no [[providers]] named {name:?}")))?;
+                // The tools are passed through as the client sent them.
+                if !p.style.is_direct() {
+                    return Err(c.err(
+                        k,
+                        format!(
+                            "provider {name:?} is {:?}: tools need an \"openai\" or \"anthropic\" provider",
+                            p.style.as_str()
+                        ),
+                    ));
+                }
+                Ok(Some(Arc::clone(p)))
+            }
         }
     };
     Ok(ToolsConfig {

@@ -14,6 +14,7 @@ use rand::Rng;
 use super::{Health, Routing, Target};
 use crate::error::ApiError;
 use gateway_core::config::{Deployment, Model, Provider};
+use gateway_core::domain::ProviderStyle;
 
 impl Routing {
     /// The deployments of `model` to try, in order, among those `serves` accepts: the choice of
@@ -72,7 +73,10 @@ impl Routing {
                         .deployments
                         .iter()
                         .filter(|d| serves(d))
-                        .filter_map(|d| d.provider.api_key_env.as_deref())
+                        .filter_map(|d| match d.provider.style {
+                            ProviderStyle::Bedrock => Some("AWS_ACCESS_KEY_ID"),
+                            _ => d.provider.api_key_env.as_deref(),
+                        })
                         .collect();
                     missing.sort_unstable();
                     missing.dedup();

@@ -36,6 +36,7 @@ fn provider(name: &str, key_env: Option<&str>) -> Arc<Provider> {
         max_cooldown: Duration::from_secs(4),
         ca: None,
         serves_responses: true,
+        access: Default::default(),
     })
 }
 

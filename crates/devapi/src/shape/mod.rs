@@ -1,10 +1,11 @@
 //! Shaping: how a client endpoint meets a provider style, and the bytes the client gets back.
 //!
-//! A request reaches a provider in one of several ways ([`Crossing`]), decided per deployment:
-//! in its own style (the provider's bytes pass through), as an OpenAI chat request to an
-//! Anthropic-style provider, as an Anthropic messages request to an OpenAI-style provider, or
-//! as a Responses request to an Anthropic-style provider or to an OpenAI-style one without
-//! `/v1/responses`. The request body is translated once per crossing, before anything is
+//! A request reaches a provider in one of several ways ([`Crossing`]), decided per deployment
+//! by the protocol the provider speaks ([`Wire`]): in its own protocol (the provider's bytes
+//! pass through), as an OpenAI chat request to an Anthropic-protocol provider, as an Anthropic
+//! messages request to an OpenAI-protocol provider, as a Responses request to an
+//! Anthropic-protocol provider or to an OpenAI-protocol one without `/v1/responses`, or as any
+//! of the three to Gemini (through chat completions, see [`gateway_translate::gemini`]). The request body is translated once per crossing, before anything is
 //! reserved ([`translate_request`]), so a request the translation refuses costs nothing. The answer is shaped by a [`Shaper`], which
 //! `forward` feeds with the provider's chunks and which hands back the client's bytes.
 //!
@@ -14,6 +15,7 @@
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
+use crate::cloud::{Dialect, EventStreamReader};
 use crate::error::ApiError;
 use crate::items;
 use crate::pipeline::Admitted;
@@ -24,9 +26,9 @@ use crate::settle::Reason;
 use crate::sse::{SseEvent, SseParser};
 use crate::usage::{EventVerdict, StreamKind, StreamUsageTracker};
 use gateway_core::config::Provider;
-use gateway_core::domain::ProviderStyle;
+use gateway_core::domain::Wire;
 use gateway_core::response_items::Issued;
-use gateway_translate::{chat_to_messages, messages_to_chat, responses};
+use gateway_translate::{chat_to_messages, gemini, messages_to_chat, responses};
 
 /// A translated answer is collected whole before it is translated; past this the provider's
 /// answer is refused (no chat answer comes near it).
@@ -54,34 +56,70 @@ pub enum Crossing {
     /// A Responses client on an OpenAI-style provider without `/v1/responses`
     /// (`/v1/chat/completions`).
     ResponsesToChat,
+    /// An OpenAI chat client on Gemini (`generateContent`).
+    ChatToGemini,
+    /// An Anthropic messages client on Gemini, through chat completions.
+    MessagesToGemini,
+    /// A Responses client on Gemini, through chat completions.
+    ResponsesToGemini,
 }
 
 impl Crossing {
-    /// How `provider` serves `endpoint`, or `None` when it cannot: Anthropic-style providers
-    /// have no embeddings, images or speech, and OpenAI-style providers no token counting (the
-    /// gateway counts locally for those models instead).
+    /// How `provider` serves `endpoint`, or `None` when it cannot: Anthropic-protocol
+    /// providers have no embeddings, images or speech, OpenAI-protocol providers no token
+    /// counting (the gateway counts locally for those models instead), Gemini serves the three
+    /// generating endpoints only, and the cloud styles no tools.
     pub fn of(endpoint: Endpoint, provider: &Provider) -> Option<Crossing> {
         use Endpoint as E;
-        match (provider.style, endpoint) {
-            (ProviderStyle::Anthropic, E::ChatCompletions) => Some(Crossing::ChatToMessages),
-            (ProviderStyle::Anthropic, E::Responses) => Some(Crossing::ResponsesToMessages),
-            (ProviderStyle::Anthropic, E::Embeddings | E::Images | E::Speech) => None,
-            (ProviderStyle::OpenAi, E::Messages) => Some(Crossing::MessagesToChat),
-            (ProviderStyle::OpenAi, E::Responses) if !provider.serves_responses => {
+        match (provider.style.wire(), endpoint) {
+            (Wire::Anthropic, E::ChatCompletions) => Some(Crossing::ChatToMessages),
+            (Wire::Anthropic, E::Responses) => Some(Crossing::ResponsesToMessages),
+            (Wire::Anthropic, E::Embeddings | E::Images | E::Speech) => None,
+            (Wire::OpenAi, E::Messages) => Some(Crossing::MessagesToChat),
+            (Wire::OpenAi, E::Responses) if !provider.serves_responses => {
                 Some(Crossing::ResponsesToChat)
             }
-            (ProviderStyle::OpenAi, E::CountTokens) => None,
+            (Wire::OpenAi, E::CountTokens) => None,
+            (Wire::Gemini, E::ChatCompletions) => Some(Crossing::ChatToGemini),
+            (Wire::Gemini, E::Messages) => Some(Crossing::MessagesToGemini),
+            (Wire::Gemini, E::Responses) => Some(Crossing::ResponsesToGemini),
+            (Wire::Gemini, _) => None,
+            (_, E::CountTokens | E::Search | E::WebFetch) if !provider.style.is_direct() => None,
             _ => Some(Crossing::Native),
         }
     }
 
-    /// The provider endpoint a request for the client's `endpoint` is sent to.
+    /// The provider endpoint a request for the client's `endpoint` is sent to. Gemini's
+    /// `generateContent` has no endpoint of the gateway's own: it is reached through chat
+    /// completions, whose place it takes.
     pub fn provider_endpoint(self, endpoint: Endpoint) -> Endpoint {
         match self {
             Crossing::Native => endpoint,
             Crossing::ChatToMessages | Crossing::ResponsesToMessages => Endpoint::Messages,
-            Crossing::MessagesToChat | Crossing::ResponsesToChat => Endpoint::ChatCompletions,
+            Crossing::MessagesToChat
+            | Crossing::ResponsesToChat
+            | Crossing::ChatToGemini
+            | Crossing::MessagesToGemini
+            | Crossing::ResponsesToGemini => Endpoint::ChatCompletions,
         }
+    }
+
+    /// The protocol the provider's answer speaks, for reading its usage.
+    fn usage_kind(self, endpoint: Endpoint) -> Option<StreamKind> {
+        match self {
+            Crossing::ChatToGemini | Crossing::MessagesToGemini | Crossing::ResponsesToGemini => {
+                Some(StreamKind::Gemini)
+            }
+            _ => usage_kind(self.provider_endpoint(endpoint)),
+        }
+    }
+
+    /// True when the provider speaks Gemini's protocol.
+    fn to_gemini(self) -> bool {
+        matches!(
+            self,
+            Crossing::ChatToGemini | Crossing::MessagesToGemini | Crossing::ResponsesToGemini
+        )
     }
 }
 
@@ -144,6 +182,13 @@ pub fn translate_request(adm: &Admitted, targets: &[Target]) -> Result<Translate
             Crossing::MessagesToChat => messages_to_chat::request(json, model),
             Crossing::ResponsesToMessages => responses::to_messages(json, model, default_max),
             Crossing::ResponsesToChat => responses::to_chat(json, model, false),
+            Crossing::ChatToGemini => gemini::request(json),
+            Crossing::MessagesToGemini => {
+                messages_to_chat::request(json, model).and_then(|chat| gemini::request(&chat))
+            }
+            Crossing::ResponsesToGemini => {
+                responses::to_chat(json, model, false).and_then(|chat| gemini::request(&chat))
+            }
         };
         let translated =
             translated.map_err(|e| ApiError::invalid("invalid_request", e.to_string()))?;
@@ -191,6 +236,14 @@ enum Shape {
     ResponsesFromMessages(Box<responses::MessagesStream>),
     /// OpenAI chat chunks to Responses events.
     ResponsesFromChat(Box<responses::ChatStream>),
+    /// Same protocol, other framing (Bedrock's event stream): each event written as SSE.
+    Relay,
+    /// Gemini events to OpenAI `chat.completion.chunk`s.
+    ChatFromGemini(Box<gemini::StreamTranslator>),
+    /// Gemini events to Anthropic events, through chat chunks.
+    MessagesFromGemini(Box<(gemini::StreamTranslator, messages_to_chat::StreamTranslator)>),
+    /// Gemini events to Responses events, through chat chunks.
+    ResponsesFromGemini(Box<(gemini::StreamTranslator, responses::ChatStream)>),
 }
 
 impl Shape {
@@ -203,12 +256,25 @@ impl Shape {
                 }
                 return;
             }
+            Shape::Relay => {
+                out.extend_from_slice(&ev.raw);
+                return;
+            }
             // Comment-only blocks (keep-alives) carry no data and mean nothing to the client.
             _ if ev.data.is_empty() => return,
             Shape::ChatFromMessages(t) => t.on_event(ev.event.as_deref(), &ev.data),
             Shape::MessagesFromChat(t) => t.on_event(ev.event.as_deref(), &ev.data),
             Shape::ResponsesFromMessages(t) => t.on_event(ev.event.as_deref(), &ev.data),
             Shape::ResponsesFromChat(t) => t.on_event(ev.event.as_deref(), &ev.data),
+            Shape::ChatFromGemini(t) => t.on_event_frames(&ev.data),
+            Shape::MessagesFromGemini(t) => {
+                let (g, m) = &mut **t;
+                through_chat(g.on_event(&ev.data), |c| m.on_event(None, c))
+            }
+            Shape::ResponsesFromGemini(t) => {
+                let (g, r) = &mut **t;
+                through_chat(g.on_event(&ev.data), |c| r.on_event(None, c))
+            }
         };
         frames.iter().for_each(|f| out.extend_from_slice(f));
     }
@@ -219,11 +285,39 @@ impl Shape {
     /// Anthropic streams send nothing more. A stream the provider had already ended gets nothing.
     fn end(&mut self, cut: bool, style_b: bool, out: &mut BytesMut) {
         let frames = match self {
-            Shape::Passthrough { .. } => {
+            Shape::Passthrough { .. } | Shape::Relay => {
                 if cut {
                     out.extend_from_slice(&cut_frame(style_b));
                 }
                 return;
+            }
+            Shape::ChatFromGemini(t) => {
+                let tail = t.finish_frames();
+                if (cut || !t.finished()) && !tail.is_empty() {
+                    out.extend_from_slice(&cut_frame(false));
+                }
+                tail
+            }
+            // A chained translation ends the way the provider's stream did: complete when
+            // Gemini said why it finished, else as cut.
+            Shape::MessagesFromGemini(t) => {
+                let (g, m) = &mut **t;
+                let cut = cut || !g.finished();
+                let mut frames = through_chat(g.finish(), |c| m.on_event(None, c));
+                if cut {
+                    frames.extend(m.on_event(None, CUT_OPENAI));
+                    frames.extend(m.finish());
+                } else {
+                    frames.extend(m.on_event(None, "[DONE]"));
+                }
+                frames
+            }
+            Shape::ResponsesFromGemini(t) => {
+                let (g, r) = &mut **t;
+                let cut = cut || !g.finished();
+                let mut frames = through_chat(g.finish(), |c| r.on_event(None, c));
+                frames.extend(r.finish(cut));
+                frames
             }
             Shape::ChatFromMessages(t) => {
                 let tail = t.finish();
@@ -248,10 +342,39 @@ impl Shape {
     }
 }
 
+/// Feeds chat chunks made by one translation to the next.
+fn through_chat(chunks: Vec<Value>, mut next: impl FnMut(&str) -> Vec<Bytes>) -> Vec<Bytes> {
+    chunks.iter().flat_map(|c| next(&c.to_string())).collect()
+}
+
+/// How a stream's bytes are cut into events.
+enum Framing {
+    /// Server-sent events (every provider but Bedrock).
+    Sse(SseParser),
+    /// AWS event-stream messages (Bedrock's streamed answers).
+    Aws(Box<EventStreamReader>),
+}
+
+impl Framing {
+    fn feed(&mut self, chunk: &[u8]) -> Vec<SseEvent> {
+        match self {
+            Framing::Sse(p) => p.feed(chunk),
+            Framing::Aws(r) => r.feed(chunk),
+        }
+    }
+
+    fn finish(&mut self) -> Option<SseEvent> {
+        match self {
+            Framing::Sse(p) => p.finish(),
+            Framing::Aws(r) => r.finish(),
+        }
+    }
+}
+
 /// How the provider's body is read.
 enum Body {
-    /// Server-sent events, parsed and shaped event by event.
-    Events(SseParser, Shape),
+    /// Events, parsed and shaped one by one.
+    Events(Framing, Shape),
     /// Relayed as it comes; `copy` keeps (up to a cap) a successful JSON answer to read its usage.
     Plain { copy: Option<Vec<u8>> },
     /// A translated non-stream answer, or any provider error: collected whole, translated (or,
@@ -263,6 +386,8 @@ enum Body {
 /// header is in; `forward` feeds it every body chunk and then ends it exactly once.
 pub struct Shaper {
     crossing: Crossing,
+    /// How a cloud provider's errors are written, when not in its protocol's own shape.
+    dialect: Option<Dialect>,
     body: Body,
     status: u16,
     kind: Option<StreamKind>,
@@ -282,6 +407,17 @@ impl Shaper {
         status: u16,
         content_type: Option<&str>,
     ) -> Shaper {
+        Shaper::with_dialect(crossing, client, status, content_type, None)
+    }
+
+    /// [`Shaper::new`] for a provider whose framing or errors are its own ([`Dialect`]).
+    pub fn with_dialect(
+        crossing: Crossing,
+        client: ClientSide<'_>,
+        status: u16,
+        content_type: Option<&str>,
+        dialect: Option<Dialect>,
+    ) -> Shaper {
         // Media types are case-insensitive. A byte window, not `str::contains`: that builds a
         // substring searcher on every call.
         let sse = content_type.is_some_and(|v| {
@@ -293,42 +429,70 @@ impl Shaper {
                 .windows(4)
                 .any(|w| w.eq_ignore_ascii_case(b"json"))
         });
+        let aws_events = matches!(dialect, Some(Dialect::Aws { .. }))
+            && content_type.is_some_and(|v| {
+                let name = "application/vnd.amazon.eventstream";
+                v.get(..name.len())
+                    .is_some_and(|t| t.eq_ignore_ascii_case(name))
+            });
+        let framing = || {
+            if aws_events {
+                Framing::Aws(Box::default())
+            } else {
+                Framing::Sse(SseParser::without_raw())
+            }
+        };
         let provider_endpoint = crossing.provider_endpoint(client.endpoint);
         let body = match crossing {
             // An error is held whole, whatever its content type claims: translated, or (same
             // style) relayed as it is once the caller has masked any echo of the provider's
             // credential in it.
             _ if status >= 400 => Body::Whole(Vec::new()),
-            Crossing::ChatToMessages
-            | Crossing::MessagesToChat
-            | Crossing::ResponsesToMessages
-            | Crossing::ResponsesToChat
-                if !sse =>
-            {
-                Body::Whole(Vec::new())
-            }
+            Crossing::Native if aws_events => Body::Events(framing(), Shape::Relay),
+            _ if crossing != Crossing::Native && !sse && !aws_events => Body::Whole(Vec::new()),
             Crossing::ChatToMessages => Body::Events(
-                SseParser::without_raw(),
+                framing(),
                 Shape::ChatFromMessages(Box::new(chat_to_messages::StreamTranslator::new(
                     client.model,
                     client.wants_usage,
                 ))),
             ),
             Crossing::MessagesToChat => Body::Events(
-                SseParser::without_raw(),
+                framing(),
                 Shape::MessagesFromChat(Box::new(messages_to_chat::StreamTranslator::new(
                     client.model,
                 ))),
             ),
             Crossing::ResponsesToMessages => Body::Events(
-                SseParser::without_raw(),
+                framing(),
                 Shape::ResponsesFromMessages(Box::new(responses::MessagesStream::new(
                     client.model,
                 ))),
             ),
             Crossing::ResponsesToChat => Body::Events(
-                SseParser::without_raw(),
+                framing(),
                 Shape::ResponsesFromChat(Box::new(responses::ChatStream::new(client.model))),
+            ),
+            Crossing::ChatToGemini => Body::Events(
+                framing(),
+                Shape::ChatFromGemini(Box::new(gemini::StreamTranslator::new(
+                    client.model,
+                    client.wants_usage,
+                ))),
+            ),
+            Crossing::MessagesToGemini => Body::Events(
+                framing(),
+                Shape::MessagesFromGemini(Box::new((
+                    gemini::StreamTranslator::new(client.model, true),
+                    messages_to_chat::StreamTranslator::new(client.model),
+                ))),
+            ),
+            Crossing::ResponsesToGemini => Body::Events(
+                framing(),
+                Shape::ResponsesFromGemini(Box::new((
+                    gemini::StreamTranslator::new(client.model, true),
+                    responses::ChatStream::new(client.model),
+                ))),
             ),
             Crossing::Native if sse => {
                 let drop_usage_only =
@@ -339,7 +503,7 @@ impl Shaper {
                 } else {
                     SseParser::without_raw()
                 };
-                Body::Events(parser, Shape::Passthrough { drop_usage_only })
+                Body::Events(Framing::Sse(parser), Shape::Passthrough { drop_usage_only })
             }
             Crossing::Native => Body::Plain {
                 copy: (json && status < 400).then(Vec::new),
@@ -347,9 +511,10 @@ impl Shaper {
         };
         Shaper {
             crossing,
+            dialect,
             body,
             status,
-            kind: usage_kind(provider_endpoint),
+            kind: crossing.usage_kind(client.endpoint),
             client_model: client.model.to_string(),
             style_b: client.style_b,
             overflow: false,
@@ -369,6 +534,7 @@ impl Shaper {
     /// The content type the client gets in place of the provider's, for translated answers.
     pub fn content_type(&self) -> Option<&'static str> {
         match (&self.body, self.crossing) {
+            (Body::Events(Framing::Aws(_), _), _) => Some("text/event-stream"),
             (_, Crossing::Native) => None,
             (Body::Events(..), _) => Some("text/event-stream"),
             _ => Some(respond::JSON),
@@ -385,8 +551,8 @@ impl Shaper {
     /// Stream events are observed by `tracker` before they are shaped.
     pub fn feed(&mut self, chunk: Bytes, tracker: Option<&mut StreamUsageTracker>) -> Bytes {
         match &mut self.body {
-            Body::Events(parser, shape) => {
-                let events = parser.feed(&chunk);
+            Body::Events(framing, shape) => {
+                let events = framing.feed(&chunk);
                 let mut tracker = tracker;
                 if let Shape::Passthrough {
                     drop_usage_only: false,
@@ -436,11 +602,11 @@ impl Shaper {
     /// stream gets an error frame in the client's style. The caller drops the bytes when the
     /// client is gone.
     pub fn end(&mut self, reason: Reason, tracker: Option<&mut StreamUsageTracker>) -> Bytes {
-        let Body::Events(parser, shape) = &mut self.body else {
+        let Body::Events(framing, shape) = &mut self.body else {
             return Bytes::new();
         };
         let mut out = BytesMut::new();
-        if let Some(ev) = parser.finish() {
+        if let Some(ev) = framing.finish() {
             let verdict = match tracker {
                 Some(t) => t.observe(&ev),
                 None => EventVerdict::Forward,
@@ -460,6 +626,7 @@ impl Shaper {
             let items = match shape {
                 Shape::ResponsesFromMessages(t) => t.take_output(),
                 Shape::ResponsesFromChat(t) => t.take_output(),
+                Shape::ResponsesFromGemini(t) => t.1.take_output(),
                 _ => Vec::new(),
             };
             self.issued = items::issued_items(&items);
@@ -478,6 +645,13 @@ impl Shaper {
     /// status); one that broke off,
     /// could not be read or was too large becomes a 502 in the client's error shape.
     pub fn whole(&mut self, reason: Reason) -> (u16, Bytes) {
+        if let (Some(dialect), Body::Whole(buf), true) =
+            (&self.dialect, &mut self.body, self.status >= 400)
+        {
+            if let Some(native) = dialect.error_body(self.status, buf) {
+                *buf = native;
+            }
+        }
         let Body::Whole(buf) = &self.body else {
             return (self.status, Bytes::new());
         };
@@ -512,24 +686,40 @@ impl Shaper {
     fn client_endpoint_is_responses(&self) -> bool {
         matches!(
             self.crossing,
-            Crossing::ResponsesToMessages | Crossing::ResponsesToChat
+            Crossing::ResponsesToMessages | Crossing::ResponsesToChat | Crossing::ResponsesToGemini
         )
     }
 
     fn response(&self, v: &Value) -> Value {
+        let model = &self.client_model;
         match self.crossing {
-            Crossing::MessagesToChat => messages_to_chat::response(v, &self.client_model),
-            Crossing::ResponsesToMessages => responses::from_messages(v, &self.client_model),
-            Crossing::ResponsesToChat => responses::from_chat(v, &self.client_model),
-            _ => chat_to_messages::response(v, &self.client_model),
+            Crossing::MessagesToChat => messages_to_chat::response(v, model),
+            Crossing::ResponsesToMessages => responses::from_messages(v, model),
+            Crossing::ResponsesToChat => responses::from_chat(v, model),
+            Crossing::ChatToGemini => gemini::response(v, model),
+            Crossing::MessagesToGemini => {
+                messages_to_chat::response(&gemini::response(v, model), model)
+            }
+            Crossing::ResponsesToGemini => responses::from_chat(&gemini::response(v, model), model),
+            _ => chat_to_messages::response(v, model),
         }
     }
 
-    /// The client-style error for a provider error body. Both translators accept the other
-    /// style's shapes and plain text, so the gateway's own messages are written OpenAI-style.
+    /// The client-style error for a provider error body. The translators accept the other
+    /// style's shapes and plain text, so the gateway's own messages are written OpenAI-style;
+    /// Google's errors are read by the Gemini translation first.
     fn error(&self, body: &[u8]) -> Value {
+        if self.crossing.to_gemini() && !is_gateway_message(body) {
+            let openai = gemini::error(body);
+            return match self.crossing {
+                Crossing::MessagesToGemini => {
+                    messages_to_chat::error(openai.to_string().as_bytes())
+                }
+                _ => openai,
+            };
+        }
         match self.crossing {
-            Crossing::MessagesToChat => messages_to_chat::error(body),
+            Crossing::MessagesToChat | Crossing::MessagesToGemini => messages_to_chat::error(body),
             Crossing::Native if self.style_b => messages_to_chat::error(body),
             _ => chat_to_messages::error(body),
         }
@@ -558,6 +748,13 @@ impl Shaper {
     pub fn is_plain(&self) -> bool {
         matches!(self.body, Body::Plain { .. })
     }
+}
+
+/// True for the gateway's own error bodies (already OpenAI-shaped), as opposed to a provider's.
+fn is_gateway_message(body: &[u8]) -> bool {
+    [CUT_BODY_OPENAI, TOO_LARGE_OPENAI]
+        .iter()
+        .any(|m| m.as_bytes() == body)
 }
 
 /// An SSE error event in the client's style, sent when a passed-through stream breaks off so the

@@ -1,5 +1,6 @@
 //! Unit tests of shaping: crossings, shapers and the bytes the client gets.
 use super::*;
+use gateway_core::domain::ProviderStyle;
 
 fn client(endpoint: Endpoint, wants_usage: bool) -> ClientSide<'static> {
     ClientSide {
@@ -82,14 +83,13 @@ fn normalized(text: &str) -> Vec<Value> {
 
 use serde_json::json;
 
+/// A provider of `style` (only the style and `serves_responses` matter to crossings).
 fn provider(style: ProviderStyle, serves_responses: bool) -> Provider {
-    let kind = style.as_str();
-    let toml = format!(
-        "[[providers]]\nname = \"p\"\nstyle = \"{kind}\"\nbase_url = \"http://127.0.0.1:9\"\n"
-    );
-    let cfg =
-        gateway_core::config::Config::from_str(std::path::Path::new("t.toml"), &toml).unwrap();
+    let toml =
+        "[[providers]]\nname = \"p\"\nstyle = \"openai\"\nbase_url = \"http://127.0.0.1:9\"\n";
+    let cfg = gateway_core::config::Config::from_str(std::path::Path::new("t.toml"), toml).unwrap();
     let mut p = (*cfg.providers["p"]).clone();
+    p.style = style;
     p.serves_responses = serves_responses;
     p
 }
@@ -120,6 +120,34 @@ fn crossings() {
         (Endpoint::Responses, OpenAi, false, Some(ResponsesToChat)),
         (Endpoint::Embeddings, Anthropic, false, None),
         (Endpoint::Search, Anthropic, false, Some(Native)),
+        // The clouds speak one of the protocols (Gemini its own), never serve the tools, and
+        // count no tokens (the gateway counts for them).
+        (Endpoint::ChatCompletions, Azure, false, Some(Native)),
+        (Endpoint::Messages, Azure, false, Some(MessagesToChat)),
+        (Endpoint::Responses, Azure, false, Some(ResponsesToChat)),
+        (Endpoint::Embeddings, Azure, false, Some(Native)),
+        (Endpoint::Search, Azure, false, None),
+        (Endpoint::Messages, Bedrock, false, Some(Native)),
+        (
+            Endpoint::ChatCompletions,
+            Bedrock,
+            false,
+            Some(ChatToMessages),
+        ),
+        (Endpoint::CountTokens, Bedrock, false, None),
+        (Endpoint::Messages, VertexAnthropic, false, Some(Native)),
+        (
+            Endpoint::Responses,
+            VertexAnthropic,
+            false,
+            Some(ResponsesToMessages),
+        ),
+        (Endpoint::WebFetch, VertexAnthropic, false, None),
+        (Endpoint::ChatCompletions, Gemini, false, Some(ChatToGemini)),
+        (Endpoint::Messages, Gemini, false, Some(MessagesToGemini)),
+        (Endpoint::Responses, Gemini, false, Some(ResponsesToGemini)),
+        (Endpoint::Embeddings, Gemini, false, None),
+        (Endpoint::CountTokens, Gemini, false, None),
     ];
     for (endpoint, style, responses, want) in cases {
         assert_eq!(
@@ -458,4 +486,51 @@ fn translated_responses_answers_hand_over_their_items() {
         .collect();
     assert_eq!(Value::Array(kept), done["response"]["output"]);
     assert_eq!(issued.ids.len(), 2, "the message and the call");
+}
+
+/// A Gemini stream reaches a Responses client through chat chunks: the response completes,
+/// its output items are handed over for the registry, and the usage is read from Gemini's own
+/// events.
+#[test]
+fn gemini_streams_reach_responses_clients_with_their_items_and_usage() {
+    let stream = concat!(
+        "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"Hal\"}],\"role\":\"model\"},\"index\":0}],",
+        "\"usageMetadata\":{\"promptTokenCount\":40,\"totalTokenCount\":40},\"responseId\":\"r1\"}\r\n\r\n",
+        "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"lo\"}],\"role\":\"model\"},",
+        "\"finishReason\":\"STOP\",\"index\":0}],\"usageMetadata\":{\"promptTokenCount\":40,",
+        "\"candidatesTokenCount\":3,\"thoughtsTokenCount\":7,\"cachedContentTokenCount\":32,",
+        "\"totalTokenCount\":50},\"responseId\":\"r1\"}\r\n\r\n",
+    );
+    for step in [1, 5, stream.len()] {
+        let responses = client(Endpoint::Responses, false);
+        let mut shaper = Shaper::new(
+            Crossing::ResponsesToGemini,
+            responses,
+            200,
+            Some("text/event-stream"),
+        );
+        let mut tracker = shaper.tracker();
+        let mut out = Vec::new();
+        for piece in stream.as_bytes().chunks(step) {
+            out.extend_from_slice(&shaper.feed(Bytes::copy_from_slice(piece), tracker.as_mut()));
+        }
+        out.extend_from_slice(&shaper.end(Reason::Complete, tracker.as_mut()));
+        let text = String::from_utf8(out).unwrap();
+        let done = normalized(&text).pop().unwrap();
+        assert_eq!(done["type"], "response.completed", "{text}");
+        assert_eq!(done["response"]["output"][0]["content"][0]["text"], "Hallo");
+        assert_eq!(done["response"]["usage"]["output_tokens"], 10);
+        let issued = shaper.take_issued();
+        assert_eq!(issued.ids.len(), 1, "{text}");
+        let usage = tracker.unwrap().usage().unwrap();
+        assert_eq!(
+            (
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cached_tokens,
+                usage.reasoning_tokens
+            ),
+            (40, 10, 32, 7)
+        );
+    }
 }

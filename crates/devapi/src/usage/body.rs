@@ -40,6 +40,9 @@ pub fn usage_from_body(kind: StreamKind, body: &[u8]) -> Option<Usage> {
         #[serde(default, borrow)]
         usage: Option<&'a RawValue>,
     }
+    if kind == StreamKind::Gemini {
+        return super::gemini::usage_from_body(body);
+    }
     if let Some(usage) = trailing_usage(kind, body) {
         return usage;
     }

@@ -6,6 +6,7 @@ pub enum StreamKind {
     OpenAiChat,
     OpenAiResponses,
     Anthropic,
+    Gemini,
 }
 
 /// What the caller should do with the event it just observed.

@@ -3,13 +3,15 @@
 //! The gateway bills from what the provider reports. A streamed answer is read event by event
 //! as it passes ([`StreamUsageTracker`] over the events of [`crate::sse`]); a whole answer at
 //! once ([`usage_from_body`]). Each provider protocol names its usage fields its own way:
-//! [`openai`] reads chat completions and the Responses API, [`anthropic`] the messages API.
+//! [`openai`] reads chat completions and the Responses API, [`anthropic`] the messages API,
+//! [`gemini`] the Gemini API.
 //!
 //! Everything here takes hostile input from the network: nothing panics, every loop is bounded
 //! by the input, and every buffer has a cap.
 
 mod anthropic;
 mod body;
+mod gemini;
 mod kind;
 mod object;
 mod openai;

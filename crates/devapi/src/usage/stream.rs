@@ -131,7 +131,7 @@ impl StreamUsageTracker {
             .and_then(Value::as_str)
             .or(event)
             .unwrap_or("");
-        if ty == "error" || event == Some("error") {
+        if (ty == "error" || event == Some("error")) && self.kind != StreamKind::Gemini {
             self.received.record_error(&json);
         }
         match self.kind {
@@ -143,6 +143,10 @@ impl StreamUsageTracker {
             }
             StreamKind::Anthropic => {
                 anthropic::observe_anthropic(&mut self.anthropic, &mut self.received, ty, &json);
+                EventVerdict::Forward
+            }
+            StreamKind::Gemini => {
+                super::gemini::observe_gemini(&mut self.received, &json);
                 EventVerdict::Forward
             }
         }
