@@ -286,6 +286,7 @@ mod tests {
 
     fn ctx(model: &str, status: u16, code: Option<&'static str>, tokens: u64) -> RequestCtx {
         RequestCtx {
+            key_memo: Box::default(),
             request_id: "req_test".into(),
             started: Instant::now(),
             endpoint: Some(Endpoint::Embeddings),

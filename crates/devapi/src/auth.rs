@@ -1,10 +1,38 @@
 //! Check 1: finding the API key in a request. Style A sends `Authorization: Bearer`, style B
 //! `x-api-key`; both are accepted everywhere (CONTRACT §3).
 
+use gateway_core::apikey::KeyHasher;
 use http::HeaderName;
 use pingora_http::RequestHeader;
+use subtle::ConstantTimeEq;
 
 static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+/// The last key presented on one connection and its peppered hash. A client sends the same
+/// key with every request of a kept-alive connection, so the HMAC is computed once per
+/// connection and key instead of once per request. Kept in the connection's own Pingora
+/// context (`HttpPersistentSettings`), never shared with another connection; the key is
+/// compared in constant time.
+#[derive(Default)]
+pub struct KeyMemo {
+    key: String,
+    hash: String,
+}
+
+impl KeyMemo {
+    /// The hash of `key`: the one remembered when the connection presented this key before.
+    pub fn hash(&mut self, hasher: &KeyHasher, key: &str) -> &str {
+        let same = !self.hash.is_empty()
+            && self.key.len() == key.len()
+            && bool::from(self.key.as_bytes().ct_eq(key.as_bytes()));
+        if !same {
+            self.hash = hasher.hash(key);
+            self.key.clear();
+            self.key.push_str(key);
+        }
+        &self.hash
+    }
+}
 
 /// What the request offered as a credential.
 #[derive(Debug, PartialEq, Eq)]
@@ -45,6 +73,23 @@ pub fn presented_key(req: &RequestHeader) -> Presented<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_memo_reuses_a_hash_only_for_the_same_key() {
+        let hasher = KeyHasher::new(b"pepper").expect("hasher");
+        let mut memo = KeyMemo::default();
+        let a = "sk-aaaaaaaaaaaaaaaaaaaaaaaa";
+        let b = "sk-bbbbbbbbbbbbbbbbbbbbbbbb";
+        assert_eq!(memo.hash(&hasher, a), hasher.hash(a));
+        assert_eq!(memo.hash(&hasher, a), hasher.hash(a));
+        // Another key on the same connection is hashed afresh, then remembered.
+        assert_eq!(memo.hash(&hasher, b), hasher.hash(b));
+        assert_eq!(
+            memo.hash(&hasher, "sk-bbbbbbbbbbbbbbbbbbbbbbbbX"),
+            hasher.hash("sk-bbbbbbbbbbbbbbbbbbbbbbbbX")
+        );
+        assert_eq!(memo.hash(&hasher, a), hasher.hash(a));
+    }
 
     fn req(headers: &[(&str, &str)]) -> RequestHeader {
         let mut r = RequestHeader::build("POST", b"/v1/chat/completions", None).unwrap();

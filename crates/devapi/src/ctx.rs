@@ -9,6 +9,8 @@ use gateway_core::quota::RateView;
 
 /// Per-request state, filled in as the request walks the phases; `logging` reads it.
 pub struct RequestCtx {
+    /// The connection's last presented key and its hash, carried to its next request.
+    pub key_memo: Box<crate::auth::KeyMemo>,
     pub request_id: String,
     pub started: Instant,
     pub endpoint: Option<Endpoint>,

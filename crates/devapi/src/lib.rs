@@ -86,8 +86,9 @@ impl DevApi {
         }
     }
 
-    fn new_ctx() -> RequestCtx {
+    fn new_ctx(key_memo: Box<crate::auth::KeyMemo>) -> RequestCtx {
         RequestCtx {
+            key_memo,
             request_id: new_id("req"),
             started: Instant::now(),
             endpoint: None,
@@ -165,9 +166,15 @@ impl HttpServerApp for DevApi {
             // Shutting down soon: no next request on this connection.
             session.set_keepalive(None);
         }
-        let mut ctx = DevApi::new_ctx();
+        // What the connection's previous request left: the key it presented and its hash.
+        let key_memo = session
+            .take_connection_user_context()
+            .and_then(|c| c.downcast::<crate::auth::KeyMemo>().ok())
+            .unwrap_or_default();
+        let mut ctx = DevApi::new_ctx(key_memo);
         self.serve(&mut session, &mut ctx).await;
-        let settings = HttpPersistentSettings::for_session(&session);
+        let mut settings = HttpPersistentSettings::for_session(&session);
+        settings.set_user_context(ctx.key_memo);
         session
             .finish()
             .await
@@ -277,7 +284,7 @@ impl DevApi {
         asked: &Asked,
     ) -> Result<(Admitted, pipeline::BodyPermit), Stop> {
         // Checks 1–5.
-        let identity = pipeline::authenticate(&self.state, session).await?;
+        let identity = pipeline::authenticate(&self.state, session, &mut ctx.key_memo).await?;
         ctx.identity = Some(identity.clone());
         let endpoint = pipeline::gate(
             &identity,

@@ -149,7 +149,11 @@ impl Admitted {
 }
 
 /// Check 1: key validation.
-pub async fn authenticate(state: &SharedApiState, session: &Session) -> Result<Identity, ApiError> {
+pub async fn authenticate(
+    state: &SharedApiState,
+    session: &Session,
+    memo: &mut crate::auth::KeyMemo,
+) -> Result<Identity, ApiError> {
     let Some(hasher) = state.key_hasher.as_ref() else {
         return Err(ApiError::KeySecretNotConfigured);
     };
@@ -160,8 +164,8 @@ pub async fn authenticate(state: &SharedApiState, session: &Session) -> Result<I
     if !apikey::looks_like_key(candidate) {
         return Err(ApiError::InvalidApiKey);
     }
-    let hash = hasher.hash(candidate);
-    match state.identity.lookup(&state.db, &state.rt, &hash).await {
+    let hash = memo.hash(hasher, candidate);
+    match state.identity.lookup(&state.db, &state.rt, hash).await {
         Ok(Some(identity)) => Ok(identity),
         Ok(None) => Err(ApiError::InvalidApiKey),
         Err(e) => {
