@@ -451,6 +451,58 @@ async fn a_refused_reservation_in_style_b_carries_the_windows() {
     assert_eq!(v["error"]["code"], "rate_limit_exceeded", "{v}");
 }
 
+/// A 429 for a per-minute limit tells one wait: `retry-after`, the refused window's reset
+/// (`x-ratelimit-reset-requests`, and Anthropic's reset time in style B) and the message agree.
+#[tokio::test]
+async fn a_rate_limited_answer_tells_one_wait_in_both_styles() {
+    let tier = "\n[quota.tiers.beginner]\nweekly_tokens = 1000000\nrequests_per_minute = 1\n";
+    let (_mock, gw) = config::start_with_toml(tier);
+    for (path, model) in [
+        ("/v1/chat/completions", "mock-gpt"),
+        ("/alt/v1/messages", "claude-mock"),
+    ] {
+        let key = gw.user_with_key(&format!("wait{}@example.com", path.len()), &[]);
+        let body = json!({"model": model, "max_tokens": 8,
+                          "messages": [{"role": "user", "content": "hi"}]});
+        let r = api::post_in_style(&gw, path, &key, &body).await;
+        assert_eq!(r.status(), 200, "{path}");
+        let r = api::post_in_style(&gw, path, &key, &body).await;
+        assert_eq!(r.status(), 429, "{path}");
+        let header = |name: &str| {
+            r.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string()
+        };
+        let retry: u64 = header("retry-after").parse().expect("retry-after seconds");
+        assert_eq!(
+            header("x-ratelimit-reset-requests"),
+            format!("{retry}s"),
+            "{path}"
+        );
+        assert_eq!(header("x-ratelimit-remaining-requests"), "0", "{path}");
+        if path.starts_with("/alt") {
+            let at = time::OffsetDateTime::parse(
+                &header("anthropic-ratelimit-requests-reset"),
+                &time::format_description::well_known::Rfc3339,
+            )
+            .expect("an RFC 3339 reset");
+            let wait = (at - time::OffsetDateTime::now_utc()).whole_seconds();
+            assert!(
+                (wait - retry as i64).abs() <= 2,
+                "{path}: reset in {wait} s, retry {retry}"
+            );
+        }
+        let v: Value = r.json().await.expect("json");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&format!("retry after {retry} s")),
+            "{path}: {message}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn error_types_are_each_styles_own() {
     let (_mock, gw) = config::start_with_toml(&uncapped_tier("beginner", 1_000_000, 0));

@@ -352,7 +352,14 @@ impl DevApi {
             .await
         {
             Ok(r) => r,
-            Err((denied, rate)) => {
+            Err((denied, mut rate)) => {
+                if let Denied::RateLimited {
+                    retry_after_secs,
+                    what,
+                } = denied
+                {
+                    crate::rate_headers::refused(&mut rate, what, retry_after_secs);
+                }
                 ctx.rate = rate;
                 return Err(denied_error(denied));
             }

@@ -87,6 +87,24 @@ fn each(rate: &RateView, mut f: impl FnMut(&'static HeaderName, HeaderValue)) {
     }
 }
 
+/// A 429 for the per-minute window `what` (`requests`, `input tokens`, `output tokens`): the
+/// window's reset is when it admits the request again, the `retry-after` the answer carries
+/// and its message names, so the headers tell one wait. A window's reset is otherwise the end
+/// of the current minute, which for a sliding window that is over its limit comes before the
+/// request would be admitted.
+pub fn refused(rate: &mut RateView, what: &str, retry_after_secs: u64) {
+    let window = match what {
+        "requests" => &mut rate.requests,
+        "input tokens" => &mut rate.input_tokens,
+        "output tokens" => &mut rate.output_tokens,
+        _ => return,
+    };
+    if let Some(w) = window {
+        w.remaining = 0;
+        w.reset_secs = retry_after_secs;
+    }
+}
+
 /// Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`
 /// for a style-B answer at `now_unix` (seconds): the reset is the RFC 3339 time the window
 /// refills, as Anthropic sends it. `tokens` is the more restrictive of the input and output
