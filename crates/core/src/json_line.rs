@@ -15,7 +15,11 @@ pub trait WriteJson {
 /// Writes `s` as a JSON string: copied between quotes when it holds nothing to escape (the
 /// common case: ids, names, timestamps), else escaped by serde_json.
 pub fn write_str(out: &mut Vec<u8>, s: &str) {
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+    // A fold without an early exit, so the compiler checks many bytes per instruction.
+    let needs_escape = s.bytes().fold(false, |any, b| {
+        any | (b < 0x20) | (b == b'"') | (b == b'\\')
+    });
+    if !needs_escape {
         out.reserve(s.len() + 2);
         out.push(b'"');
         out.extend_from_slice(s.as_bytes());

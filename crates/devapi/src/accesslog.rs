@@ -78,17 +78,43 @@ fn millis_rounded(d: Duration) -> f64 {
 }
 
 impl gateway_core::json_line::WriteJson for Timestamp {
+    /// The whole-second part (`2026-11-28T20:06:46.`) is formatted once per second and thread
+    /// and reused by every line of that second; the milliseconds are appended.
     fn write_json(&self, out: &mut Vec<u8>) {
-        let mut buf = [0u8; 40];
-        let mut cursor = &mut buf[..];
-        // The format has only numeric components: it always fits and is always UTF-8.
-        if let Ok(written) = self.0.format_into(&mut cursor, TIME_FORMAT) {
-            if let Ok(text) = std::str::from_utf8(&buf[..written]) {
-                gateway_core::json_line::write_str(out, text);
-                return;
-            }
+        thread_local! {
+            static SECOND: RefCell<(i64, Vec<u8>)> = const { RefCell::new((i64::MIN, Vec::new())) };
         }
-        out.extend_from_slice(b"null");
+        let unix = self.0.unix_timestamp();
+        let millis = self.0.millisecond();
+        let written = SECOND.with(|cell| {
+            let mut cell = cell.borrow_mut();
+            let (second, prefix) = &mut *cell;
+            if *second != unix {
+                let mut buf = [0u8; 40];
+                let mut cursor = &mut buf[..];
+                // The format has only numeric components: it always fits.
+                let Ok(n) = self.0.format_into(&mut cursor, TIME_FORMAT) else {
+                    return false;
+                };
+                // Everything but the milliseconds and the `Z`.
+                prefix.clear();
+                prefix.extend_from_slice(&buf[..n.saturating_sub(4)]);
+                *second = unix;
+            }
+            out.push(b'"');
+            out.extend_from_slice(prefix);
+            out.extend_from_slice(&[
+                b'0' + (millis / 100) as u8,
+                b'0' + (millis / 10 % 10) as u8,
+                b'0' + (millis % 10) as u8,
+                b'Z',
+                b'"',
+            ]);
+            true
+        });
+        if !written {
+            out.extend_from_slice(b"null");
+        }
     }
 }
 
@@ -365,6 +391,21 @@ mod tests {
     }
 
     /// The time field is RFC 3339 with milliseconds; latencies print as short decimals.
+    /// The cached whole second and the appended milliseconds are the full format's text, also
+    /// for several instants of one second and across seconds.
+    #[test]
+    fn timestamps_written_in_parts_are_the_formatted_ones() {
+        use gateway_core::json_line::WriteJson;
+        let base = time::OffsetDateTime::from_unix_timestamp(1_764_360_406).expect("instant");
+        for ms in [0i64, 7, 45, 999, 1_000, 1_001, 61_234, 86_400_999] {
+            let at = base + time::Duration::milliseconds(ms);
+            let mut ours = Vec::new();
+            Timestamp(at).write_json(&mut ours);
+            let theirs = serde_json::to_string(&Timestamp(at)).expect("serializes");
+            assert_eq!(String::from_utf8(ours).expect("utf-8"), theirs, "{ms}");
+        }
+    }
+
     #[test]
     fn time_and_latency_render_for_people() {
         let at = time::macros::datetime!(2026-11-25 18:17:06.123_456_789 UTC);
