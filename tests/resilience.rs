@@ -559,6 +559,9 @@ deployments = [
         fast = fast.url(),
         slow = slow.url()
     );
+    // Weights, not limits: the default tier's per-minute output window would hold eight
+    // concurrent 4096-token reservations close to its cap.
+    let extra = extra + &config::uncapped_tier("beginner", 100_000_000, 0);
     let gw = Gateway::start(&mock, options(&extra));
     let key = gw.user_with_key("weights@example.com", &["--rpm", "1000"]);
     for _ in 0..80 {
