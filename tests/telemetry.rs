@@ -85,7 +85,9 @@ impl Receiver {
                                 .iter()
                                 .flat_map(|r| &r.attributes)
                                 .find(|kv| kv.key == "service.name")
-                                .map(|kv| any_text(&kv.value.as_ref().and_then(|v| v.value.clone())))
+                                .map(|kv| {
+                                    any_text(&kv.value.as_ref().and_then(|v| v.value.clone()))
+                                })
                                 .unwrap_or_default();
                             for ss in rs.scope_spans {
                                 for sp in ss.spans {
@@ -102,7 +104,9 @@ impl Receiver {
                                                 (
                                                     kv.key.clone(),
                                                     any_text(
-                                                        &kv.value.as_ref().and_then(|v| v.value.clone()),
+                                                        &kv.value
+                                                            .as_ref()
+                                                            .and_then(|v| v.value.clone()),
                                                     ),
                                                 )
                                             })
@@ -122,7 +126,9 @@ impl Receiver {
                 },
             ),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -242,7 +248,10 @@ async fn logged_trace_id(gw: &Gateway, request_id: &str) -> String {
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
             .find(|v| v["request_id"] == request_id);
         if let Some(v) = line {
-            return v["trace_id"].as_str().expect("trace_id in access line").to_string();
+            return v["trace_id"]
+                .as_str()
+                .expect("trace_id in access line")
+                .to_string();
         }
         assert!(Instant::now() < deadline, "no access line for {request_id}");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -276,15 +285,27 @@ fn check_tree(spans: &[Rec], key: &str) {
     let root = server(spans);
     for s in spans {
         if s.span_id != root.span_id {
-            assert_eq!(s.parent, root.span_id, "{} is a child of the server span", s.name);
+            assert_eq!(
+                s.parent, root.span_id,
+                "{} is a child of the server span",
+                s.name
+            );
         }
         for v in s.attrs.values() {
             assert!(!v.contains(key), "a key in {}: {v}", s.name);
-            assert!(!v.contains("secret prompt"), "the prompt in {}: {v}", s.name);
+            assert!(
+                !v.contains("secret prompt"),
+                "the prompt in {}: {v}",
+                s.name
+            );
         }
         assert_eq!(s.service, "gateway-under-test");
     }
-    for phase in ["gateway.admission", "gateway.quota.reserve", "gateway.settle"] {
+    for phase in [
+        "gateway.admission",
+        "gateway.quota.reserve",
+        "gateway.settle",
+    ] {
         one(spans, phase);
     }
 }
@@ -310,7 +331,14 @@ async fn plain_streamed_and_translated_requests_have_their_span_trees() {
     let (user, key) = gw.user_and_key("spans@example.com");
 
     // Plain.
-    let (status, id, _) = send(&gw, "/v1/chat/completions", &key, &chat("mock-gpt", false), &[]).await;
+    let (status, id, _) = send(
+        &gw,
+        "/v1/chat/completions",
+        &key,
+        &chat("mock-gpt", false),
+        &[],
+    )
+    .await;
     assert_eq!(status, 200);
     let trace_id = logged_trace_id(&gw, &id).await;
     assert_eq!(trace_id.len(), 32);
@@ -318,7 +346,10 @@ async fn plain_streamed_and_translated_requests_have_their_span_trees() {
     check_tree(&spans, &key);
     let root = server(&spans);
     assert_eq!(root.name, "chat mock-gpt");
-    assert_eq!(root.parent, "", "no client trace: the server span is the root");
+    assert_eq!(
+        root.parent, "",
+        "no client trace: the server span is the root"
+    );
     for (k, v) in [
         ("gen_ai.operation.name", "chat"),
         ("gen_ai.request.model", "mock-gpt"),
@@ -335,12 +366,26 @@ async fn plain_streamed_and_translated_requests_have_their_span_trees() {
         assert_eq!(root.attr(k), Some(v), "{k} in {root:#?}");
     }
     assert!(root.attr("gateway.key.id").unwrap().starts_with("key_"));
-    let input: u64 = root.attr("gen_ai.usage.input_tokens").unwrap().parse().unwrap();
-    let output: u64 = root.attr("gen_ai.usage.output_tokens").unwrap().parse().unwrap();
+    let input: u64 = root
+        .attr("gen_ai.usage.input_tokens")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let output: u64 = root
+        .attr("gen_ai.usage.output_tokens")
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(input > 0 && output > 0, "{root:#?}");
     assert!(root.attr("gen_ai.usage.cache_read.input_tokens").is_some());
-    assert!(root.attr("http.request.body.size").is_some(), "capture_sizes is on");
-    assert!(root.events.contains(&"gateway.first_byte".to_string()), "{root:#?}");
+    assert!(
+        root.attr("http.request.body.size").is_some(),
+        "capture_sizes is on"
+    );
+    assert!(
+        root.events.contains(&"gateway.first_byte".to_string()),
+        "{root:#?}"
+    );
     assert_eq!(root.status, 0, "not an error");
     let attempts = clients(&spans);
     assert_eq!(attempts.len(), 1);
@@ -359,14 +404,23 @@ async fn plain_streamed_and_translated_requests_have_their_span_trees() {
 
     // Streamed.
     mock.clear().await;
-    let (status, id, body) = send(&gw, "/v1/chat/completions", &key, &chat("mock-gpt", true), &[]).await;
+    let (status, id, body) = send(
+        &gw,
+        "/v1/chat/completions",
+        &key,
+        &chat("mock-gpt", true),
+        &[],
+    )
+    .await;
     assert_eq!(status, 200);
     assert!(body.contains("data:"), "{body}");
     let spans = rx.trace(&logged_trace_id(&gw, &id).await, 5).await;
     check_tree(&spans, &key);
     let root = server(&spans);
     assert_eq!(root.attr("gateway.stream"), Some("true"));
-    assert!(root.attr("gen_ai.usage.output_tokens").is_some_and(|v| v != "0"));
+    assert!(root
+        .attr("gen_ai.usage.output_tokens")
+        .is_some_and(|v| v != "0"));
     assert!(root.events.contains(&"gateway.first_byte".to_string()));
     assert_eq!(clients(&spans).len(), 1);
 
@@ -436,10 +490,16 @@ async fn failover_refusal_and_client_trace_context() {
     assert_eq!(attempts.len(), 2, "{spans:#?}");
     attempts.sort_by_key(|a| a.attr("gateway.attempt").unwrap_or("").to_string());
     assert_eq!(attempts[0].attr("gateway.attempt"), Some("1"));
-    assert_eq!(attempts[0].attr("gateway.attempt.outcome"), Some("server_error"));
+    assert_eq!(
+        attempts[0].attr("gateway.attempt.outcome"),
+        Some("server_error")
+    );
     assert_eq!(attempts[0].attr("http.response.status_code"), Some("500"));
     assert_eq!(attempts[0].status, 2, "a failed attempt is an error");
-    assert_eq!(attempts[1].attr("gateway.attempt.outcome"), Some("complete"));
+    assert_eq!(
+        attempts[1].attr("gateway.attempt.outcome"),
+        Some("complete")
+    );
     assert_ne!(
         attempts[0].attr("gateway.deployment"),
         attempts[1].attr("gateway.deployment")
@@ -512,7 +572,14 @@ async fn sample_ratio_is_parent_based_and_reloads_live() {
 
     // Ratio 0: a trace started here is not sampled, but the provider still gets the context
     // (unsampled) so its own spans are not orphaned.
-    let (status, id, _) = send(&gw, "/v1/chat/completions", &key, &chat("mock-gpt", false), &[]).await;
+    let (status, id, _) = send(
+        &gw,
+        "/v1/chat/completions",
+        &key,
+        &chat("mock-gpt", false),
+        &[],
+    )
+    .await;
     assert_eq!(status, 200);
     let unsampled = logged_trace_id(&gw, &id).await;
     let tp = mock.requests().await[0]["headers"]["traceparent"]
@@ -527,7 +594,10 @@ async fn sample_ratio_is_parent_based_and_reloads_live() {
         "/v1/chat/completions",
         &key,
         &chat("mock-gpt", false),
-        &[("traceparent", &format!("00-{parent_trace}-b7ad6b7169203331-01"))],
+        &[(
+            "traceparent",
+            &format!("00-{parent_trace}-b7ad6b7169203331-01"),
+        )],
     )
     .await;
     assert_eq!(status, 200);
@@ -542,8 +612,14 @@ async fn sample_ratio_is_parent_based_and_reloads_live() {
     .expect("rewrite config");
     let deadline = Instant::now() + Duration::from_secs(20);
     let sampled = loop {
-        let (status, id, _) =
-            send(&gw, "/v1/chat/completions", &key, &chat("mock-gpt", false), &[]).await;
+        let (status, id, _) = send(
+            &gw,
+            "/v1/chat/completions",
+            &key,
+            &chat("mock-gpt", false),
+            &[],
+        )
+        .await;
         assert_eq!(status, 200);
         let trace_id = logged_trace_id(&gw, &id).await;
         let tp = mock.requests().await.last().expect("recorded")["headers"]["traceparent"]
@@ -570,8 +646,14 @@ async fn an_unreachable_collector_fails_nothing_and_drops_are_counted() {
     let gw = start(&mock, &format!("http://127.0.0.1:{port}"), 1.0);
     let (_, key) = gw.user_and_key("dead-collector@example.com");
     for _ in 0..20 {
-        let (status, _, _) =
-            send(&gw, "/v1/chat/completions", &key, &chat("mock-gpt", false), &[]).await;
+        let (status, _, _) = send(
+            &gw,
+            "/v1/chat/completions",
+            &key,
+            &chat("mock-gpt", false),
+            &[],
+        )
+        .await;
         assert_eq!(status, 200);
     }
     let admin = gw.admin.clone().expect("admin");

@@ -123,7 +123,11 @@ impl RequestTrace {
             .tracer()
             .span_builder(name)
             .with_kind(SpanKind::Internal);
-        Phase(self.telemetry.tracer().build_with_context(builder, &self.cx))
+        Phase(
+            self.telemetry
+                .tracer()
+                .build_with_context(builder, &self.cx),
+        )
     }
 
     /// Starts the client span of attempt `n` (0-based) at `target`.
@@ -150,7 +154,11 @@ impl RequestTrace {
             .span_builder(name)
             .with_kind(SpanKind::Client)
             .with_attributes(attrs);
-        Attempt(self.telemetry.tracer().build_with_context(builder, &self.cx))
+        Attempt(
+            self.telemetry
+                .tracer()
+                .build_with_context(builder, &self.cx),
+        )
     }
 
     /// Notes which deployment gave the answer the client gets.
@@ -168,13 +176,19 @@ impl RequestTrace {
             s.set_attribute(KeyValue::new("gen_ai.operation.name", op));
         }
         if !adm.model_name.is_empty() {
-            s.set_attribute(KeyValue::new("gen_ai.request.model", adm.model_name.clone()));
+            s.set_attribute(KeyValue::new(
+                "gen_ai.request.model",
+                adm.model_name.clone(),
+            ));
         }
         if !adm.endpoint.is_get() {
             s.set_attribute(KeyValue::new("gateway.stream", adm.stream));
         }
         if self.telemetry.capture_sizes && !adm.body.is_empty() {
-            s.set_attribute(KeyValue::new("http.request.body.size", adm.body.len() as i64));
+            s.set_attribute(KeyValue::new(
+                "http.request.body.size",
+                adm.body.len() as i64,
+            ));
         }
     }
 
@@ -229,7 +243,9 @@ impl RequestTrace {
         }
         let name = match (ctx.endpoint.and_then(operation), ctx.model.as_deref()) {
             (Some(op), Some(model)) => Some(Cow::Owned(format!("{op} {model}"))),
-            _ => ctx.endpoint.map(|e| Cow::Owned(format!("{} {}", method_of(e), e.path()))),
+            _ => ctx
+                .endpoint
+                .map(|e| Cow::Owned(format!("{} {}", method_of(e), e.path()))),
         };
         if let Some(name) = name {
             s.update_name(name);

@@ -72,10 +72,7 @@ pub(super) fn validate(c: &Checker, f: TelemetryFile) -> Result<TelemetryConfig,
     };
     let sample_ratio = f.sample_ratio.unwrap_or(1.0);
     if !(0.0..=1.0).contains(&sample_ratio) {
-        return Err(c.err(
-            "telemetry.sample_ratio",
-            "must be between 0.0 and 1.0",
-        ));
+        return Err(c.err("telemetry.sample_ratio", "must be between 0.0 and 1.0"));
     }
     let service_name = f.service_name.unwrap_or_else(|| "llm-gateway".into());
     if service_name.trim().is_empty() {
@@ -119,7 +116,10 @@ mod tests {
     fn off_by_default_and_validated_by_key() {
         let off = Config::from_str(Path::new("t.toml"), "").expect("defaults");
         assert_eq!(off.telemetry.endpoint, None);
-        assert_eq!(load("otlp_endpoint = \"\"").unwrap().telemetry.endpoint, None);
+        assert_eq!(
+            load("otlp_endpoint = \"\"").unwrap().telemetry.endpoint,
+            None
+        );
         let on = load("otlp_endpoint = \"http://127.0.0.1:4318/\"\nsample_ratio = 0.25").unwrap();
         assert_eq!(
             on.telemetry.endpoint.as_deref(),
@@ -130,7 +130,10 @@ mod tests {
         assert_eq!(on.telemetry.headers_env, "GATEWAY_OTLP_HEADERS");
         assert!(!on.telemetry.capture_sizes);
         for (text, key) in [
-            ("otlp_endpoint = \"127.0.0.1:4318\"", "telemetry.otlp_endpoint"),
+            (
+                "otlp_endpoint = \"127.0.0.1:4318\"",
+                "telemetry.otlp_endpoint",
+            ),
             ("protocol = \"grpc\"", "telemetry.protocol"),
             ("protocol = \"thrift\"", "telemetry.protocol"),
             ("sample_ratio = 1.5", "telemetry.sample_ratio"),
@@ -144,6 +147,9 @@ mod tests {
             .unwrap_err()
             .message
             .contains("http/protobuf"));
-        assert!(load("headers = \"x\"").unwrap_err().message.contains("headers"));
+        assert!(load("headers = \"x\"")
+            .unwrap_err()
+            .message
+            .contains("headers"));
     }
 }
