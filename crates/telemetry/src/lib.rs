@@ -79,11 +79,18 @@ pub fn start(state: &SharedState, rt: tokio::runtime::Handle) -> Result<(), Stri
     Ok(())
 }
 
-/// Exports what is queued and stops the exporter; called once at a clean stop. Blocks for at
-/// most a few seconds (an unreachable collector is not waited for longer).
+/// Exports what is queued and stops the exporter, once (later calls do nothing); called at a
+/// clean stop. Blocks for at most about two seconds: an unreachable collector is not waited for.
 pub fn shutdown() {
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if DONE.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return;
+    }
     if let Some(t) = get() {
-        if let Err(e) = t.provider.shutdown() {
+        if let Err(e) = t
+            .provider
+            .shutdown_with_timeout(std::time::Duration::from_secs(2))
+        {
             log::warn!("telemetry: spans not exported at shutdown: {e}");
         }
     }
