@@ -59,6 +59,7 @@ pub(super) fn spawn_drain_monitor(
         state.usage.flush().await;
         state.items.flush().await;
         gateway_devapi::accesslog::flush();
+        let _ = tokio::task::spawn_blocking(gateway_telemetry::shutdown).await;
         let _ = std::fs::remove_file(&uds);
         pid.remove();
         log::info!("shutdown complete");

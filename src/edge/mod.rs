@@ -324,6 +324,8 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     // building the state (database, tokenizer) can take longer than the old process waits.
     server.bootstrap();
     let state = build_state(cfg, &rt)?;
+    // Before either service starts: both read whether telemetry is on once.
+    gateway_telemetry::start(&state, rt.handle().clone())?;
     let api_state = build_api_state(state.clone(), &rt)?;
 
     // The account service, on a private socket served by the storage runtime.
@@ -416,6 +418,7 @@ pub fn serve(mut cfg: Config) -> Result<(), String> {
     rt.block_on(state.usage.flush());
     rt.block_on(state.items.flush());
     gateway_devapi::accesslog::flush();
+    gateway_telemetry::shutdown();
     let _ = std::fs::remove_file(&uds);
     pid.remove();
     Ok(())

@@ -131,6 +131,14 @@ pub static UPSTREAM_ATTEMPTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+pub static SPANS_DROPPED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "gateway_telemetry_spans_dropped_total",
+        "Spans not delivered to the OTLP collector, by reason (queue_full, export_failed).",
+        &["reason"],
+    )
+});
+
 pub fn config_reload(result: &str) {
     RELOADS.with_label_values(&[result]).inc();
 }
@@ -156,6 +164,7 @@ pub fn init() {
     LazyLock::force(&DEPLOYMENT_EJECTIONS);
     LazyLock::force(&DEPLOYMENT_HEALTHY);
     LazyLock::force(&UPSTREAM_ATTEMPTS);
+    LazyLock::force(&SPANS_DROPPED);
 }
 
 /// The Prometheus text exposition of everything registered.

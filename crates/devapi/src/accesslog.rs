@@ -44,6 +44,8 @@ struct AccessLine<'a> {
     /// Milliseconds, rounded to the microsecond (`0.309`, not `0.30880799999999997`).
     latency_ms: f64,
     deployment: Option<&'a str>,
+    /// The W3C trace id when telemetry is on.
+    trace_id: Option<&'a str>,
 }
 
 /// RFC 3339 with exactly three fractional digits, so lines sort as text and read alike.
@@ -136,6 +138,7 @@ impl AccessLine<'_> {
             "output_tokens": self.output_tokens,
             "latency_ms": self.latency_ms,
             "deployment": self.deployment,
+            "trace_id": self.trace_id,
         });
     }
 }
@@ -162,6 +165,7 @@ pub fn developer_request(ctx: &RequestCtx, enabled: bool) {
         output_tokens: ctx.output_tokens,
         latency_ms: millis_rounded(elapsed),
         deployment: ctx.deployment.as_deref(),
+        trace_id: ctx.trace.as_ref().map(|t| t.trace_id.as_str()),
     };
     append(&line);
 }
@@ -325,6 +329,7 @@ mod tests {
             deployment: Some("metrics-test-deployment".into()),
             rate: RateView::default(),
             ttfb_ms: Some(3),
+            trace: None,
         }
     }
 
@@ -347,6 +352,7 @@ mod tests {
                 output_tokens: u64::MAX,
                 latency_ms: 0.523_456_7,
                 deployment: Some("openai-east"),
+                trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736"),
             },
             AccessLine {
                 time: Timestamp(time::OffsetDateTime::UNIX_EPOCH),
@@ -362,6 +368,7 @@ mod tests {
                 output_tokens: 0,
                 latency_ms: 1e-9,
                 deployment: None,
+                trace_id: None,
             },
             AccessLine {
                 time: Timestamp(time::OffsetDateTime::UNIX_EPOCH),
@@ -377,6 +384,7 @@ mod tests {
                 output_tokens: 2,
                 latency_ms: 123_456.0,
                 deployment: Some("</script>"),
+                trace_id: None,
             },
         ];
         for line in &lines {

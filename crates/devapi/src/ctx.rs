@@ -26,4 +26,6 @@ pub struct RequestCtx {
     pub rate: RateView,
     /// Time to the first response byte, for forwarded requests.
     pub ttfb_ms: Option<u64>,
+    /// The request's spans when telemetry is on (`None` otherwise: nothing to do).
+    pub trace: Option<Box<crate::trace::RequestTrace>>,
 }

@@ -201,6 +201,8 @@ struct Answer {
     prefetched: Option<Bytes>,
     /// Holds the deployment's outstanding count until the answer is relayed.
     _outstanding: Outstanding,
+    /// The attempt's client span, when telemetry is on; ended once the relay ends.
+    attempt: Option<crate::trace::Attempt>,
 }
 
 /// Tries the targets in order until one answers with something other than a failure of the
@@ -214,6 +216,7 @@ async fn connect(
     adm: &Admitted,
     attempts: &Attempts,
     request_id: &str,
+    trace: Option<&crate::trace::RequestTrace>,
 ) -> Result<Answer, ApiError> {
     let started = Instant::now();
     let mut last_failure: Option<Failure> = None;
@@ -231,7 +234,8 @@ async fn connect(
         };
         let endpoint = crossing.provider_endpoint(adm.endpoint);
         let direct = target.provider.style.is_direct();
-        let req = if direct {
+        let attempt = trace.map(|t| t.attempt(target, i, adm));
+        let mut req = if direct {
             ProviderRequest {
                 provider: &target.provider,
                 method: if endpoint.is_get() { "GET" } else { "POST" },
@@ -252,6 +256,9 @@ async fn connect(
                 },
                 Err(NotSent::Request(e)) => return Err(e),
                 Err(NotSent::Deployment(failure, why)) => {
+                    if let Some(a) = attempt {
+                        a.end(failure.label(), None);
+                    }
                     log::warn!(
                         "deployment {} cannot be used: {why} (request {request_id})",
                         target.label()
@@ -263,6 +270,11 @@ async fn connect(
                 }
             }
         };
+        if let Some(a) = &attempt {
+            // The provider's work joins the trace; the client's own trace headers never pass.
+            req.headers
+                .extend(a.headers().into_iter().map(|(k, v)| (k, Cow::Owned(v))));
+        }
         let outstanding = target.health.begin();
         match Box::pin(state.upstreams.start(&req)).await {
             Ok(mut ex) => {
@@ -281,6 +293,9 @@ async fn connect(
                     }
                 }
                 let Verdict::Failed(failure) = verdict else {
+                    if let Some(t) = trace {
+                        t.answered_by(target, adm);
+                    }
                     return Ok(Answer {
                         ex,
                         target: target.clone(),
@@ -289,6 +304,7 @@ async fn connect(
                         refused,
                         prefetched,
                         _outstanding: outstanding,
+                        attempt,
                     });
                 };
                 let wait = ex.header().and_then(|h| retry_after(status, h));
@@ -299,6 +315,9 @@ async fn connect(
                         let _ = ex.read_all(ERROR_BODY_LIMIT).await;
                     }
                     state.upstreams.finish(ex).await;
+                    if let Some(a) = attempt {
+                        a.end(failure.label(), Some(status));
+                    }
                     last_failure = Some(failure);
                     log::warn!(
                         "deployment {} answered {status}; failing over (request {request_id})",
@@ -308,6 +327,9 @@ async fn connect(
                 }
                 // The last one's answer is passed on (a refused credential becomes
                 // `provider_auth_failed` in `forward`).
+                if let Some(t) = trace {
+                    t.answered_by(target, adm);
+                }
                 return Ok(Answer {
                     ex,
                     target: target.clone(),
@@ -316,13 +338,20 @@ async fn connect(
                     refused,
                     prefetched,
                     _outstanding: outstanding,
+                    attempt,
                 });
             }
             Err(e) => {
                 let Some(failure) = Failure::of_error(&e) else {
+                    if let Some(a) = attempt {
+                        a.end("request_error", None);
+                    }
                     log::error!("request {request_id} cannot be sent upstream: {e}");
                     return Err(ApiError::ServerError);
                 };
+                if let Some(a) = attempt {
+                    a.end(failure.label(), None);
+                }
                 log::warn!(
                     "deployment {} failed: {e} (request {request_id})",
                     target.label()
@@ -483,6 +512,8 @@ pub struct Reply<'a> {
     pub request_id: &'a str,
     pub style_b: bool,
     pub rate: &'a gateway_core::quota::RateView,
+    /// The request's spans, when telemetry is on.
+    pub trace: Option<&'a crate::trace::RequestTrace>,
 }
 
 /// Forwards `adm` to the first target that answers and relays the response. The steps: find a
@@ -500,7 +531,37 @@ pub async fn forward(
     if attempts.targets.is_empty() {
         return Err(ApiError::RoutingUnavailable);
     }
-    let answer = Box::pin(connect(state, session, adm, attempts, reply.request_id)).await?;
+    let mut answer = Box::pin(connect(
+        state,
+        session,
+        adm,
+        attempts,
+        reply.request_id,
+        reply.trace,
+    ))
+    .await?;
+    let Some(attempt) = answer.attempt.take() else {
+        return relay_answer(state, session, adm, answer, flight, reply).await;
+    };
+    let status = answer.ex.status();
+    let result = relay_answer(state, session, adm, answer, flight, reply).await;
+    let outcome = match &result {
+        Ok(o) => o.error_code.unwrap_or("complete"),
+        Err(e) => e.code(),
+    };
+    attempt.end(outcome, Some(status));
+    result
+}
+
+/// Relays the answer `connect` found: see [`forward`].
+async fn relay_answer(
+    state: &SharedApiState,
+    session: &mut Session,
+    adm: &Admitted,
+    answer: Answer,
+    flight: &mut InFlight,
+    reply: &Reply<'_>,
+) -> Result<Outcome, ApiError> {
     flight.set_deployment(answer.target.label());
     if answer.refused {
         return Err(refused(state, answer).await);

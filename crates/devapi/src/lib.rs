@@ -39,6 +39,7 @@ pub mod shape;
 pub mod sse;
 pub mod state;
 pub mod tokens;
+pub mod trace;
 pub mod upstream;
 pub mod usage;
 
@@ -101,6 +102,7 @@ impl DevApi {
             deployment: None,
             rate: RateView::default(),
             ttfb_ms: None,
+            trace: None,
         }
     }
 
@@ -135,6 +137,7 @@ impl DevApi {
     /// Answers one request (`request_filter` of the proxy this replaced) and records it.
     async fn serve(&self, session: &mut Session, ctx: &mut RequestCtx) {
         let _in_flight = crate::in_flight::InFlightGuard::enter();
+        ctx.trace = crate::trace::begin(session);
         // Boxed (as are the large futures below it): an async state machine is moved by value
         // when it is built, and a request's nested states inline would be copied in `memcpy`
         // at every step.
@@ -149,6 +152,9 @@ impl DevApi {
         }
         crate::affinity::request_done(session);
         crate::accesslog::developer_request(ctx, self.state.config.load().server.access_log);
+        if let Some(trace) = ctx.trace.take() {
+            trace.finish(ctx);
+        }
     }
 }
 
@@ -232,10 +238,15 @@ impl DevApi {
         let fail = |e: ApiError| (Stop::Api(e), style_b);
 
         // Held until the request ends: its body is in memory until then.
-        let (mut adm, _body_permit) = self
-            .admit(session, ctx, &cfg, &asked)
-            .await
-            .map_err(|s| (s, style_b))?;
+        let phase = ctx.trace.as_ref().map(|t| t.phase("gateway.admission"));
+        let admitted = self.admit(session, ctx, &cfg, &asked).await;
+        if let Some(phase) = phase {
+            phase.end(admitted.as_ref().err().map(stop_code));
+        }
+        let (mut adm, _body_permit) = admitted.map_err(|s| (s, style_b))?;
+        if let Some(t) = ctx.trace.as_deref_mut() {
+            t.admitted(&adm);
+        }
 
         // Where it would go, what it refers to and how it is translated, before reserving
         // anything for it.
@@ -248,7 +259,12 @@ impl DevApi {
                 shape::translate_request(&adm, &attempts.targets).map_err(fail)?;
         }
 
-        let mut flight = self.reserve(ctx, &cfg, &adm).await.map_err(fail)?;
+        let phase = ctx.trace.as_ref().map(|t| t.phase("gateway.quota.reserve"));
+        let reserved = self.reserve(ctx, &cfg, &adm).await;
+        if let Some(phase) = phase {
+            phase.end(reserved.as_ref().err().map(ApiError::code));
+        }
+        let mut flight = reserved.map_err(fail)?;
         let result = match targets {
             Plan::Local => {
                 self.answer_locally(session, ctx, &cfg, &adm, style_b, &mut flight)
@@ -259,6 +275,7 @@ impl DevApi {
                     request_id: &ctx.request_id,
                     style_b,
                     rate: &ctx.rate,
+                    trace: ctx.trace.as_deref(),
                 };
                 Box::pin(forward::forward(
                     &self.state,
@@ -271,7 +288,12 @@ impl DevApi {
                 .await
             }
         };
-        settle(ctx, flight, adm.endpoint, result).map_err(fail)
+        let phase = ctx.trace.as_ref().map(|t| t.phase("gateway.settle"));
+        let settled = settle(ctx, flight, adm.endpoint, result);
+        if let Some(phase) = phase {
+            phase.end(settled.as_ref().err().map(ApiError::code));
+        }
+        settled.map_err(fail)
     }
 
     /// Checks 1–8: the key, the gate, then the body (read only if the key could be admitted)
@@ -486,6 +508,14 @@ impl DevApi {
     }
 }
 
+/// The error code a refused admission answers with.
+fn stop_code(stop: &Stop) -> &'static str {
+    match stop {
+        Stop::Api(e) => e.code(),
+        Stop::ClientGone => "client_disconnect",
+    }
+}
+
 /// The answer to a refused reservation.
 fn denied_error(denied: Denied) -> ApiError {
     match denied {
@@ -526,6 +556,9 @@ fn settle(
             ctx.deployment = flight.deployment();
             ctx.ttfb_ms = flight.ttfb_ms();
             let used = flight.finish(status, reason, error_code);
+            if let Some(t) = ctx.trace.as_deref_mut() {
+                t.settled(used.cached_tokens);
+            }
             ctx.input_tokens = used.input_tokens;
             ctx.output_tokens = used.output_tokens;
             Ok(())

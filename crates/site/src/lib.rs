@@ -19,6 +19,7 @@ pub mod panel;
 pub mod payment;
 pub mod reply;
 pub mod session;
+pub mod trace;
 pub mod twofactor;
 pub mod views;
 
@@ -43,11 +44,17 @@ pub fn router(state: SharedState) -> Router {
         .nest("/api/payment", payment::router())
         .nest("/api/account", account::router())
         .layer(axum::middleware::map_response(reply::private_headers));
-    Router::new()
+    let routes = Router::new()
         .route("/health", get(|| async { Json(reply::Done::OK) }))
         .merge(personal)
         .nest("/api/content", content::router())
-        .merge(panel::router())
+        .merge(panel::router());
+    // A span per routed request, only when telemetry is on.
+    let routes = match gateway_telemetry::get() {
+        Some(_) => routes.route_layer(axum::middleware::from_fn(trace::span)),
+        None => routes,
+    };
+    routes
         .fallback(|| async { SiteError::NotFound.into_response() })
         .with_state(state)
 }

@@ -38,6 +38,8 @@ pub struct FileConfig {
     pub limits: LimitsFile,
     #[serde(default)]
     pub content: ContentFile,
+    #[serde(default)]
+    pub telemetry: TelemetryFile,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -203,6 +205,26 @@ pub struct ProviderFile {
     pub credentials_file: Option<String>,
     /// `vertex-anthropic`: the OAuth token endpoint (default: the key file's `token_uri`).
     pub token_url: Option<String>,
+}
+
+/// `[telemetry]`: OpenTelemetry traces, exported over OTLP. Absent or `otlp_endpoint = ""`:
+/// off.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryFile {
+    /// The collector's base URL; spans go to `{otlp_endpoint}/v1/traces`.
+    pub otlp_endpoint: Option<String>,
+    /// `http/protobuf` (default) or `http/json`.
+    pub protocol: Option<String>,
+    /// The share of traces started here that are sampled (0.0..=1.0); a client's sampled
+    /// flag is followed. Reloaded live.
+    pub sample_ratio: Option<f64>,
+    pub service_name: Option<String>,
+    /// The environment variable holding the collector's headers (`k1=v1,k2=v2`); default
+    /// `GATEWAY_OTLP_HEADERS`. Credentials never go in the file.
+    pub headers_env: Option<String>,
+    /// Opt-in: spans carry the sizes of prompts and answers (bytes), never their text.
+    pub capture_sizes: Option<bool>,
 }
 
 /// `[routing]`: how far one request may fail over.

@@ -24,6 +24,7 @@ mod routing;
 mod secrets;
 mod server;
 mod storage;
+mod telemetry;
 mod tools;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -47,6 +48,7 @@ pub use routing::RoutingConfig;
 pub use secrets::SecretsConfig;
 pub use server::{EdgeLimits, ServerConfig};
 pub use storage::{RedisOutage, StorageConfig};
+pub use telemetry::{OtlpProtocol, TelemetryConfig};
 pub use tools::ToolsConfig;
 
 /// The whole validated configuration. Built once per load; shared read-only behind an
@@ -70,6 +72,7 @@ pub struct Config {
     pub payment: PaymentConfig,
     pub limits: LimitsConfig,
     pub content: ContentConfig,
+    pub telemetry: TelemetryConfig,
     /// The top-level tables the file writes out (`server`, `providers`, `payment`, …); empty
     /// for a partial config read by [`Config::from_str`]. A reload that would lose one of them
     /// is refused (`reload`): a file cut short at a section boundary is valid TOML.
@@ -176,6 +179,7 @@ impl Config {
         let payment = payment::validate(c, f.payment)?;
         let limits = limits::validate(f.limits);
         let content = content::validate(f.content);
+        let telemetry = telemetry::validate(c, f.telemetry)?;
 
         Ok(Config {
             path: path.to_path_buf(),
@@ -194,6 +198,7 @@ impl Config {
             payment,
             limits,
             content,
+            telemetry,
             sections: BTreeSet::new(),
         })
     }

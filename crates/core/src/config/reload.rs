@@ -57,6 +57,9 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.secrets.dir != new.secrets.dir || old.secrets.dev_generate != new.secrets.dev_generate {
         out.push("secrets");
     }
+    if old.telemetry != new.telemetry.with_ratio(old.telemetry.sample_ratio) {
+        out.push("telemetry (all but sample_ratio)");
+    }
     out
 }
 
@@ -156,6 +159,8 @@ fn swap_in(state: &SharedState, path: &Path, text: &str) -> bool {
     new.storage.redis_outage = old.storage.redis_outage;
     new.storage.database_timeout = old.storage.database_timeout;
     new.secrets = old.secrets.clone();
+    // The exporter is built at start; only the sampling ratio is read live.
+    new.telemetry = old.telemetry.with_ratio(new.telemetry.sample_ratio);
     state.config.store(Arc::new(new));
     log::info!("config reloaded from {}", path.display());
     crate::metrics::config_reload("ok");

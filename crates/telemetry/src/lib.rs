@@ -1,0 +1,141 @@
+//! OpenTelemetry traces for both services: the tracer, built once at start from `[telemetry]`,
+//! and the W3C trace context read from and written into HTTP headers.
+//!
+//! Off (no `otlp_endpoint`), nothing is built: [`get`] is `None` and callers skip every span,
+//! so the request path pays one branch. On, spans are handed to the SDK's batch processor,
+//! which exports them from its own thread over OTLP/HTTP; the request path never waits for the
+//! collector. The queue in front of it is bounded ([`export`]): a span that finds it full, or
+//! whose export fails, is dropped and counted in `gateway_telemetry_spans_dropped_total`.
+
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+pub mod export;
+pub mod sampler;
+
+use std::sync::OnceLock;
+
+use opentelemetry::propagation::{Injector, TextMapPropagator};
+use opentelemetry::trace::{SpanContext, TraceContextExt, TracerProvider as _};
+use opentelemetry::Context;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+
+use gateway_core::state::SharedState;
+
+pub use opentelemetry::trace::{Span, SpanKind, Status, Tracer};
+pub use opentelemetry::KeyValue;
+pub use opentelemetry_sdk::trace::Span as SdkSpan;
+
+/// The running tracer, once telemetry is on.
+pub struct Telemetry {
+    provider: SdkTracerProvider,
+    tracer: SdkTracer,
+    propagator: TraceContextPropagator,
+    /// `[telemetry] capture_sizes`: spans carry prompt and answer sizes.
+    pub capture_sizes: bool,
+}
+
+static TELEMETRY: OnceLock<Telemetry> = OnceLock::new();
+
+/// The tracer when telemetry is on: the one check the request path makes.
+#[inline]
+pub fn get() -> Option<&'static Telemetry> {
+    TELEMETRY.get()
+}
+
+/// Builds the tracer from the config's `[telemetry]` when it names a collector. Exports run
+/// their HTTP requests on `rt`. An exporter that cannot be built (bad headers variable) is an
+/// error: the operator asked for traces and would otherwise get none without knowing.
+pub fn start(state: &SharedState, rt: tokio::runtime::Handle) -> Result<(), String> {
+    let cfg = state.config();
+    let t = &cfg.telemetry;
+    let Some(endpoint) = t.endpoint.as_deref() else {
+        return Ok(());
+    };
+    let exporter = export::exporter(t, endpoint, rt)?;
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(export::bounded(exporter))
+        .with_sampler(sampler::LiveRatio::parent_based(state.clone()))
+        .with_resource(
+            opentelemetry_sdk::Resource::builder()
+                .with_service_name(t.service_name.clone())
+                .build(),
+        )
+        .build();
+    let tracer = provider.tracer("gateway");
+    let telemetry = Telemetry {
+        provider,
+        tracer,
+        propagator: TraceContextPropagator::new(),
+        capture_sizes: t.capture_sizes,
+    };
+    if TELEMETRY.set(telemetry).is_err() {
+        return Err("telemetry started twice".into());
+    }
+    log::info!(
+        "telemetry: exporting spans to {endpoint} (sample ratio {})",
+        t.sample_ratio
+    );
+    Ok(())
+}
+
+/// Exports what is queued and stops the exporter, once (later calls do nothing); called at a
+/// clean stop. Blocks for at most about two seconds: an unreachable collector is not waited for.
+pub fn shutdown() {
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if DONE.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return;
+    }
+    if let Some(t) = get() {
+        if let Err(e) = t
+            .provider
+            .shutdown_with_timeout(std::time::Duration::from_secs(2))
+        {
+            log::warn!("telemetry: spans not exported at shutdown: {e}");
+        }
+    }
+}
+
+impl Telemetry {
+    pub fn tracer(&self) -> &SdkTracer {
+        &self.tracer
+    }
+
+    /// The trace context a request carries in `traceparent` / `tracestate`, as the parent of
+    /// the span the gateway starts for it (an empty context when it carries none, or an
+    /// invalid one).
+    pub fn parent_from(&self, headers: &http::HeaderMap) -> Context {
+        self.propagator
+            .extract(&opentelemetry_http::HeaderExtractor(headers))
+    }
+
+    /// The `traceparent` (and `tracestate`, when there is one) that make `span` the parent of
+    /// the request a provider receives.
+    pub fn headers_for(&self, span: &SpanContext) -> Vec<(&'static str, String)> {
+        let cx = Context::new().with_remote_span_context(span.clone());
+        let mut out = Headers(Vec::with_capacity(2));
+        self.propagator.inject_context(&cx, &mut out);
+        out.0
+    }
+}
+
+/// The context whose parent is `span`, for starting its children.
+pub fn child_context(span: &SpanContext) -> Context {
+    Context::new().with_remote_span_context(span.clone())
+}
+
+/// Collects the W3C headers the propagator writes.
+struct Headers(Vec<(&'static str, String)>);
+
+impl Injector for Headers {
+    fn set(&mut self, key: &str, value: String) {
+        let name = match key {
+            "traceparent" => "traceparent",
+            "tracestate" => "tracestate",
+            _ => return,
+        };
+        if !value.is_empty() {
+            self.0.push((name, value));
+        }
+    }
+}
