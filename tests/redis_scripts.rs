@@ -484,7 +484,8 @@ async fn lease(
     inv.arg(kept.0).arg(0).arg(kept.1).arg(0);
     inv.arg(ask).arg(i64::from(ask > 0)).arg(10);
     inv.arg(settled.iter().sum::<i64>()).arg(settled.len());
-    inv.arg(0).arg(0);
+    // No window corrections, no scopes, no flags.
+    inv.arg(0).arg(0).arg(0);
     inv.invoke_async(&mut a.conn).await.unwrap()
 }
 

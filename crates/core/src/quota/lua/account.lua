@@ -24,7 +24,7 @@ local HOUR_MS = 3600000
 -- The account's meta hash, or nil when the account is not in Redis.
 local function read_account(meta)
   local f = redis.call('HMGET', meta, 'loaded', 'v', 'sa', 'sr', 'sl', 'so', 'rt', 'rr', 'x',
-    'ft', 'fr')
+    'ft', 'fr', 'dr')
   if not f[1] then return nil end
   return {
     v = f[2],
@@ -33,6 +33,7 @@ local function read_account(meta)
     rt = tonumber(f[7] or '0'), rr = tonumber(f[8] or '0'),
     x = tonumber(f[9] or '0'),
     ft = tonumber(f[10] or '0'), fr = tonumber(f[11] or '0'),
+    dr = tonumber(f[12] or '0') or 0,
   }
 end
 
