@@ -626,12 +626,16 @@ impl Leases {
         !self.cells.is_empty()
     }
 
-    /// Another instance drained `user_id` at `at`: a lease renewed before then is given back
-    /// at the next round.
-    pub(super) fn drained(&self, user_id: &str, at: i64) {
+    /// `user_id` was drained lately: a lease still holding an unused share or chunk gives it
+    /// back at the next round (its renewal finds the account drained).
+    pub(super) fn drained(&self, user_id: &str) {
         if let Some(cell) = self.cells.get(user_id) {
             let mut s = cell.slot.lock();
-            if s.last_renewal < at {
+            let minute = now_ms().div_euclid(WINDOW_MS);
+            let chunk = s.chunks.values().any(|c| {
+                c.minute == minute && (0..3).any(|d| c.granted[d] > c.used[d])
+            });
+            if s.free() != [0, 0] || chunk {
                 s.wake = true;
             }
         }

@@ -198,10 +198,9 @@ impl Shared {
         pipe.cmd("ZRANGEBYSCORE")
             .arg(&self.drains_key)
             .arg(format!("({}", now - DRAIN_SEEN_MS))
-            .arg("+inf")
-            .arg("WITHSCORES");
-        let drained: Vec<(String, i64)> = match self
-            .guarded("drains", pipe.query_async::<(Vec<(String, i64)>,)>(&mut conn))
+            .arg("+inf");
+        let drained: Vec<String> = match self
+            .guarded("drains", pipe.query_async::<(Vec<String>,)>(&mut conn))
             .await
         {
             Ok((d,)) => d,
@@ -210,8 +209,8 @@ impl Shared {
                 return;
             }
         };
-        for (user_id, at) in drained {
-            self.leases.drained(&user_id, at);
+        for user_id in drained {
+            self.leases.drained(&user_id);
         }
     }
 
