@@ -429,10 +429,35 @@ impl Leases {
             settled[0] += t.charge(p.used);
             settled[1] += t.requests;
             if t.plan.itpm > 0 || t.plan.otpm > 0 {
-                let by = [
+                let mut by = [
                     p.used.input_tokens as i64 - t.input_cost as i64,
                     p.used.output_tokens as i64 - t.output_cost as i64,
                 ];
+                // Within the minute's chunk the window already counts the whole chunk: the
+                // difference moves the chunk's own use (less used leaves room for more, more
+                // used takes room), and Redis hears of it only when the chunk cannot take it.
+                let chunk = s
+                    .chunks
+                    .get_mut(t.plan.scope.as_str())
+                    .filter(|c| c.minute == t.minute && c.granted != [0; 3]);
+                let caps = [t.plan.itpm, t.plan.otpm];
+                match chunk {
+                    Some(c) => {
+                        for d in 0..2 {
+                            let dim = d + 1;
+                            if caps[d] == 0 {
+                                by[d] = 0;
+                            } else if by[d] <= 0 {
+                                c.used[dim] = c.used[dim].saturating_sub(by[d].unsigned_abs());
+                                by[d] = 0;
+                            } else if c.used[dim] + by[d] as u64 <= c.granted[dim] {
+                                c.used[dim] += by[d] as u64;
+                                by[d] = 0;
+                            }
+                        }
+                    }
+                    None => (0..2).filter(|d| caps[*d] == 0).for_each(|d| by[d] = 0),
+                }
                 let window = (t.plan.scope.as_str(), t.minute);
                 match fixes.iter_mut().find(|f| (f.0, f.1) == window) {
                     Some(f) => (0..2).for_each(|d| f.2[d] += by[d]),
