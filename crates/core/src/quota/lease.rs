@@ -56,7 +56,7 @@ pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 const IDLE_MS: i64 = 60_000;
 /// How often (ms) a renewal reads the lots even when the allowance covers everything, so the
 /// tier hint follows lots that expired.
-const LOTS_EVERY_MS: i64 = 60_000;
+const LOTS_EVERY_MS: i64 = 300_000;
 /// After a drain, how long (ms) this instance reserves the account's requests exactly before
 /// it asks for a lease again.
 const EXACT_MS: i64 = 1_000;
