@@ -424,12 +424,11 @@ async fn a_request_id_is_recorded_once_however_often_it_is_written() {
         .await
         .expect("retried record");
 
-    let rows: Vec<(String, i64, String)> = sqlx::query_as(
-        "SELECT id, created_at, settlement FROM usage_events ORDER BY created_at",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
+    let rows: Vec<(String, i64, String)> =
+        sqlx::query_as("SELECT id, created_at, settlement FROM usage_events ORDER BY created_at")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
     assert_eq!(
         rows,
         vec![

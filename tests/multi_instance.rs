@@ -316,7 +316,10 @@ async fn many_accounts_exhausted_over_two_instances(store: Store) {
         .collect();
     // Every account sends twice its allowance, over both instances, all accounts at once
     // (at most 64 requests in flight).
-    let urls = [p.a.url("/v1/chat/completions"), p.b.url("/v1/chat/completions")];
+    let urls = [
+        p.a.url("/v1/chat/completions"),
+        p.b.url("/v1/chat/completions"),
+    ];
     let limit = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
     let mut tasks = Vec::new();
     for round in 0..2 * EACH {
@@ -337,20 +340,31 @@ async fn many_accounts_exhausted_over_two_instances(store: Store) {
             other => panic!("account {i}: {other} {code}"),
         }
     }
-    let over: Vec<_> = served.iter().enumerate().filter(|(_, n)| **n > EACH).collect();
+    let over: Vec<_> = served
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > EACH)
+        .collect();
     assert!(over.is_empty(), "overspent: {over:?}");
     let stranded: Vec<_> = served
         .iter()
         .enumerate()
         .filter(|(_, n)| **n + 1 < EACH)
         .collect();
-    assert!(stranded.is_empty(), "more than one request stranded: {stranded:?}");
+    assert!(
+        stranded.is_empty(),
+        "more than one request stranded: {stranded:?}"
+    );
     let total: usize = served.iter().sum();
     assert_eq!(p.mock.served().await, total as u64);
     let events = p.a.wait_usage(total).await;
     let ids: std::collections::HashSet<&str> =
         events.iter().filter_map(|e| e["id"].as_str()).collect();
-    assert_eq!((events.len(), ids.len()), (total, total), "one event per request");
+    assert_eq!(
+        (events.len(), ids.len()),
+        (total, total),
+        "one event per request"
+    );
 }
 
 /// One test per store: `<name>` on one Redis, `<name>_on_a_cluster` on a Redis Cluster.

@@ -208,7 +208,6 @@ pub(super) struct Call {
     idle: bool,
 }
 
-
 impl Leases {
     pub fn new(instance: &str) -> Leases {
         Leases {
@@ -657,9 +656,10 @@ impl Leases {
         if let Some(cell) = self.cells.get(user_id) {
             let mut s = cell.slot.lock();
             let minute = now_ms().div_euclid(WINDOW_MS);
-            let chunk = s.chunks.values().any(|c| {
-                c.minute == minute && (0..3).any(|d| c.granted[d] > c.used[d])
-            });
+            let chunk = s
+                .chunks
+                .values()
+                .any(|c| c.minute == minute && (0..3).any(|d| c.granted[d] > c.used[d]));
             if s.free() != [0, 0] || chunk {
                 s.wake = true;
             }

@@ -160,16 +160,16 @@ impl Shared {
                         RedisValue::Array(a) => a,
                         other => vec![other],
                     };
-                    let outcome = if reply.first().and_then(as_string).as_deref() == Some("load")
-                    {
+                    let outcome = if reply.first().and_then(as_string).as_deref() == Some("load") {
                         self.call_lease(db, user_id, &call).await
                     } else {
                         super::lease::parse(&reply).ok_or_else(|| {
                             Unreachable(format!("redis lease: unexpected reply {reply:?}"))
                         })
                     };
-                    if let Err(Unreachable(e)) =
-                        self.complete(db, user_id, &call, pending, outcome, now).await
+                    if let Err(Unreachable(e)) = self
+                        .complete(db, user_id, &call, pending, outcome, now)
+                        .await
                     {
                         log::warn!("{e}; lease of {user_id}");
                     }
@@ -178,12 +178,23 @@ impl Shared {
             other => {
                 let e = match other {
                     Err(Unreachable(e)) => e,
-                    Ok(r) => format!("redis lease: {} replies for {} accounts", r.len(), begun.len()),
+                    Ok(r) => format!(
+                        "redis lease: {} replies for {} accounts",
+                        r.len(),
+                        begun.len()
+                    ),
                 };
                 log::warn!("{e}; leases of {} accounts", begun.len());
                 for (user_id, call, pending) in begun {
                     let _ = self
-                        .complete(db, user_id, &call, pending, Err(Unreachable(e.clone())), now)
+                        .complete(
+                            db,
+                            user_id,
+                            &call,
+                            pending,
+                            Err(Unreachable(e.clone())),
+                            now,
+                        )
                         .await;
                 }
             }
@@ -254,7 +265,8 @@ impl Shared {
         if !self.breaker.is_open() {
             outcome = self.call_lease(db, user_id, &call).await;
         }
-        self.complete(db, user_id, &call, pending, outcome, now).await
+        self.complete(db, user_id, &call, pending, outcome, now)
+            .await
     }
 
     /// Applies one account's renewal answer (or its failure) and hands each settlement it
