@@ -367,3 +367,89 @@ async fn two_deployments_sharing_a_data_directory_keep_their_own_journals() {
     assert!(events.iter().all(|e| e["user_id"] == b_user.as_str()));
     assert_eq!(a.usage_events().await.len(), 6);
 }
+
+/// One usage event per request id, whatever path records it: the settled event, the same id
+/// replayed as interrupted under another time (a journal's admission line), and a retried
+/// batch all meet the id's unique index, and only the first record counts (event, rollup and
+/// quota breakdown).
+#[tokio::test]
+async fn a_request_id_is_recorded_once_however_often_it_is_written() {
+    use gateway_core::domain::Breakdown;
+    use gateway_core::storage::UsageEvent;
+    let dir = tempfile::tempdir().unwrap();
+    let url = database_url(dir.path());
+    let db = gateway_core::storage::Db::connect(&url).await.expect("db");
+    let t = 1_700_000_000_000i64;
+    let event = |at: i64, settlement: &'static str, output: u64| UsageEvent {
+        id: "evt_once".into(),
+        user_id: "usr_once".into(),
+        key_id: "key_once".into(),
+        model: "alpha".into(),
+        endpoint: "/v1/chat/completions",
+        input_tokens: 10,
+        output_tokens: output,
+        quota_charged: 10 + output,
+        status: 200,
+        latency_ms: 4,
+        settlement,
+        created_at: at,
+        breakdown: Some(Breakdown {
+            user_id: "usr_once".into(),
+            at_ms: at,
+            allowance_tokens: 10 + output,
+            allowance_requests: 1,
+            lots: vec![],
+        }),
+        ..UsageEvent::default()
+    };
+    let usage = db.usage();
+    usage
+        .insert_batch(&[event(t, "provider", 5)])
+        .await
+        .expect("first record");
+    // The same id under another time (an admission replayed as interrupted), alone and in a
+    // batch with a new event, then the very same record again (a retried batch).
+    usage
+        .insert_batch(&[event(t + 1, "counted:interrupted", 100)])
+        .await
+        .expect("replayed record");
+    let mut other = event(t + 2, "provider", 7);
+    other.id = "evt_other".into();
+    usage
+        .insert_batch(&[event(t + 3, "counted:interrupted", 100), other])
+        .await
+        .expect("batch with a repeated id");
+    usage
+        .insert_batch(&[event(t, "provider", 5)])
+        .await
+        .expect("retried record");
+
+    let rows: Vec<(String, i64, String)> =
+        sqlx::query_as("SELECT id, created_at, settlement FROM usage_events ORDER BY created_at")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            ("evt_once".to_string(), t, "provider".to_string()),
+            ("evt_other".to_string(), t + 2, "provider".to_string()),
+        ]
+    );
+    let spent: Option<i64> = sqlx::query_scalar(
+        "SELECT CAST(SUM(allowance_tokens) AS BIGINT) FROM quota_spend WHERE user_id = 'usr_once'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(spent, Some(15 + 17), "each id's breakdown paid once");
+    let requests: Option<i64> = sqlx::query_scalar(
+        "SELECT CAST(SUM(requests) AS BIGINT) FROM usage_rollup WHERE user_id = 'usr_once'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(requests, Some(2), "each id counted once in the rollup");
+    db.pool.close().await;
+    drop_test_database(&url);
+}

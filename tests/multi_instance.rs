@@ -8,7 +8,10 @@
 //! - a key's per-minute request limit holds across instances;
 //! - a revocation or suspension made through one reaches the other;
 //! - a lot granted while an account is refused on the other instance is usable there at once;
-//! - after Redis loses everything, the balance it reloads equals the database's.
+//! - after Redis loses everything, the balance it reloads equals the database's;
+//! - 200 accounts, each with an allowance for a few requests, driven to exhaustion over both
+//!   instances at once: none served more than its allowance, none left with more than one
+//!   request stranded in a lease, one usage event per request served.
 
 mod common;
 
@@ -299,6 +302,71 @@ async fn reconciled_after_redis_loses_its_state(store: Store) {
     }
 }
 
+/// Each of `ACCOUNTS` accounts may make `EACH` requests a week.
+const ACCOUNTS: usize = 200;
+const EACH: usize = 4;
+
+async fn many_accounts_exhausted_over_two_instances(store: Store) {
+    let p = pair(
+        &store,
+        &config::uncapped_tier("beginner", 100000000, EACH as u64),
+    );
+    let keys: Vec<String> = (0..ACCOUNTS)
+        .map(|i| p.a.user_with_key(&format!("many{i}@example.com"), &[]))
+        .collect();
+    // Every account sends twice its allowance, over both instances, all accounts at once
+    // (at most 64 requests in flight).
+    let urls = [
+        p.a.url("/v1/chat/completions"),
+        p.b.url("/v1/chat/completions"),
+    ];
+    let limit = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
+    let mut tasks = Vec::new();
+    for round in 0..2 * EACH {
+        for (i, key) in keys.iter().enumerate() {
+            let (url, key, limit) = (urls[(i + round) % 2].clone(), key.clone(), limit.clone());
+            tasks.push(tokio::spawn(async move {
+                let _permit = limit.acquire_owned().await.expect("permit");
+                (i, send_to(url, &key).await)
+            }));
+        }
+    }
+    let mut served = vec![0usize; ACCOUNTS];
+    for t in tasks {
+        let (i, (status, code)) = t.await.expect("request task");
+        match status {
+            200 => served[i] += 1,
+            429 => assert_eq!(code, "insufficient_quota"),
+            other => panic!("account {i}: {other} {code}"),
+        }
+    }
+    let over: Vec<_> = served
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > EACH)
+        .collect();
+    assert!(over.is_empty(), "overspent: {over:?}");
+    let stranded: Vec<_> = served
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n + 1 < EACH)
+        .collect();
+    assert!(
+        stranded.is_empty(),
+        "more than one request stranded: {stranded:?}"
+    );
+    let total: usize = served.iter().sum();
+    assert_eq!(p.mock.served().await, total as u64);
+    let events = p.a.wait_usage(total).await;
+    let ids: std::collections::HashSet<&str> =
+        events.iter().filter_map(|e| e["id"].as_str()).collect();
+    assert_eq!(
+        (events.len(), ids.len()),
+        (total, total),
+        "one event per request"
+    );
+}
+
 /// One test per store: `<name>` on one Redis, `<name>_on_a_cluster` on a Redis Cluster.
 macro_rules! on_both_stores {
     ($($name:ident => $body:ident),* $(,)?) => {
@@ -327,6 +395,7 @@ macro_rules! on_both_stores {
 on_both_stores! {
     fifty_parallel_requests_over_two_instances_against_an_allowance_for_ten => exactly_ten_of_fifty,
     a_keys_requests_per_minute_hold_across_instances => per_key_limit_across_instances,
+    many_accounts_driven_to_exhaustion_over_two_instances => many_accounts_exhausted_over_two_instances,
     revocation_and_suspension_reach_the_other_instance => revocation_and_suspension_across_instances,
     a_lot_granted_is_usable_on_the_other_instance_at_once => lot_usable_on_the_other_instance,
     redis_is_reconciled_with_the_database_after_losing_its_state => reconciled_after_redis_loses_its_state,

@@ -147,8 +147,11 @@ impl Account {
         v
     }
 
+    /// Whether the account keeps a spend bucket for `hour`: in the buckets hash, or as the
+    /// current hour's bucket in the meta hash (`bh`).
     async fn has_bucket(&mut self, hour: i64) -> bool {
-        self.conn.hexists(&self.keys[2], hour).await.unwrap()
+        let in_hash: bool = self.conn.hexists(&self.keys[2], hour).await.unwrap();
+        in_hash || self.meta("bh").await == Some(hour)
     }
 
     /// Open reservations: (entries in the hash, entries in the start-time index).
@@ -484,7 +487,8 @@ async fn lease(
     inv.arg(kept.0).arg(0).arg(kept.1).arg(0);
     inv.arg(ask).arg(i64::from(ask > 0)).arg(10);
     inv.arg(settled.iter().sum::<i64>()).arg(settled.len());
-    inv.arg(0).arg(0);
+    // No window corrections, no scopes, no flags.
+    inv.arg(0).arg(0).arg(0);
     inv.invoke_async(&mut a.conn).await.unwrap()
 }
 

@@ -3,11 +3,19 @@
 //! Each instance holds, per account it serves, a lease: a reservation in Redis (id
 //! `L:<instance>`) carved atomically out of the account's balance, plus a chunk of each
 //! per-minute window the account's keys count in. Requests are admitted and settled here
-//! against it; every `FLUSH_EVERY` one `lease.lua` call per busy account pays what was settled
-//! as one sum (split back per settlement in order, allowance first then lots, as paying each
-//! with `settle.lua` would: see `Paid`), gives back what is not needed and carves the next
-//! share. Settling never waits: the request's usage event is recorded once its share is known. Accounts are renewed concurrently,
-//! so on one Redis the calls of a round share one write on the connection.
+//! against it; every `FLUSH_EVERY` the accounts with something to do get one `lease.lua` run
+//! each, which pays what was settled as one sum (split back per settlement in order, allowance
+//! first then lots, as paying each with `settle.lua` would: see `Paid`), gives back what is
+//! not needed and carves the next share. Settling never waits: the request's usage event is
+//! recorded once its share is known. On one Redis the round's accounts share one script call
+//! (`lease_batch.lua`); on a cluster each account is its own call, all sent together.
+//!
+//! Redis work follows the account's own traffic, not the clock: a lease is touched only when
+//! settlements wait to be paid, when it is short (a request did not fit, or fewer than half the
+//! requests it is sized for are left), when it has been idle `IDLE_MS` (given back), when it
+//! nears the reservation timeout (its start time is pushed back, or the sweep would release
+//! it), and when another instance drained the account (`q:drains`, polled every
+//! `FLUSH_EVERY`). A lease nothing changed costs Redis nothing.
 //!
 //! Exactness:
 //! - the lease is a reservation, so what all instances admit never exceeds the balance;
@@ -41,26 +49,31 @@ use crate::identity::Identity;
 use crate::pricing::Weights;
 use crate::util::{now_ms, FastHash};
 
-/// How often busy accounts' settlements are paid and their leases renewed.
+/// How often settlements are paid, leases with something to do renewed, and drains polled.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
-/// A lease is renewed at least this often (ms), so a drain reaches it within this.
-const RENEW_MS: i64 = 250;
-/// A lease unused this long (ms) is given back.
-const IDLE_MS: i64 = 3_000;
+/// A lease unused this long (ms) is given back: long enough that an account sending a request
+/// every few seconds keeps its lease (taking one is a call on the request path).
+const IDLE_MS: i64 = 60_000;
+/// How often (ms) a renewal reads the lots even when the allowance covers everything, so the
+/// tier hint follows lots that expired.
+const LOTS_EVERY_MS: i64 = 300_000;
 /// After a drain, how long (ms) this instance reserves the account's requests exactly before
 /// it asks for a lease again.
 const EXACT_MS: i64 = 1_000;
 /// A lease takes at most 1/SHARE of what is left.
 pub const SHARE: u64 = 4;
-/// A lease covers this much (ms) of the account's traffic on this instance.
-const HORIZON_MS: f64 = 500.0;
+/// A lease covers this much (ms) of the account's traffic on this instance, and at least
+/// `MIN_REQUESTS` requests.
+const HORIZON_MS: f64 = 2_000.0;
+const MIN_REQUESTS: f64 = 2.0;
 /// The most requests one lease covers.
 const MAX_REQUESTS: f64 = 100_000.0;
 /// How long a request waits for a renewal in progress before it is reserved exactly.
 pub(super) const WAIT_FOR_RENEWAL: Duration = Duration::from_millis(500);
 /// How long a reservation refused while leases hold unused shares waits before asking again,
 /// and how often it asks.
-pub const DRAIN_WAIT: Duration = Duration::from_millis(RENEW_MS as u64 + 20);
+/// A drain reaches every lease within two `FLUSH_EVERY` (the poll, then the renewal).
+pub const DRAIN_WAIT: Duration = Duration::from_millis(270);
 pub const DRAIN_TRIES: usize = 3;
 
 /// Requests, input tokens, output tokens.
@@ -130,6 +143,12 @@ pub(super) struct Slot {
     want: f64,
     last_renewal: i64,
     last_used: i64,
+    /// When the lease's start time in Redis was last pushed back.
+    refreshed: i64,
+    /// When a renewal last read the lots.
+    lots_read: i64,
+    /// Another instance drained the account: give the lease back at the next round.
+    pub(super) wake: bool,
 }
 
 impl Slot {
@@ -137,16 +156,22 @@ impl Slot {
         [0, 1].map(|i| self.held[i].saturating_sub(self.inflight[i] + self.pending_cost[i]))
     }
 
-    /// Whether the periodic renewal has something to do for this account.
-    fn due(&self, now: i64) -> bool {
+    /// Whether the periodic renewal has something to do for this account (see the module's
+    /// doc): nothing on a clock but the reservation timeout.
+    fn due(&self, now: i64, timeout_ms: i64) -> bool {
+        if self.renewing {
+            return false;
+        }
+        let minute = now.div_euclid(WINDOW_MS);
+        let chunk = self
+            .chunks
+            .values()
+            .any(|c| c.granted != [0; 3] && c.minute == minute);
+        let holds = self.held != [0, 0] || chunk;
         let idle = now - self.last_used > IDLE_MS && self.inflight == [0, 0];
         !self.pending.is_empty()
-            || (idle && now - self.last_renewal >= RENEW_MS)
-            || (self.held != [0, 0] && now - self.last_renewal >= RENEW_MS)
-            || self
-                .chunks
-                .values()
-                .any(|c| c.granted != [0; 3] && now - self.last_renewal >= RENEW_MS)
+            || (holds && (self.wake || idle))
+            || (self.held != [0, 0] && now - self.refreshed >= timeout_ms / 3)
     }
 }
 
@@ -334,6 +359,7 @@ impl Leases {
             return None;
         }
         s.renewing = true;
+        s.wake = false;
         let pending = std::mem::take(&mut s.pending);
         let paid = std::mem::take(&mut s.pending_cost);
         s.held = [0, 1].map(|i| s.held[i].saturating_sub(paid[i]));
@@ -349,7 +375,7 @@ impl Leases {
         let idle = now - s.last_used > IDLE_MS && s.inflight == [0, 0];
         let exact = s.exact_until > now || idle;
         let urgent = s.need != [0; 3];
-        let mut want = (s.rate_per_s * HORIZON_MS / 1000.0).max(2.0);
+        let mut want = (s.rate_per_s * HORIZON_MS / 1000.0).max(MIN_REQUESTS);
         if urgent {
             want = want.max(s.want * 2.0);
         }
@@ -359,7 +385,10 @@ impl Leases {
         let avg_tokens = s.avg_tokens.max(1.0);
         let want_tokens = ((s.want * avg_tokens).ceil() as u64).max(s.need[0]);
         let free = if idle { [0, 0] } else { s.free() };
-        let ask = if exact {
+        // A share is carved only when it runs short: a request did not fit, or less than half
+        // of what the lease is sized for is left. Otherwise the call only pays.
+        let short = free[0] < want_tokens / 2 || free[1] < want_requests.div_ceil(2);
+        let ask = if exact || !(urgent || short) {
             [0, 0]
         } else {
             [
@@ -367,6 +396,15 @@ impl Leases {
                 want_requests.saturating_sub(free[1]),
             ]
         };
+        let mut flags = 0;
+        if s.held == [0, 0] || now - s.refreshed >= timeout_ms / 3 {
+            flags |= 1;
+            s.refreshed = now;
+        }
+        if now - s.lots_read >= LOTS_EVERY_MS {
+            flags |= 2;
+            s.lots_read = now;
+        }
         let least = s.need[0].max(avg_tokens as u64).max(1);
 
         let minute = now.div_euclid(WINDOW_MS);
@@ -390,10 +428,35 @@ impl Leases {
             settled[0] += t.charge(p.used);
             settled[1] += t.requests;
             if t.plan.itpm > 0 || t.plan.otpm > 0 {
-                let by = [
+                let mut by = [
                     p.used.input_tokens as i64 - t.input_cost as i64,
                     p.used.output_tokens as i64 - t.output_cost as i64,
                 ];
+                // Within the minute's chunk the window already counts the whole chunk: the
+                // difference moves the chunk's own use (less used leaves room for more, more
+                // used takes room), and Redis hears of it only when the chunk cannot take it.
+                let chunk = s
+                    .chunks
+                    .get_mut(t.plan.scope.as_str())
+                    .filter(|c| c.minute == t.minute && c.granted != [0; 3]);
+                let caps = [t.plan.itpm, t.plan.otpm];
+                match chunk {
+                    Some(c) => {
+                        for d in 0..2 {
+                            let dim = d + 1;
+                            if caps[d] == 0 {
+                                by[d] = 0;
+                            } else if by[d] <= 0 {
+                                c.used[dim] = c.used[dim].saturating_sub(by[d].unsigned_abs());
+                                by[d] = 0;
+                            } else if c.used[dim] + by[d] as u64 <= c.granted[dim] {
+                                c.used[dim] += by[d] as u64;
+                                by[d] = 0;
+                            }
+                        }
+                    }
+                    None => (0..2).filter(|d| caps[*d] == 0).for_each(|d| by[d] = 0),
+                }
                 let window = (t.plan.scope.as_str(), t.minute);
                 match fixes.iter_mut().find(|f| (f.0, f.1) == window) {
                     Some(f) => (0..2).for_each(|d| f.2[d] += by[d]),
@@ -412,35 +475,68 @@ impl Leases {
         let mut scopes = Vec::new();
         let mut scope_args: Vec<String> = Vec::new();
         let need = s.need;
+        let needed: Dims = [1, need[1], need[2]];
+        // A chunk sized for the account's traffic until the minute ends (it is of no use after).
+        let rest_s = (WINDOW_MS - now.rem_euclid(WINDOW_MS)) as f64 / 1000.0;
+        let chunk_requests = (s.rate_per_s * rest_s).max(s.want).min(MAX_REQUESTS);
         for (scope, c) in s.chunks.iter_mut() {
-            let back = if c.minute == minute {
+            if c.minute != minute {
+                // A past minute's chunk can no longer be used: dropped here, its unused part
+                // left counted in its window (the count errs high, never low).
+                *c = Chunk {
+                    minute: c.minute,
+                    caps: c.caps,
+                    last_used: c.last_used,
+                    ..Chunk::default()
+                };
+            }
+            let current = c.minute == minute && c.granted != [0; 3];
+            let chunk_idle = now - c.last_used > IDLE_MS;
+            let short = urgent
+                && !(c.minute == minute
+                    && (0..3).all(|d| c.caps[d] == 0 || c.used[d] + needed[d] <= c.granted[d]));
+            let give_back = current && (exact || chunk_idle || short);
+            let take = !exact && !chunk_idle && short;
+            if !(give_back || take) {
+                continue;
+            }
+            let back = if give_back {
                 index(rate_key(prefix, user_id, scope, minute))
-            } else if c.minute == minute - 1 {
-                index(rate_key(prefix, user_id, scope, minute - 1))
             } else {
                 0
             };
             let prev = index(rate_key(prefix, user_id, scope, minute - 1));
             let curr = index(rate_key(prefix, user_id, scope, minute));
-            let chunk_idle = now - c.last_used > IDLE_MS;
-            let asked: Dims = if exact || chunk_idle {
-                [0; 3]
-            } else {
+            let asked: Dims = if take {
                 [
-                    want_requests,
-                    ((s.want * avg[0]).ceil() as u64).max(need[1]).max(1),
-                    ((s.want * avg[1]).ceil() as u64).max(need[2]),
+                    chunk_requests.ceil() as u64,
+                    ((chunk_requests * avg[0]).ceil() as u64)
+                        .max(need[1])
+                        .max(1),
+                    ((chunk_requests * avg[1]).ceil() as u64).max(need[2]),
                 ]
+            } else {
+                [0; 3]
             };
+            let least: Dims = [1, need[1].max(1), need[2]];
             scope_args.extend([prev, curr].map(|i| i.to_string()));
             scope_args.extend(c.caps.map(|v| v.to_string()));
             scope_args.push(back.to_string());
             for d in 0..3 {
-                scope_args.push(c.granted[d].saturating_sub(c.used[d]).to_string());
+                let unused = if give_back {
+                    c.granted[d].saturating_sub(c.used[d])
+                } else {
+                    0
+                };
+                scope_args.push(unused.to_string());
             }
-            scope_args.extend(c.granted.map(|v| v.to_string()));
+            let whole = if give_back { c.granted } else { [0; 3] };
+            scope_args.extend(whole.map(|v| v.to_string()));
             for (cap, asked) in c.caps.iter().zip(asked) {
                 scope_args.push(if *cap > 0 { asked } else { 0 }.to_string());
+            }
+            for (cap, least) in c.caps.iter().zip(least) {
+                scope_args.push(if *cap > 0 { least } else { 0 }.to_string());
             }
             *c = Chunk {
                 minute,
@@ -471,6 +567,7 @@ impl Leases {
             settled[1].to_string(),
             (items.len() / 3).to_string(),
             scopes.len().to_string(),
+            flags.to_string(),
         ]);
         args.extend(items);
         args.extend(scope_args);
@@ -486,12 +583,21 @@ impl Leases {
 
     /// Applies a renewal's answer: `granted` on top of what was kept (or, in `exact` mode,
     /// only what admitted requests hold), the scopes' new chunks, and lets admission go on.
-    pub(super) fn finish(&self, user_id: &str, call: &Call, answer: Option<&Renewed>, now: i64) {
+    /// True when the answer drained an account this instance was leasing (the other
+    /// instances are then told, `Shared::signal_drain`).
+    pub(super) fn finish(
+        &self,
+        user_id: &str,
+        call: &Call,
+        answer: Option<&Renewed>,
+        now: i64,
+    ) -> bool {
         let Some(cell) = self.cells.get(user_id).map(|c| c.clone()) else {
-            return;
+            return false;
         };
         let mut guard = cell.slot.lock();
         let s = &mut *guard;
+        let newly_exact = matches!(answer, Some(r) if r.exact) && s.exact_until <= now;
         // Admission was paused: what is admitted now was admitted before the call, and some
         // of it may have settled since (still held, as pending).
         let holding = [0, 1].map(|i| s.inflight[i] + s.pending_cost[i]);
@@ -517,6 +623,8 @@ impl Leases {
         }
         s.last_renewal = now;
         s.renewing = false;
+        s.chunks
+            .retain(|_, c| c.granted != [0; 3] || now - c.last_used <= IDLE_MS);
         let gone = call.idle && s.held == [0, 0] && s.pending.is_empty() && s.chunks.is_empty();
         drop(guard);
         cell.renewed.notify_waiters();
@@ -526,14 +634,36 @@ impl Leases {
                 !s.renewing && s.held == [0, 0] && s.inflight == [0, 0] && s.pending.is_empty()
             });
         }
+        newly_exact
     }
 
-    pub(super) fn due(&self, now: i64) -> Vec<String> {
+    pub(super) fn due(&self, now: i64, timeout_ms: i64) -> Vec<String> {
         self.cells
             .iter()
-            .filter(|e| e.value().slot.lock().due(now))
+            .filter(|e| e.value().slot.lock().due(now, timeout_ms))
             .map(|e| e.key().clone())
             .collect()
+    }
+
+    /// Whether this instance holds any lease (the drain poll is skipped otherwise).
+    pub(super) fn any(&self) -> bool {
+        !self.cells.is_empty()
+    }
+
+    /// `user_id` was drained lately: a lease still holding an unused share or chunk gives it
+    /// back at the next round (its renewal finds the account drained).
+    pub(super) fn drained(&self, user_id: &str) {
+        if let Some(cell) = self.cells.get(user_id) {
+            let mut s = cell.slot.lock();
+            let minute = now_ms().div_euclid(WINDOW_MS);
+            let chunk = s
+                .chunks
+                .values()
+                .any(|c| c.minute == minute && (0..3).any(|d| c.granted[d] > c.used[d]));
+            if s.free() != [0, 0] || chunk {
+                s.wake = true;
+            }
+        }
     }
 }
 
@@ -542,7 +672,8 @@ pub(super) struct Renewed {
     exact: bool,
     granted: [u64; 2],
     pub(super) weekly: u64,
-    pub(super) top: Option<Tier>,
+    /// The highest lot tier; `None`: the lots were not read (keep what was known).
+    pub(super) top: Option<Option<Tier>>,
     pub(super) first: bool,
     pub(super) paid: Paid,
     chunks: Vec<(Dims, Dims)>,
@@ -569,11 +700,13 @@ pub(super) fn parse(reply: &[RedisValue]) -> Option<Renewed> {
         exact: mode == "exact",
         granted: [num(1), num(2)],
         weekly: num(3),
-        top: reply
-            .get(4)
-            .and_then(as_i64)
-            .and_then(|t| usize::try_from(t).ok())
-            .and_then(|t| Tier::ALL.get(t).copied()),
+        top: match reply.get(4).and_then(as_i64) {
+            Some(-2) => None,
+            t => Some(
+                t.and_then(|t| usize::try_from(t).ok())
+                    .and_then(|t| Tier::ALL.get(t).copied()),
+            ),
+        },
         first: num(5) == 1,
         paid: Paid::read(&array(6)),
         chunks,

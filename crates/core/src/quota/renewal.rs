@@ -8,6 +8,12 @@ use redis::Value as RedisValue;
 use tokio::sync::oneshot;
 
 use super::lease::{Admit, Call, Renewed, WAIT_FOR_RENEWAL};
+
+/// Accounts renewed in one script call at most (one Redis): bounds how long one call holds
+/// Redis.
+const BATCH: usize = 256;
+/// How long (ms) a drain is looked at by the other instances' polls.
+const DRAIN_SEEN_MS: i64 = 3_000;
 use super::scripts::{as_string, on_allowance};
 use super::shared::{LoadError, Shared, Unreachable};
 use super::{Later, OnPaid, RatePlan, Reservation, Ticket, Used};
@@ -89,15 +95,161 @@ impl Shared {
         rx.await.unwrap_or_else(|_| on_allowance(t, used, now))
     }
 
-    /// Renews every lease with something to do; run every `FLUSH_EVERY` by the keeper.
+    /// Renews every lease with something to do (see `lease`'s doc); run every `FLUSH_EVERY`.
+    /// On one Redis the round is one script call per `BATCH` accounts; on a cluster each
+    /// account is its own call (its keys share one slot, not other accounts'), sent together.
     pub async fn renew_leases(&self, db: &Db, timeout_ms: i64) {
-        let due = self.leases.due(now_ms());
-        futures::future::join_all(due.iter().map(|u| async move {
-            if let Err(Unreachable(e)) = self.renew(db, u, timeout_ms).await {
-                log::warn!("{e}; lease of {u}");
+        let now = now_ms();
+        if self.leases.any() && !self.breaker.is_open() {
+            self.poll_drains(now).await;
+        }
+        let due = self.leases.due(now, timeout_ms);
+        if due.is_empty() {
+            return;
+        }
+        if self.connector.is_cluster() || due.len() == 1 {
+            futures::future::join_all(due.iter().map(|u| async move {
+                if let Err(Unreachable(e)) = self.renew(db, u, timeout_ms).await {
+                    log::warn!("{e}; lease of {u}");
+                }
+            }))
+            .await;
+            return;
+        }
+        for users in due.chunks(BATCH) {
+            self.renew_batch(db, users, timeout_ms).await;
+        }
+    }
+
+    /// One `lease_batch.lua` call for several accounts. An account Redis does not hold any
+    /// more (`load`) is loaded and renewed on its own.
+    async fn renew_batch(&self, db: &Db, users: &[String], timeout_ms: i64) {
+        let now = now_ms();
+        let begun: Vec<(&String, Call, Vec<super::lease::Pending>)> = users
+            .iter()
+            .filter_map(|u| {
+                let (call, pending) = self.leases.begin(&self.prefix, u, timeout_ms, now)?;
+                Some((u, call, pending))
+            })
+            .collect();
+        if begun.is_empty() {
+            return;
+        }
+        let replies = if self.breaker.is_open() {
+            Err(Unreachable("redis is down".into()))
+        } else {
+            let mut inv = self.lease_batch.prepare_invoke();
+            inv.arg(begun.len());
+            for (_, call, _) in &begun {
+                for k in &call.keys {
+                    inv.key(k);
+                }
+                inv.arg(call.keys.len()).arg(call.args.len());
+                for a in &call.args {
+                    inv.arg(a);
+                }
             }
-        }))
-        .await;
+            let mut conn = self.conn();
+            self.guarded("lease", inv.invoke_async::<Vec<RedisValue>>(&mut conn))
+                .await
+        };
+        match replies {
+            Ok(replies) if replies.len() == begun.len() => {
+                for ((user_id, call, pending), reply) in begun.into_iter().zip(replies) {
+                    let reply = match reply {
+                        RedisValue::Array(a) => a,
+                        other => vec![other],
+                    };
+                    let outcome = if reply.first().and_then(as_string).as_deref() == Some("load") {
+                        self.call_lease(db, user_id, &call).await
+                    } else {
+                        super::lease::parse(&reply).ok_or_else(|| {
+                            Unreachable(format!("redis lease: unexpected reply {reply:?}"))
+                        })
+                    };
+                    if let Err(Unreachable(e)) = self
+                        .complete(db, user_id, &call, pending, outcome, now)
+                        .await
+                    {
+                        log::warn!("{e}; lease of {user_id}");
+                    }
+                }
+            }
+            other => {
+                let e = match other {
+                    Err(Unreachable(e)) => e,
+                    Ok(r) => format!(
+                        "redis lease: {} replies for {} accounts",
+                        r.len(),
+                        begun.len()
+                    ),
+                };
+                log::warn!("{e}; leases of {} accounts", begun.len());
+                for (user_id, call, pending) in begun {
+                    let _ = self
+                        .complete(
+                            db,
+                            user_id,
+                            &call,
+                            pending,
+                            Err(Unreachable(e.clone())),
+                            now,
+                        )
+                        .await;
+                }
+            }
+        }
+    }
+
+    /// Reads which accounts were drained lately (`q:drains`: an instance found one too short
+    /// for leases): those this instance holds a lease on give it back at this round.
+    async fn poll_drains(&self, now: i64) {
+        let mut conn = self.conn();
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZRANGEBYSCORE")
+            .arg(&self.drains_key)
+            .arg(format!("({}", now - DRAIN_SEEN_MS))
+            .arg("+inf");
+        let drained: Vec<String> = match self
+            .guarded("drains", pipe.query_async::<(Vec<String>,)>(&mut conn))
+            .await
+        {
+            Ok((d,)) => d,
+            Err(Unreachable(e)) => {
+                log::warn!("{e}");
+                return;
+            }
+        };
+        for user_id in drained {
+            self.leases.drained(&user_id);
+        }
+    }
+
+    /// Tells every instance that `user_id` is drained (their leases come back at their next
+    /// round), and forgets drains long past.
+    pub(super) async fn signal_drain(&self, user_id: &str, now: i64) {
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZADD")
+            .arg(&self.drains_key)
+            .arg(now)
+            .arg(user_id)
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&self.drains_key)
+            .arg("-inf")
+            .arg(format!("({}", now - 10 * DRAIN_SEEN_MS))
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&self.drains_key)
+            .arg(10 * DRAIN_SEEN_MS)
+            .ignore();
+        let mut conn = self.conn();
+        if let Err(Unreachable(e)) = self
+            .guarded("drains", pipe.query_async::<()>(&mut conn))
+            .await
+        {
+            log::warn!("{e}");
+        }
     }
 
     /// One `lease.lua` call for one account (see the module's doc). When Redis does not
@@ -113,6 +265,21 @@ impl Shared {
         if !self.breaker.is_open() {
             outcome = self.call_lease(db, user_id, &call).await;
         }
+        self.complete(db, user_id, &call, pending, outcome, now)
+            .await
+    }
+
+    /// Applies one account's renewal answer (or its failure) and hands each settlement it
+    /// paid its share.
+    async fn complete(
+        &self,
+        db: &Db,
+        user_id: &str,
+        call: &Call,
+        pending: Vec<super::lease::Pending>,
+        outcome: Result<Renewed, Unreachable>,
+        now: i64,
+    ) -> Result<(), Unreachable> {
         match outcome {
             Ok(r) => {
                 let amounts: Vec<[u64; 2]> = pending
@@ -120,10 +287,17 @@ impl Shared {
                     .map(|p| [p.ticket.charge(p.used), p.ticket.requests])
                     .collect();
                 let shares = r.paid.split(user_id, &amounts, now);
-                self.hints.insert(user_id.to_string(), (r.weekly, r.top));
-                self.leases.finish(user_id, &call, Some(&r), now_ms());
+                let top = match r.top {
+                    Some(top) => top,
+                    None => self.hints.get(user_id).and_then(|h| h.1),
+                };
+                self.hints.insert(user_id.to_string(), (r.weekly, top));
+                let newly_exact = self.leases.finish(user_id, call, Some(&r), now_ms());
                 for (p, b) in pending.into_iter().zip(shares) {
                     p.paid(b);
+                }
+                if newly_exact {
+                    self.signal_drain(user_id, now).await;
                 }
                 if r.first {
                     self.join_sweep(user_id, now).await;
@@ -131,7 +305,7 @@ impl Shared {
                 Ok(())
             }
             Err(e) => {
-                self.leases.finish(user_id, &call, None, now_ms());
+                self.leases.finish(user_id, call, None, now_ms());
                 self.orphans
                     .lock()
                     .entry(user_id.to_string())

@@ -39,6 +39,15 @@ pub const LEASE_LUA: &str = concat!(
     include_str!("lua/account.lua"),
     include_str!("lua/lease.lua")
 );
+/// lease.lua's body as a function over one account's slice of the keys and arguments, called
+/// once per account (`lease_batch.lua`): one script call renews many accounts on one Redis.
+pub const LEASE_BATCH_LUA: &str = concat!(
+    include_str!("lua/account.lua"),
+    "local function renew_one(KEYS, ARGV)\n",
+    include_str!("lua/lease.lua"),
+    "\nend\n",
+    include_str!("lua/lease_batch.lua")
+);
 pub const SWEEP_LUA: &str = concat!(
     include_str!("lua/account.lua"),
     include_str!("lua/sweep.lua")

@@ -109,12 +109,16 @@ pub struct Shared {
     pub(super) add_lot: Script,
     pub(super) sweep: Script,
     pub(super) lease: Script,
+    pub(super) lease_batch: Script,
     /// This instance's leases on the accounts it serves (`lease`).
     pub(super) leases: Leases,
     /// Key prefix, so tests (and several gateways) can share one Redis.
     pub(super) prefix: String,
     /// The sorted set of accounts holding reservations (`sweep.lua`).
     pub(super) due_key: String,
+    /// The sorted set of accounts drained lately, by when (`lease`): polled by every
+    /// instance holding leases.
+    pub(super) drains_key: String,
     /// The sorted set of live instances (by last sign of life): how many share the accounts,
     /// which sets the outage engine's share (`Local::set_share`).
     pub(super) instances_key: String,
@@ -157,9 +161,11 @@ impl Shared {
             add_lot: Script::new(include_str!("lua/add_lot.lua")),
             sweep: Script::new(SWEEP_LUA),
             lease: Script::new(LEASE_LUA),
+            lease_batch: Script::new(super::scripts::LEASE_BATCH_LUA),
             leases: Leases::new(&instance),
             prefix: prefix.to_string(),
             due_key: format!("{prefix}q:due"),
+            drains_key: format!("{prefix}q:drains"),
             instances_key: format!("{prefix}instances"),
             instance,
             hints: dashmap::DashMap::default(),
@@ -398,6 +404,9 @@ impl Shared {
                 // Leases on other instances hold what is missing: they give it back within
                 // a renewal (the account is drained now), so wait and ask again.
                 if drains < DRAIN_TRIES {
+                    if drains == 0 {
+                        self.signal_drain(user_id, now).await;
+                    }
                     drains += 1;
                     tokio::time::sleep(DRAIN_WAIT).await;
                     now = crate::util::now_ms();

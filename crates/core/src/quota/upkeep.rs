@@ -34,7 +34,14 @@ impl Shared {
             .guarded("add lot", inv.invoke_async::<i64>(&mut conn))
             .await
         {
-            Ok(_) => true,
+            Ok(_) => {
+                // Renewals read the lots only now and then: the tier hint learns of this one
+                // at once.
+                if let (Some(tier), Some(mut hint)) = (lot.tier, self.hints.get_mut(&lot.user_id)) {
+                    hint.1 = Some(hint.1.map_or(tier, |t| t.max(tier)));
+                }
+                true
+            }
             Err(Unreachable(e)) => {
                 log::warn!("{e}");
                 false

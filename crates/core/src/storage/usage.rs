@@ -393,7 +393,9 @@ fn build_insert_sql(backend: Backend, rows: usize) -> String {
         push_placeholders(&mut sql, backend, row * EVENT_COLUMNS, EVENT_COLUMNS);
         sql.push(')');
     }
-    sql.push_str(" ON CONFLICT (user_id, created_at, id) DO NOTHING");
+    // Any key: the table's (user_id, created_at, id) or the id's own unique index (one event
+    // per request id, migration 0014).
+    sql.push_str(" ON CONFLICT DO NOTHING");
     sql
 }
 
@@ -413,24 +415,12 @@ pub(super) fn push_placeholders(sql: &mut String, backend: Backend, first: usize
     }
 }
 
-/// Looks up which of `rows` events (user id, time and id, three parameters each) are stored,
-/// by the table's key (account, time, id), one equality group per event: SQLite reads a
-/// row-value `IN` list by scanning the table, and it searches the key for each term of an
-/// `OR`. Returns the stored ids.
+/// Looks up which of `rows` event ids are stored, through the id's unique index: an id stored
+/// under another time (or account) counts, as the insert skips it too. Returns the stored ids.
 fn stored_ids_sql(backend: Backend, rows: usize) -> String {
-    let mut sql = String::from("SELECT id FROM usage_events WHERE ");
-    for n in 0..rows {
-        if n > 0 {
-            sql.push_str(" OR ");
-        }
-        sql.push_str("(user_id = ");
-        push_placeholders(&mut sql, backend, n * 3, 1);
-        sql.push_str(" AND created_at = ");
-        push_placeholders(&mut sql, backend, n * 3 + 1, 1);
-        sql.push_str(" AND id = ");
-        push_placeholders(&mut sql, backend, n * 3 + 2, 1);
-        sql.push(')');
-    }
+    let mut sql = String::from("SELECT id FROM usage_events WHERE id IN (");
+    push_placeholders(&mut sql, backend, 0, rows);
+    sql.push(')');
     sql
 }
 
@@ -539,10 +529,7 @@ impl UsageStore<'_> {
             let sql = stored_ids_sql(self.db.backend, chunk.len());
             let mut q = sqlx::query_scalar::<_, String>(&sql);
             for e in chunk {
-                q = q
-                    .bind(e.user_id.as_str())
-                    .bind(e.created_at)
-                    .bind(e.id.as_str());
+                q = q.bind(e.id.as_str());
             }
             stored.extend(q.fetch_all(&self.db.pool).await?);
         }

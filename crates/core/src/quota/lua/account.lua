@@ -7,7 +7,10 @@
 -- so = the oldest spend bucket's hour (absent: no bucket); v = 2 once those sums are built;
 -- x = when the keys' expiry was last pushed back (ms); ft, fr = tokens and requests that the
 -- instances' leases hold unused (lease.lua), so a refused reservation knows whether waiting for
--- the leases to come back can help (the account is then drained: dr = until when, ms).
+-- the leases to come back can help (the account is then drained: dr = until when, ms);
+-- bh, bv = the current hour's spend bucket (hour, "at,ar,lt,lr"), kept here rather than in the
+-- buckets hash so paying costs no command of its own: it is added to the hash's bucket of that
+-- hour when the hour changes.
 --
 -- The week's spend is kept as running sums so a call does not scan up to 168 hourly buckets
 -- (two scans per request, growing with the account's age over the week). The buckets are
@@ -24,27 +27,38 @@ local HOUR_MS = 3600000
 -- The account's meta hash, or nil when the account is not in Redis.
 local function read_account(meta)
   local f = redis.call('HMGET', meta, 'loaded', 'v', 'sa', 'sr', 'sl', 'so', 'rt', 'rr', 'x',
-    'ft', 'fr')
+    'ft', 'fr', 'dr', 'bh', 'bv')
   if not f[1] then return nil end
+  local bv = nil
+  if f[14] then
+    local a, b, c, d = string.match(f[14], '(%d+),(%d+),(%d+),(%d+)')
+    bv = {tonumber(a), tonumber(b), tonumber(c), tonumber(d)}
+  end
   return {
+    bh = f[13] and tonumber(f[13]), bv = bv,
     v = f[2],
     sa = tonumber(f[3] or '0'), sr = tonumber(f[4] or '0'), sl = tonumber(f[5] or '0'),
     so = f[6] and tonumber(f[6]), had_so = f[6] ~= false and f[6] ~= nil,
     rt = tonumber(f[7] or '0'), rr = tonumber(f[8] or '0'),
     x = tonumber(f[9] or '0'),
     ft = tonumber(f[10] or '0'), fr = tonumber(f[11] or '0'),
+    dr = tonumber(f[12] or '0') or 0,
   }
 end
 
 local function write_account(meta, m)
+  local f = {'v', 2, 'sa', m.sa, 'sr', m.sr, 'sl', m.sl, 'rt', m.rt, 'rr', m.rr, 'x', m.x,
+    'ft', m.ft, 'fr', m.fr}
   if m.so then
-    redis.call('HSET', meta, 'v', 2, 'sa', m.sa, 'sr', m.sr, 'sl', m.sl, 'rt', m.rt, 'rr', m.rr,
-      'x', m.x, 'ft', m.ft, 'fr', m.fr, 'so', m.so)
-  else
-    redis.call('HSET', meta, 'v', 2, 'sa', m.sa, 'sr', m.sr, 'sl', m.sl, 'rt', m.rt, 'rr', m.rr,
-      'x', m.x, 'ft', m.ft, 'fr', m.fr)
-    if m.had_so then redis.call('HDEL', meta, 'so') end
+    table.insert(f, 'so'); table.insert(f, m.so)
   end
+  if m.bh then
+    table.insert(f, 'bh'); table.insert(f, m.bh)
+    table.insert(f, 'bv'); table.insert(f, table.concat(m.bv, ','))
+  end
+  redis.call('HSET', meta, unpack(f))
+  if m.had_so and not m.so then redis.call('HDEL', meta, 'so') end
+  if m.drop_b then redis.call('HDEL', meta, 'bh', 'bv') end
 end
 
 -- Brings the week's sums up to `now` (see above); true when they were rebuilt.
@@ -73,21 +87,41 @@ local function spend_window(m, buckets, held, held_at, now)
       if not m.so or hour < m.so then m.so = hour end
     end
   end
+  if m.bh and m.bh >= from then
+    m.sa = m.sa + m.bv[1]
+    m.sr = m.sr + m.bv[2]
+    m.sl = m.sl + m.bv[3]
+    if not m.so or m.bh < m.so then m.so = m.bh end
+  elseif m.bh then
+    -- Spent more than a week ago: out of the window (write_account deletes it).
+    m.bh, m.bv, m.drop_b = nil, nil, true
+  end
   return true
 end
 
--- Books what one settlement paid into the current hour's bucket and into the sums. A bucket
--- hash created here gets the account's expiry.
-local function spend_add(m, buckets, now, ttl, allow_t, allow_r, lot_t, lot_r)
-  local hour = math.floor(now / HOUR_MS)
-  local cur = redis.call('HGET', buckets, hour)
+-- Adds the meta hash's bucket (bh, bv) to the buckets hash's bucket of its hour. A bucket hash
+-- created here gets the account's expiry.
+local function flush_bucket(m, buckets, ttl)
+  local cur = redis.call('HGET', buckets, m.bh)
   local a, b, c, d = 0, 0, 0, 0
   if cur then
     local x1, x2, x3, x4 = string.match(cur, '(%d+),(%d+),(%d+),(%d+)')
     a, b, c, d = tonumber(x1), tonumber(x2), tonumber(x3), tonumber(x4)
   end
-  redis.call('HSET', buckets, hour, (a + allow_t) .. ',' .. (b + allow_r) .. ',' .. (c + lot_t) .. ',' .. (d + lot_r))
+  local v = m.bv
+  redis.call('HSET', buckets, m.bh, (a + v[1]) .. ',' .. (b + v[2]) .. ',' .. (c + v[3]) .. ',' .. (d + v[4]))
   if not cur then redis.call('EXPIRE', buckets, ttl) end
+end
+
+-- Books what one settlement paid into the current hour's bucket (in the meta hash, see above)
+-- and into the sums.
+local function spend_add(m, buckets, now, ttl, allow_t, allow_r, lot_t, lot_r)
+  local hour = math.floor(now / HOUR_MS)
+  if m.bh ~= hour then
+    if m.bh then flush_bucket(m, buckets, ttl) end
+    m.bh, m.bv = hour, {0, 0, 0, 0}
+  end
+  m.bv = {m.bv[1] + allow_t, m.bv[2] + allow_r, m.bv[3] + lot_t, m.bv[4] + lot_r}
   m.sa = m.sa + allow_t
   m.sr = m.sr + allow_r
   m.sl = m.sl + lot_t

@@ -19,18 +19,29 @@
 --       9, 10 tokens and requests held by admitted requests, 11, 12 unused tokens and requests,
 --       13, 14 tokens and requests asked for on top, 15 the least useful share of tokens,
 --       16, 17 tokens and requests settled in all, 18 number of window corrections n,
---       19 number of scopes s,
+--       19 number of scopes s, 20 flags: 1 = push the lease's start time back (the sweep
+--       releases a lease whose start is older than the reservation timeout), 2 = read the lots
+--       even if the allowance covers everything (for the highest lot tier),
 --       then n corrections: window index, input correction, output correction (actual - charged),
 --       then s scopes: previous-minute window index, current-minute window index, caps (r, i, o),
 --         index of the window a chunk is given back to (0: none), its unused part (r, i, o), the
---         whole chunk (r, i, o), the chunk asked for (r, i, o)
+--         whole chunk (r, i, o), the chunk asked for (r, i, o), the least chunk worth taking
+--         (r, i, o): less than that drains the account
+--
+-- Cost: the work is what changed. Stale reservations are left to reserve.lua and the sweep;
+-- the lots are read only when the allowance alone cannot pay or grant (or flag 2); a scope's
+-- windows are touched only when its chunk is given back or granted; the lease's start time
+-- only when flag 1 asks.
 -- Returns {'load'} when the account is not in Redis; otherwise
 -- {mode, tokens granted, requests granted, weekly_total_tokens, max_lot_tier, first,
 --  settlements, scopes}: mode 'lease', or 'exact' (drained: the lease now holds only what
 -- admitted requests hold); first = 1 when the account held nothing before; settled =
 -- {allowance tokens, allowance requests, uncovered tokens, uncovered requests (booked on the
 -- allowance too), lot_id, kind, amount, ...}; scopes = for each,
--- {chunk r, i, o, sliding count r, i, o before the chunk}.
+-- {chunk r, i, o, sliding count r, i, o before the chunk}. max_lot_tier is -2 when the lots
+-- were not read (the caller keeps what it knew).
+-- A window's field L counts the chunks leases hold in it (all three dimensions together), so
+-- reserve.lua knows whether waiting for the leases can help.
 local now = tonumber(ARGV[1])
 local m = read_account(KEYS[1])
 if not m then return {'load'} end
@@ -39,24 +50,41 @@ local BIG = 9007199254740991
 local W = 5
 
 spend_window(m, KEYS[3], KEYS[2], KEYS[5], now)
-local stale = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', '(' .. (now - tonumber(ARGV[6])))
-for _, id in ipairs(stale) do release(m, KEYS[2], KEYS[5], id) end
 local lease_id = ARGV[2]
-local had_lease = redis.call('HEXISTS', KEYS[2], lease_id) == 1
-release(m, KEYS[2], KEYS[5], lease_id)
-local held_nothing = not had_lease and m.rt == 0 and m.rr == 0
-
-local lots = redis.call('HGETALL', KEYS[4])
-local active = {}
-for i = 1, #lots, 2 do
-  local kind, rem, exp, tier = string.match(lots[i + 1], '(%a),(%d+),(%d+),(%-?%d+)')
-  if tonumber(exp) <= now then
-    redis.call('HDEL', KEYS[4], lots[i])
-  elseif tonumber(rem) > 0 then
-    table.insert(active, {id = lots[i], kind = kind, rem = tonumber(rem), exp = tonumber(exp), tier = tier})
+local old = redis.call('HGET', KEYS[2], lease_id)
+local had_lease = old ~= false and old ~= nil
+if had_lease then
+  local t, r, _, ft, fr = string.match(old, '(%d+),(%d+),(%d+),?(%d*),?(%d*)')
+  m.rt = math.max(0, m.rt - tonumber(t))
+  m.rr = math.max(0, m.rr - tonumber(r))
+  if ft and ft ~= '' then
+    m.ft = math.max(0, m.ft - tonumber(ft))
+    m.fr = math.max(0, m.fr - tonumber(fr))
   end
 end
-table.sort(active, function(a, b) return a.exp < b.exp end)
+local held_nothing = not had_lease and m.rt == 0 and m.rr == 0
+local flags = tonumber(ARGV[20])
+
+-- The lots, read once and only when needed.
+local active = nil
+local max_tier = -2
+local function lots()
+  if active then return active end
+  active = {}
+  max_tier = -1
+  local all = redis.call('HGETALL', KEYS[4])
+  for i = 1, #all, 2 do
+    local kind, rem, exp, tier = string.match(all[i + 1], '(%a),(%d+),(%d+),(%-?%d+)')
+    if tonumber(exp) <= now then
+      redis.call('HDEL', KEYS[4], all[i])
+    elseif tonumber(rem) > 0 then
+      table.insert(active, {id = all[i], kind = kind, rem = tonumber(rem), exp = tonumber(exp), tier = tier})
+    end
+  end
+  table.sort(active, function(a, b) return a.exp < b.exp end)
+  return active
+end
+if flags >= 2 then lots() end
 
 -- Settlements: weekly allowance first, then lots soonest-expiring first; what nothing covers is
 -- booked on the allowance (as settle.lua).
@@ -68,7 +96,8 @@ local lots_taken = {}
 local function take(kind, amount, room)
   local from_allowance = math.min(amount, room)
   local rest = amount - from_allowance
-  for _, lot in ipairs(active) do
+  if rest <= 0 then return from_allowance, 0 end
+  for _, lot in ipairs(lots()) do
     if rest <= 0 then break end
     if lot.kind == kind and lot.rem > 0 then
       local n = math.min(rest, lot.rem)
@@ -81,9 +110,11 @@ local function take(kind, amount, room)
   end
   return from_allowance, rest
 end
+-- A window key a correction creates gets the windows' expiry.
 local function correct(key, field, by)
   if by ~= 0 then
     local v = redis.call('HINCRBY', key, field, by)
+    if v == by then redis.call('EXPIRE', key, 150) end
     if v < 0 then redis.call('HSET', key, field, 0) end
   end
 end
@@ -98,13 +129,11 @@ paid[1] = room_used_t + over_t
 paid[2] = room_used_r + over_r
 local settled = {room_used_t, room_used_r, over_t, over_r}
 for _, v in ipairs(lots_taken) do table.insert(settled, v) end
-local a = 20
+local a = 21
 for i = 1, n_fixes do
-  local widx = tonumber(ARGV[a])
-  if redis.call('EXISTS', KEYS[W + widx]) == 1 then
-    correct(KEYS[W + widx], 'i', tonumber(ARGV[a + 1]))
-    correct(KEYS[W + widx], 'o', tonumber(ARGV[a + 2]))
-  end
+  local key = KEYS[W + tonumber(ARGV[a])]
+  correct(key, 'i', tonumber(ARGV[a + 1]))
+  correct(key, 'o', tonumber(ARGV[a + 2]))
   a = a + 3
 end
 for id, lot in pairs(changed) do
@@ -115,62 +144,84 @@ if used_t + used_r > 0 then spend_add(m, KEYS[3], now, ttl, paid[1], paid[2], pa
 
 local K = tonumber(ARGV[8])
 local unlimited = ARGV[5] == '1'
-local drained = (tonumber(redis.call('HGET', KEYS[1], 'dr') or '0') or 0) > now
+local drained = m.dr > now
 local function drain()
   drained = true
   redis.call('HSET', KEYS[1], 'dr', now + DRAIN_MS)
 end
 
--- Windows first: a window too full for a chunk drains the account as a spent balance does.
-local fields, lease_fields = {'r', 'i', 'o'}, {'Lr', 'Li', 'Lo'}
+-- Windows first: a window too full for the least useful chunk drains the account as a spent
+-- balance does; otherwise a chunk takes at most 1/K of what the window has left.
+local fields = {'r', 'i', 'o'}
 local elapsed = now % 60000
 local scopes = {}
 for s = 1, n_scopes do
-  local pkey, ckey = KEYS[W + tonumber(ARGV[a])], KEYS[W + tonumber(ARGV[a + 1])]
+  local ckey = KEYS[W + tonumber(ARGV[a + 1])]
   local ridx = tonumber(ARGV[a + 5])
-  if ridx > 0 and redis.call('EXISTS', KEYS[W + ridx]) == 1 then
+  if ridx > 0 then
+    local whole = 0
     for d = 1, 3 do
       correct(KEYS[W + ridx], fields[d], -tonumber(ARGV[a + 5 + d]))
-      correct(KEYS[W + ridx], lease_fields[d], -tonumber(ARGV[a + 8 + d]))
+      whole = whole + tonumber(ARGV[a + 8 + d])
+    end
+    correct(KEYS[W + ridx], 'L', -whole)
+  end
+  local out = {0, 0, 0, 0, 0, 0}
+  local asked = false
+  for d = 1, 3 do
+    if tonumber(ARGV[a + 1 + d]) > 0 and tonumber(ARGV[a + 11 + d]) > 0 then asked = true end
+  end
+  local fits = true
+  local new_key = false
+  if asked then
+    local prev = redis.call('HMGET', KEYS[W + tonumber(ARGV[a])], 'r', 'i', 'o')
+    local curr = redis.call('HMGET', ckey, 'r', 'i', 'o')
+    new_key = not curr[1] and not curr[2] and not curr[3]
+    for d = 1, 3 do
+      local p = tonumber(prev[d] or '0') or 0
+      local c = tonumber(curr[d] or '0') or 0
+      out[3 + d] = math.floor(p * (60000 - elapsed) / 60000) + c
+      local cap, ask = tonumber(ARGV[a + 1 + d]), tonumber(ARGV[a + 11 + d])
+      if cap > 0 and ask > 0 then
+        local g = math.min(ask, math.floor(math.max(0, cap - out[3 + d]) / K))
+        if g < tonumber(ARGV[a + 14 + d]) then fits = false end
+        out[d] = g
+      end
     end
   end
-  local prev = redis.call('HMGET', pkey, 'r', 'i', 'o')
-  local curr = redis.call('HMGET', ckey, 'r', 'i', 'o')
-  local out = {0, 0, 0, 0, 0, 0}
-  local fits = true
-  for d = 1, 3 do
-    local p = tonumber(prev[d] or '0') or 0
-    local c = tonumber(curr[d] or '0') or 0
-    out[3 + d] = math.floor(p * (60000 - elapsed) / 60000) + c
-    local cap, ask = tonumber(ARGV[a + 1 + d]), tonumber(ARGV[a + 11 + d])
-    if cap > 0 and ask > 0 and cap - out[3 + d] < K * ask then fits = false end
-  end
   if not fits then drain() end
-  scopes[s] = {out = out, key = ckey, a = a, fits = fits}
-  a = a + 15
+  scopes[s] = {out = out, key = ckey, new_key = new_key}
+  a = a + 18
 end
 
 local grant_t, grant_r = 0, 0
 local inflight_t, inflight_r = tonumber(ARGV[9]), tonumber(ARGV[10])
 local free_t, free_r = tonumber(ARGV[11]), tonumber(ARGV[12])
 local ask_t, ask_r = tonumber(ARGV[13]), tonumber(ARGV[14])
-local lot_t, lot_r, max_tier = 0, 0, -1
-for _, lot in ipairs(active) do
-  if lot.rem > 0 then
-    if lot.kind == 't' then lot_t = lot_t + lot.rem else lot_r = lot_r + lot.rem end
-    if tonumber(lot.tier) > max_tier then max_tier = tonumber(lot.tier) end
-  end
-end
 if unlimited and not drained then
   grant_t, grant_r = ask_t, ask_r
-elseif not drained then
-  local left_t = math.max(0, wt - m.sa) + lot_t - m.rt - inflight_t - free_t
+elseif not drained and (ask_t > 0 or ask_r > 0) then
+  local left_t = math.max(0, wt - m.sa) - m.rt - inflight_t - free_t
   local left_r = BIG
-  if wr > 0 then left_r = math.max(0, wr - m.sr) + lot_r - m.rr - inflight_r - free_r end
+  if wr > 0 then left_r = math.max(0, wr - m.sr) - m.rr - inflight_r - free_r end
+  if left_t < K * ask_t or (wr > 0 and left_r < K * ask_r) then
+    -- The allowance alone does not cover the share: count the lots too.
+    local lot_t, lot_r = 0, 0
+    for _, lot in ipairs(lots()) do
+      if lot.kind == 't' then lot_t = lot_t + lot.rem else lot_r = lot_r + lot.rem end
+    end
+    left_t = left_t + lot_t
+    if wr > 0 then left_r = left_r + lot_r end
+  end
   grant_t = math.min(ask_t, math.floor(math.max(0, left_t) / K))
   grant_r = math.min(ask_r, math.floor(math.max(0, left_r) / K))
   if (ask_t > 0 and free_t + grant_t < tonumber(ARGV[15])) or (ask_r > 0 and free_r + grant_r < 1) then
     drain()
+  end
+end
+if active then
+  for _, lot in ipairs(active) do
+    if lot.rem > 0 and tonumber(lot.tier) > max_tier then max_tier = tonumber(lot.tier) end
   end
 end
 local mode = 'lease'
@@ -184,15 +235,19 @@ for s = 1, n_scopes do
   local sc = scopes[s]
   local out = sc.out
   if mode == 'lease' then
+    local whole = 0
     for d = 1, 3 do
-      local cap, ask = tonumber(ARGV[sc.a + 1 + d]), tonumber(ARGV[sc.a + 11 + d])
-      if cap > 0 and ask > 0 then
-        out[d] = ask
-        redis.call('HINCRBY', sc.key, fields[d], ask)
-        redis.call('HINCRBY', sc.key, lease_fields[d], ask)
+      if out[d] > 0 then
+        redis.call('HINCRBY', sc.key, fields[d], out[d])
+        whole = whole + out[d]
       end
     end
-    if out[1] + out[2] + out[3] > 0 then redis.call('EXPIRE', sc.key, 150) end
+    if whole > 0 then
+      redis.call('HINCRBY', sc.key, 'L', whole)
+      if sc.new_key then redis.call('EXPIRE', sc.key, 150) end
+    end
+  else
+    out[1], out[2], out[3] = 0, 0, 0
   end
   scope_out[s] = out
 end
@@ -203,7 +258,7 @@ local first = 0
 if keep_t > 0 or keep_r > 0 then
   redis.call('HSET', KEYS[2], lease_id, keep_t .. ',' .. keep_r .. ',' .. now .. ',' ..
     (free_t + grant_t) .. ',' .. (free_r + grant_r))
-  redis.call('ZADD', KEYS[5], now, lease_id)
+  if not had_lease or flags % 2 == 1 then redis.call('ZADD', KEYS[5], now, lease_id) end
   if held_nothing then first = 1 end
   if now - m.x >= HOUR_MS then
     m.x = now
@@ -216,6 +271,9 @@ if keep_t > 0 or keep_r > 0 then
   m.rr = m.rr + keep_r
   m.ft = m.ft + free_t + grant_t
   m.fr = m.fr + free_r + grant_r
+elseif had_lease then
+  redis.call('HDEL', KEYS[2], lease_id)
+  redis.call('ZREM', KEYS[5], lease_id)
 end
 write_account(KEYS[1], m)
 return {mode, grant_t, grant_r, m.sa + m.sl, max_tier, first, settled, scope_out}

@@ -21,7 +21,7 @@ for _, h in ipairs(redis.call('HVALS', KEYS[2])) do
 end
 redis.call('HSET', KEYS[1], 'loaded', 1, 'rt', rt, 'rr', rr, 'ft', ft, 'fr', fr)
 -- The week's sums (account.lua) are rebuilt by the next reserve or settle.
-redis.call('HDEL', KEYS[1], 'v', 'sa', 'sr', 'sl', 'so', 'x')
+redis.call('HDEL', KEYS[1], 'v', 'sa', 'sr', 'sl', 'so', 'x', 'bh', 'bv')
 redis.call('DEL', KEYS[3], KEYS[4])
 for _ = 1, n do
   redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])

@@ -48,8 +48,8 @@ local reset = math.ceil((60000 - elapsed) / 1000)
 local caps = {tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])}
 local costs = {1, tonumber(ARGV[12]), tonumber(ARGV[13])}
 local fields = {'r', 'i', 'o'}
-local prev = redis.call('HMGET', KEYS[6], 'r', 'i', 'o', 'Lr', 'Li', 'Lo')
-local curr = redis.call('HMGET', KEYS[7], 'r', 'i', 'o', 'Lr', 'Li', 'Lo')
+local prev = redis.call('HMGET', KEYS[6], 'r', 'i', 'o')
+local curr = redis.call('HMGET', KEYS[7], 'r', 'i', 'o', 'L')
 local counts = {}
 for d = 1, 3 do
   local p = tonumber(prev[d] or '0') or 0
@@ -85,7 +85,8 @@ for d = 1, 3 do
       local wait = math.ceil(wait_ms / 1000)
       if wait < 1 then wait = 1 end
       local status = 'rate'
-      if (tonumber(prev[3 + d] or '0') or 0) > 0 or (tonumber(curr[3 + d] or '0') or 0) > 0 then
+      -- Only this minute's chunks can come back (a lease's chunk is used in its minute only).
+      if (tonumber(curr[4] or '0') or 0) > 0 then
         status = 'drain-rate'
         redis.call('HSET', KEYS[1], 'dr', now + DRAIN_MS)
       end
