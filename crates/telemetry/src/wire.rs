@@ -1,5 +1,5 @@
 //! A batch of finished spans as an OTLP `ExportTraceServiceRequest` in protobuf, written
-//! straight from the SDK's `SpanData` with prost's wire primitives.
+//! straight from the SDK's `SpanData`.
 //!
 //! `opentelemetry-otlp` first copies every span into the generated message types (a `String`
 //! per attribute key and value, a `Vec` per id) and then lets prost measure each nested message
@@ -14,7 +14,40 @@ use opentelemetry::trace::{SpanKind, Status};
 use opentelemetry::{Array, InstrumentationScope, KeyValue, Value};
 use opentelemetry_sdk::trace::SpanData;
 use opentelemetry_sdk::Resource;
-use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
+
+/// The protobuf wire types used here.
+#[derive(Clone, Copy)]
+enum WireType {
+    Varint = 0,
+    SixtyFourBit = 1,
+    LengthDelimited = 2,
+    ThirtyTwoBit = 5,
+}
+
+/// A field's key: its number and wire type, as a varint.
+#[inline]
+fn encode_key(tag: u32, wt: WireType, out: &mut Vec<u8>) {
+    encode_varint(u64::from(tag << 3 | wt as u32), out);
+}
+
+#[inline]
+fn encode_varint(mut v: u64, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+#[inline]
+fn encoded_len_varint(v: u64) -> usize {
+    // One byte per started group of seven bits (at least one).
+    ((64 - (v | 1).leading_zeros() as usize) + 6) / 7
+}
+
+fn key_len(tag: u32) -> usize {
+    encoded_len_varint(u64::from(tag << 3))
+}
 
 /// Reusable buffers: an exporter keeps one, so a batch allocates nothing once they have grown.
 #[derive(Debug, Default)]
@@ -53,7 +86,12 @@ impl Encoder {
             let (run, tail) = rest.split_at(n);
             rest = tail;
             self.scope.clear();
-            scope(&mut self.scope, &first.instrumentation_scope, &mut self.inner, &mut self.value);
+            scope(
+                &mut self.scope,
+                &first.instrumentation_scope,
+                &mut self.inner,
+                &mut self.value,
+            );
             for s in run {
                 self.span.clear();
                 span(&mut self.span, s, &mut self.inner, &mut self.value);
@@ -83,7 +121,7 @@ impl Encoder {
 
 /// The length of a length-delimited field `tag` holding `len` bytes, tag included.
 fn field_len(tag: u32, len: usize) -> usize {
-    prost::encoding::key_len(tag) + encoded_len_varint(len as u64) + len
+    key_len(tag) + encoded_len_varint(len as u64) + len
 }
 
 fn bytes_field(out: &mut Vec<u8>, tag: u32, b: &[u8]) {
@@ -129,15 +167,31 @@ fn scope(out: &mut Vec<u8>, s: &InstrumentationScope, inner: &mut Vec<u8>, value
     bytes_field(out, 1, inner);
 }
 
-/// `KeyValue { key = 1, value = 2 }` as field `tag` of `out`.
+/// `KeyValue { key = 1, value = 2 }` as field `tag` of `out`. Scalar and string values are
+/// written in place (their length is known); arrays go through `value`.
 fn key_value(out: &mut Vec<u8>, tag: u32, key: &str, v: &Value, value: &mut Vec<u8>) {
-    value.clear();
-    any_value(value, v);
-    let len = field_len(1, key.len()) + field_len(2, value.len());
+    let any_len = match v {
+        Value::String(s) => field_len(1, s.as_str().len()),
+        Value::Bool(_) => 2,
+        Value::I64(i) => 1 + encoded_len_varint(*i as u64),
+        Value::F64(_) => 9,
+        other => {
+            value.clear();
+            any_value(value, other);
+            value.len()
+        }
+    };
+    let len = field_len(1, key.len()) + field_len(2, any_len);
+    out.reserve(field_len(tag, len));
     encode_key(tag, WireType::LengthDelimited, out);
     encode_varint(len as u64, out);
     string_field(out, 1, key);
-    bytes_field(out, 2, value);
+    encode_key(2, WireType::LengthDelimited, out);
+    encode_varint(any_len as u64, out);
+    match v {
+        Value::String(_) | Value::Bool(_) | Value::I64(_) | Value::F64(_) => any_value(out, v),
+        _ => out.extend_from_slice(value),
+    }
 }
 
 fn attributes(out: &mut Vec<u8>, tag: u32, kvs: &[KeyValue], value: &mut Vec<u8>) {
@@ -264,4 +318,148 @@ fn flags(remote: bool, trace_flags: u8) -> u32 {
     const HAS_IS_REMOTE: u32 = 0x100;
     const IS_REMOTE: u32 = 0x200;
     u32::from(trace_flags) | HAS_IS_REMOTE | if remote { IS_REMOTE } else { 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::{Event, Link, SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+    use opentelemetry::InstrumentationScope;
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
+    use prost::Message;
+    use std::time::Duration;
+
+    fn data(name: &'static str, attrs: Vec<KeyValue>, status: Status) -> SpanData {
+        let t0 = UNIX_EPOCH + Duration::from_nanos(1_700_000_000_123_456_789);
+        SpanData {
+            span_context: SpanContext::new(
+                TraceId::from_bytes([7; 16]),
+                SpanId::from_bytes([9; 8]),
+                TraceFlags::SAMPLED,
+                false,
+                TraceState::from_key_value([("vendor", "abc")]).unwrap(),
+            ),
+            parent_span_id: SpanId::from_bytes([3; 8]),
+            parent_span_is_remote: true,
+            span_kind: SpanKind::Client,
+            name: name.into(),
+            start_time: t0,
+            end_time: t0 + Duration::from_millis(5),
+            attributes: attrs,
+            dropped_attributes_count: 0,
+            events: SpanEvents {
+                events: vec![Event::new(
+                    "gateway.first_byte",
+                    t0 + Duration::from_millis(1),
+                    vec![KeyValue::new("gateway.ttfb_ms", 1)],
+                    0,
+                )],
+                dropped_count: 0,
+            },
+            links: SpanLinks {
+                links: vec![Link::new(
+                    SpanContext::new(
+                        TraceId::from_bytes([1; 16]),
+                        SpanId::from_bytes([2; 8]),
+                        TraceFlags::default(),
+                        true,
+                        TraceState::default(),
+                    ),
+                    vec![],
+                    0,
+                )],
+                dropped_count: 0,
+            },
+            status,
+            instrumentation_scope: InstrumentationScope::builder("gateway").build(),
+        }
+    }
+
+    /// What the official definitions decode from a batch is what the spans held.
+    #[test]
+    fn the_official_definitions_decode_what_is_written() {
+        let mut enc = Encoder::default();
+        enc.set_resource(&Resource::builder_empty().with_service_name("gw").build());
+        let long = "x".repeat(300);
+        let spans = vec![
+            data(
+                "chat mock-gpt",
+                vec![
+                    KeyValue::new("s", long.clone()),
+                    KeyValue::new("b", true),
+                    KeyValue::new("i", -5_i64),
+                    KeyValue::new("big", i64::MAX),
+                    KeyValue::new("f", 1.5),
+                    KeyValue::new("a", Value::Array(vec![1_i64, 2].into())),
+                ],
+                Status::error("server_error"),
+            ),
+            data("second", vec![], Status::Unset),
+        ];
+        let req = ExportTraceServiceRequest::decode(enc.encode(&spans).as_slice()).unwrap();
+        assert_eq!(req.resource_spans.len(), 1);
+        let rs = &req.resource_spans[0];
+        let res = rs.resource.as_ref().unwrap();
+        assert_eq!(res.attributes[0].key, "service.name");
+        assert_eq!(
+            res.attributes[0].value.as_ref().unwrap().value,
+            Some(Any::StringValue("gw".into()))
+        );
+        assert_eq!(rs.scope_spans.len(), 1);
+        assert_eq!(rs.scope_spans[0].scope.as_ref().unwrap().name, "gateway");
+        let got = &rs.scope_spans[0].spans;
+        assert_eq!(got.len(), 2);
+        let a = &got[0];
+        assert_eq!(a.trace_id, vec![7; 16]);
+        assert_eq!(a.span_id, vec![9; 8]);
+        assert_eq!(a.parent_span_id, vec![3; 8]);
+        assert_eq!(a.trace_state, "vendor=abc");
+        assert_eq!(a.name, "chat mock-gpt");
+        assert_eq!(a.kind, 3);
+        assert_eq!(a.start_time_unix_nano, 1_700_000_000_123_456_789);
+        assert_eq!(a.end_time_unix_nano, 1_700_000_000_128_456_789);
+        assert_eq!(a.flags, 0x301);
+        let v = |i: usize| {
+            a.attributes[i]
+                .value
+                .as_ref()
+                .unwrap()
+                .value
+                .clone()
+                .unwrap()
+        };
+        assert_eq!(a.attributes[0].key, "s");
+        assert_eq!(v(0), Any::StringValue(long));
+        assert_eq!(v(1), Any::BoolValue(true));
+        assert_eq!(v(2), Any::IntValue(-5));
+        assert_eq!(v(3), Any::IntValue(i64::MAX));
+        assert_eq!(v(4), Any::DoubleValue(1.5));
+        let Any::ArrayValue(arr) = v(5) else {
+            panic!("not an array: {:?}", v(5))
+        };
+        assert_eq!(arr.values.len(), 2);
+        assert_eq!(a.events.len(), 1);
+        assert_eq!(a.events[0].name, "gateway.first_byte");
+        assert_eq!(a.events[0].time_unix_nano, 1_700_000_000_124_456_789);
+        assert_eq!(a.events[0].attributes[0].key, "gateway.ttfb_ms");
+        assert_eq!(a.links.len(), 1);
+        assert_eq!(a.links[0].trace_id, vec![1; 16]);
+        assert_eq!(a.links[0].flags, 0x300);
+        let st = a.status.as_ref().unwrap();
+        assert_eq!((st.code, st.message.as_str()), (2, "server_error"));
+        assert_eq!(got[1].name, "second");
+        assert_eq!(got[1].status.as_ref().unwrap().code, 0);
+        assert!(got[1].attributes.is_empty());
+    }
+
+    #[test]
+    fn varint_lengths() {
+        for v in [0_u64, 1, 127, 128, 16_383, 16_384, u64::MAX] {
+            let mut out = Vec::new();
+            encode_varint(v, &mut out);
+            assert_eq!(out.len(), encoded_len_varint(v), "{v}");
+        }
+    }
 }
