@@ -333,6 +333,25 @@ mod tests {
 
     fn data(name: &'static str, attrs: Vec<KeyValue>, status: Status) -> SpanData {
         let t0 = UNIX_EPOCH + Duration::from_nanos(1_700_000_000_123_456_789);
+        let mut events = SpanEvents::default();
+        events.events.push(Event::new(
+            "gateway.first_byte",
+            t0 + Duration::from_millis(1),
+            vec![KeyValue::new("gateway.ttfb_ms", 1)],
+            0,
+        ));
+        let mut links = SpanLinks::default();
+        links.links.push(Link::new(
+            SpanContext::new(
+                TraceId::from_bytes([1; 16]),
+                SpanId::from_bytes([2; 8]),
+                TraceFlags::default(),
+                true,
+                TraceState::default(),
+            ),
+            vec![],
+            0,
+        ));
         SpanData {
             span_context: SpanContext::new(
                 TraceId::from_bytes([7; 16]),
@@ -349,29 +368,8 @@ mod tests {
             end_time: t0 + Duration::from_millis(5),
             attributes: attrs,
             dropped_attributes_count: 0,
-            events: SpanEvents {
-                events: vec![Event::new(
-                    "gateway.first_byte",
-                    t0 + Duration::from_millis(1),
-                    vec![KeyValue::new("gateway.ttfb_ms", 1)],
-                    0,
-                )],
-                dropped_count: 0,
-            },
-            links: SpanLinks {
-                links: vec![Link::new(
-                    SpanContext::new(
-                        TraceId::from_bytes([1; 16]),
-                        SpanId::from_bytes([2; 8]),
-                        TraceFlags::default(),
-                        true,
-                        TraceState::default(),
-                    ),
-                    vec![],
-                    0,
-                )],
-                dropped_count: 0,
-            },
+            events,
+            links,
             status,
             instrumentation_scope: InstrumentationScope::builder("gateway").build(),
         }
