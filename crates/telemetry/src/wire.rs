@@ -42,7 +42,7 @@ fn encode_varint(mut v: u64, out: &mut Vec<u8>) {
 #[inline]
 fn encoded_len_varint(v: u64) -> usize {
     // One byte per started group of seven bits (at least one).
-    ((64 - (v | 1).leading_zeros() as usize) + 6) / 7
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 fn key_len(tag: u32) -> usize {
