@@ -301,13 +301,18 @@ fn check_tree(spans: &[Rec], key: &str) {
         }
         assert_eq!(s.service, "gateway-under-test");
     }
-    for phase in [
-        "gateway.admission",
-        "gateway.quota.reserve",
-        "gateway.settle",
-    ] {
-        one(spans, phase);
-    }
+    // Admission is one span, the reservation an event on it; settlement an event on the root.
+    let admission = one(spans, "gateway.admission");
+    assert!(
+        admission
+            .events
+            .contains(&"gateway.quota.reserve".to_string()),
+        "{admission:#?}"
+    );
+    assert!(
+        root.events.contains(&"gateway.settle".to_string()),
+        "{root:#?}"
+    );
 }
 
 /// The mock's recorded `traceparent` of its `n`-th model request (0-based).
@@ -342,7 +347,7 @@ async fn plain_streamed_and_translated_requests_have_their_span_trees() {
     assert_eq!(status, 200);
     let trace_id = logged_trace_id(&gw, &id).await;
     assert_eq!(trace_id.len(), 32);
-    let spans = rx.trace(&trace_id, 5).await;
+    let spans = rx.trace(&trace_id, 3).await;
     check_tree(&spans, &key);
     let root = server(&spans);
     assert_eq!(root.name, "chat mock-gpt");
@@ -414,7 +419,7 @@ async fn plain_streamed_and_translated_requests_have_their_span_trees() {
     .await;
     assert_eq!(status, 200);
     assert!(body.contains("data:"), "{body}");
-    let spans = rx.trace(&logged_trace_id(&gw, &id).await, 5).await;
+    let spans = rx.trace(&logged_trace_id(&gw, &id).await, 3).await;
     check_tree(&spans, &key);
     let root = server(&spans);
     assert_eq!(root.attr("gateway.stream"), Some("true"));
@@ -430,7 +435,7 @@ async fn plain_streamed_and_translated_requests_have_their_span_trees() {
                           "messages": [{"role": "user", "content": "the secret prompt"}]});
     let (status, id, _) = send(&gw, "/v1/messages", &key, &messages, &[]).await;
     assert_eq!(status, 200);
-    let spans = rx.trace(&logged_trace_id(&gw, &id).await, 5).await;
+    let spans = rx.trace(&logged_trace_id(&gw, &id).await, 3).await;
     check_tree(&spans, &key);
     let root = server(&spans);
     assert_eq!(root.attr("http.route"), Some("/v1/messages"));
@@ -484,7 +489,7 @@ async fn failover_refusal_and_client_trace_context() {
     let (status, id, _) = send(&gw, "/v1/chat/completions", &key, &chat("pair", false), &[]).await;
     assert_eq!(status, 200);
     let trace_id = logged_trace_id(&gw, &id).await;
-    let spans = rx.trace(&trace_id, 6).await;
+    let spans = rx.trace(&trace_id, 4).await;
     check_tree(&spans, &key);
     let mut attempts = clients(&spans);
     assert_eq!(attempts.len(), 2, "{spans:#?}");
@@ -551,7 +556,7 @@ async fn failover_refusal_and_client_trace_context() {
     .await;
     assert_eq!(status, 200);
     assert_eq!(logged_trace_id(&gw, &id).await, client_trace);
-    let spans = rx.trace(client_trace, 5).await;
+    let spans = rx.trace(client_trace, 3).await;
     let root = server(&spans);
     assert_eq!(root.parent, client_span);
     let (tid, parent) = provider_traceparent(&mock, 0).await;
@@ -601,7 +606,7 @@ async fn sample_ratio_is_parent_based_and_reloads_live() {
     )
     .await;
     assert_eq!(status, 200);
-    rx.trace(parent_trace, 5).await;
+    rx.trace(parent_trace, 3).await;
 
     // Ratio 1 by reload: the next request is sampled.
     let text = std::fs::read_to_string(&gw.config_path).expect("config");
@@ -632,7 +637,7 @@ async fn sample_ratio_is_parent_based_and_reloads_live() {
         assert!(Instant::now() < deadline, "the new ratio never applied");
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    rx.trace(&sampled, 5).await;
+    rx.trace(&sampled, 3).await;
     // Spans end in order: by the time the sampled trace arrived, an unsampled one would have.
     assert!(rx.all().iter().all(|s| s.trace_id != unsampled));
 }
@@ -674,7 +679,7 @@ async fn an_unreachable_collector_fails_nothing_and_drops_are_counted() {
             })
             .map(|v| v.trim().parse().expect("value"))
             .unwrap_or(0.0);
-        if dropped >= 100.0 {
+        if dropped >= 60.0 {
             break;
         }
         assert!(

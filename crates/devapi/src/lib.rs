@@ -237,29 +237,37 @@ impl DevApi {
         let style_b = asked.style_b;
         let fail = |e: ApiError| (Stop::Api(e), style_b);
 
+        // One span from the first check to the reservation (check 9), which is an event on it.
+        let mut phase = ctx.trace.as_ref().map(|t| t.phase("gateway.admission"));
         // Held until the request ends: its body is in memory until then.
-        let phase = ctx.trace.as_ref().map(|t| t.phase("gateway.admission"));
-        let admitted = self.admit(session, ctx, &cfg, &asked).await;
-        if let Some(phase) = phase {
-            phase.end(admitted.as_ref().err().map(stop_code));
-        }
-        let (mut adm, _body_permit) = admitted.map_err(|s| (s, style_b))?;
+        let (mut adm, _body_permit) = match self.admit(session, ctx, &cfg, &asked).await {
+            Ok(admitted) => admitted,
+            Err(stop) => {
+                if let Some(phase) = phase {
+                    phase.end(Some(stop_code(&stop)));
+                }
+                return Err((stop, style_b));
+            }
+        };
         if let Some(t) = ctx.trace.as_deref_mut() {
             t.admitted(&adm);
         }
 
         // Where it would go, what it refers to and how it is translated, before reserving
         // anything for it.
-        let mut targets = self.targets(&cfg, &adm).map_err(fail)?;
-        if let Plan::Forward(attempts) = &mut targets {
-            items::check(&self.state, &mut adm, &attempts.targets)
-                .await
-                .map_err(fail)?;
-            attempts.translated =
-                shape::translate_request(&adm, &attempts.targets).map_err(fail)?;
-        }
+        let targets = match self.plan(&cfg, &mut adm).await {
+            Ok(targets) => targets,
+            Err(e) => {
+                if let Some(phase) = phase {
+                    phase.end(Some(e.code()));
+                }
+                return Err(fail(e));
+            }
+        };
 
-        let phase = ctx.trace.as_ref().map(|t| t.phase("gateway.quota.reserve"));
+        if let Some(phase) = &mut phase {
+            phase.mark("gateway.quota.reserve");
+        }
         let reserved = self.reserve(ctx, &cfg, &adm).await;
         if let Some(phase) = phase {
             phase.end(reserved.as_ref().err().map(ApiError::code));
@@ -288,12 +296,24 @@ impl DevApi {
                 .await
             }
         };
-        let phase = ctx.trace.as_ref().map(|t| t.phase("gateway.settle"));
-        let settled = settle(ctx, flight, adm.endpoint, result);
-        if let Some(phase) = phase {
-            phase.end(settled.as_ref().err().map(ApiError::code));
+        if let Some(t) = ctx.trace.as_deref_mut() {
+            t.settling();
         }
-        settled.map_err(fail)
+        settle(ctx, flight, adm.endpoint, result).map_err(fail)
+    }
+
+    /// The plan: where the request would go, what it refers to and how it is translated.
+    async fn plan(
+        &self,
+        cfg: &gateway_core::config::Config,
+        adm: &mut Admitted,
+    ) -> Result<Plan, ApiError> {
+        let mut targets = self.targets(cfg, adm)?;
+        if let Plan::Forward(attempts) = &mut targets {
+            items::check(&self.state, adm, &attempts.targets).await?;
+            attempts.translated = shape::translate_request(adm, &attempts.targets)?;
+        }
+        Ok(targets)
     }
 
     /// Checks 1–8: the key, the gate, then the body (read only if the key could be admitted)

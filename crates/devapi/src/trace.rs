@@ -1,7 +1,11 @@
 //! One developer request's spans, when telemetry is on: the server span (GenAI and HTTP
-//! attributes), its phases (admission, quota reservation, settlement), a client span per
-//! upstream attempt whose context the provider receives in `traceparent`, and the first byte
-//! as an event.
+//! attributes), the admission span (the spec's checks and the quota reservation, which is an
+//! event on it), a client span per upstream attempt whose context the provider receives in
+//! `traceparent`, and the first byte and the settlement as events on the server span.
+//!
+//! Phases that cannot fail on their own and take microseconds are events rather than spans:
+//! every span is built, queued, encoded and sent, and with every request sampled that work is
+//! a measurable share of the request.
 //!
 //! With telemetry off, [`begin`] returns `None` and every other step is skipped by the caller's
 //! `if let`: no span, no allocation. Nothing secret is recorded: ids (key, account, request),
@@ -32,6 +36,8 @@ pub struct RequestTrace {
     /// The trace id (32 hex digits), for the access line.
     pub trace_id: String,
     started: SystemTime,
+    /// When settlement began.
+    settled_at: Option<SystemTime>,
     /// What the answering deployment was asked: its provider and model.
     answered: OnceLock<(&'static str, String)>,
     cached_tokens: u64,
@@ -42,33 +48,51 @@ pub struct RequestTrace {
 pub fn begin(session: &Session) -> Option<Box<RequestTrace>> {
     let telemetry = gateway_telemetry::get()?;
     let req = session.req_header();
-    let parent = telemetry.parent_from(&req.headers);
+    let parent = if req.headers.contains_key("traceparent") {
+        telemetry.parent_from(&req.headers)
+    } else {
+        Context::new()
+    };
     let started = SystemTime::now();
+    let method: Cow<'static, str> = match req.method.as_str() {
+        "POST" => Cow::Borrowed("POST"),
+        "GET" => Cow::Borrowed("GET"),
+        other => Cow::Owned(other.to_owned()),
+    };
+    // Room for every attribute `finish` adds: the list is not grown on the way.
+    let mut attrs = Vec::with_capacity(SERVER_ATTRIBUTES);
+    attrs.extend([
+        KeyValue::new("http.request.method", method.clone()),
+        KeyValue::new("url.path", req.uri.path().to_owned()),
+        KeyValue::new("url.scheme", "http"),
+        KeyValue::new("network.protocol.version", "1.1"),
+    ]);
     let builder = telemetry
         .tracer()
-        .span_builder(req.method.as_str().to_owned())
+        .span_builder(method)
         .with_kind(SpanKind::Server)
         .with_start_time(started)
-        .with_attributes([
-            KeyValue::new("http.request.method", req.method.as_str().to_owned()),
-            KeyValue::new("url.path", req.uri.path().to_owned()),
-            KeyValue::new("url.scheme", "http"),
-            KeyValue::new("network.protocol.version", "1.1"),
-        ]);
+        .with_attributes(attrs);
     let server = telemetry.tracer().build_with_context(builder, &parent);
     let span_context = server.span_context().clone();
     Some(Box::new(RequestTrace {
         telemetry,
-        trace_id: span_context.trace_id().to_string(),
+        trace_id: gateway_telemetry::trace_id_hex(&span_context),
         cx: Context::new().with_remote_span_context(span_context),
         server,
         started,
+        settled_at: None,
         answered: OnceLock::new(),
         cached_tokens: 0,
     }))
 }
 
-/// A phase of the request (admission, reservation, settlement) under way.
+/// The most attributes a server span carries.
+const SERVER_ATTRIBUTES: usize = 24;
+/// The most attributes an attempt span carries.
+const ATTEMPT_ATTRIBUTES: usize = 10;
+
+/// A phase of the request (admission) under way.
 pub struct Phase(SdkSpan);
 
 impl Phase {
@@ -83,6 +107,11 @@ impl Phase {
 
     pub fn set(&mut self, kv: KeyValue) {
         self.0.set_attribute(kv);
+    }
+
+    /// Marks the moment a step of the phase begins (`gateway.quota.reserve`).
+    pub fn mark(&mut self, name: &'static str) {
+        self.0.add_event(name, Vec::new());
     }
 }
 
@@ -116,7 +145,7 @@ impl Attempt {
 }
 
 impl RequestTrace {
-    /// Starts a phase span (`gateway.admission`, `gateway.quota.reserve`, `gateway.settle`).
+    /// Starts a phase span (`gateway.admission`).
     pub fn phase(&self, name: &'static str) -> Phase {
         let builder = self
             .telemetry
@@ -134,13 +163,14 @@ impl RequestTrace {
     pub fn attempt(&self, target: &Target, n: usize, adm: &Admitted) -> Attempt {
         let p = &target.provider;
         let model = target.upstream_model.as_deref().unwrap_or(&adm.model_name);
-        let mut attrs = vec![
+        let mut attrs = Vec::with_capacity(ATTEMPT_ATTRIBUTES);
+        attrs.extend([
             KeyValue::new("gen_ai.provider.name", provider_name(p.style)),
             KeyValue::new("gateway.deployment", target.label().to_owned()),
             KeyValue::new("gateway.attempt", n as i64 + 1),
             KeyValue::new("server.address", p.host.clone()),
             KeyValue::new("server.port", i64::from(p.port)),
-        ];
+        ]);
         if !model.is_empty() {
             attrs.push(KeyValue::new("gen_ai.request.model", model.to_owned()));
         }
@@ -192,6 +222,11 @@ impl RequestTrace {
         }
     }
 
+    /// Notes that settlement begins (an event on the server span).
+    pub fn settling(&mut self) {
+        self.settled_at = Some(SystemTime::now());
+    }
+
     /// Notes the settled usage that the access line does not carry.
     pub fn settled(&mut self, cached_tokens: u64) {
         self.cached_tokens = cached_tokens;
@@ -240,6 +275,9 @@ impl RequestTrace {
                 at,
                 vec![KeyValue::new("gateway.ttfb_ms", ms as i64)],
             );
+        }
+        if let Some(at) = self.settled_at {
+            s.add_event_with_timestamp("gateway.settle", at, Vec::new());
         }
         let name = match (ctx.endpoint.and_then(operation), ctx.model.as_deref()) {
             (Some(op), Some(model)) => Some(Cow::Owned(format!("{op} {model}"))),

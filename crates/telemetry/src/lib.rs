@@ -11,10 +11,11 @@
 
 pub mod export;
 pub mod sampler;
+pub mod wire;
 
 use std::sync::OnceLock;
 
-use opentelemetry::propagation::{Injector, TextMapPropagator};
+use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{SpanContext, TraceContextExt, TracerProvider as _};
 use opentelemetry::Context;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -110,32 +111,44 @@ impl Telemetry {
     }
 
     /// The `traceparent` (and `tracestate`, when there is one) that make `span` the parent of
-    /// the request a provider receives.
+    /// the request a provider receives (W3C Trace Context, version 00).
     pub fn headers_for(&self, span: &SpanContext) -> Vec<(&'static str, String)> {
-        let cx = Context::new().with_remote_span_context(span.clone());
-        let mut out = Headers(Vec::with_capacity(2));
-        self.propagator.inject_context(&cx, &mut out);
-        out.0
+        let mut out = Vec::with_capacity(2);
+        if !span.is_valid() {
+            return out;
+        }
+        let mut tp = String::with_capacity(55);
+        tp.push_str("00-");
+        push_hex(&mut tp, &span.trace_id().to_bytes());
+        tp.push('-');
+        push_hex(&mut tp, &span.span_id().to_bytes());
+        tp.push('-');
+        push_hex(&mut tp, &[span.trace_flags().to_u8() & 1]);
+        out.push(("traceparent", tp));
+        let state = span.trace_state().header();
+        if !state.is_empty() {
+            out.push(("tracestate", state));
+        }
+        out
+    }
+}
+
+/// A trace id as the 32 lowercase hex digits of `traceparent` and the access line.
+pub fn trace_id_hex(span: &SpanContext) -> String {
+    let mut s = String::with_capacity(32);
+    push_hex(&mut s, &span.trace_id().to_bytes());
+    s
+}
+
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(HEX[usize::from(b >> 4)] as char);
+        out.push(HEX[usize::from(b & 15)] as char);
     }
 }
 
 /// The context whose parent is `span`, for starting its children.
 pub fn child_context(span: &SpanContext) -> Context {
     Context::new().with_remote_span_context(span.clone())
-}
-
-/// Collects the W3C headers the propagator writes.
-struct Headers(Vec<(&'static str, String)>);
-
-impl Injector for Headers {
-    fn set(&mut self, key: &str, value: String) {
-        let name = match key {
-            "traceparent" => "traceparent",
-            "tracestate" => "tracestate",
-            _ => return,
-        };
-        if !value.is_empty() {
-            self.0.push((name, value));
-        }
-    }
 }
