@@ -9,14 +9,14 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use opentelemetry::Context;
 use opentelemetry_http::{HttpClient, HttpError};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
-use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, SpanData, SpanExporter, SpanProcessor,
 };
@@ -24,8 +24,6 @@ use opentelemetry_sdk::Resource;
 use prometheus::IntCounter;
 
 use gateway_core::config::{OtlpProtocol, TelemetryConfig};
-
-use crate::wire;
 
 /// Spans waiting for export at most; past it new spans are dropped (and counted).
 pub const QUEUE: usize = 4096;
@@ -38,13 +36,11 @@ const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The OTLP exporter for `endpoint`, with the collector's headers read from the environment
 /// variable the config names (`k1=v1,k2=v2`, values percent-decoded as OTLP's own variable).
-/// Protobuf is written by [`crate::wire`] and posted here; JSON goes through
-/// `opentelemetry-otlp`.
 pub fn exporter(
     t: &TelemetryConfig,
     endpoint: &str,
     rt: tokio::runtime::Handle,
-) -> Result<Counted<Exporter>, String> {
+) -> Result<Counted<opentelemetry_otlp::SpanExporter>, String> {
     let headers = match std::env::var(&t.headers_env) {
         Ok(text) => parse_headers(&text).map_err(|e| format!("{}: {e}", t.headers_env))?,
         Err(_) => HashMap::new(),
@@ -53,137 +49,24 @@ pub fn exporter(
         .timeout(EXPORT_TIMEOUT)
         .build()
         .map_err(|e| format!("telemetry: cannot build the HTTP client: {e}"))?;
-    let inner = match t.protocol {
-        OtlpProtocol::HttpProtobuf => {
-            let url = reqwest::Url::parse(endpoint)
-                .map_err(|e| format!("telemetry: invalid OTLP endpoint: {e}"))?;
-            let mut map = http::HeaderMap::new();
-            for (k, v) in &headers {
-                let name = http::HeaderName::from_bytes(k.as_bytes())
-                    .map_err(|_| format!("{}: invalid header name", t.headers_env))?;
-                let value = http::HeaderValue::from_str(v)
-                    .map_err(|_| format!("{}: invalid header value", t.headers_env))?;
-                map.insert(name, value);
-            }
-            map.insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/x-protobuf"),
-            );
-            Exporter::Protobuf(Protobuf {
-                client,
-                rt,
-                url,
-                headers: map,
-                encoder: Mutex::new(wire::Encoder::default()),
-            })
-        }
-        OtlpProtocol::HttpJson => Exporter::Json(
-            opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_http_client(Collector { client, rt })
-                .with_endpoint(endpoint)
-                .with_protocol(Protocol::HttpJson)
-                .with_timeout(EXPORT_TIMEOUT)
-                .with_headers(headers)
-                .build()
-                .map_err(|e| format!("telemetry: cannot build the OTLP exporter: {e}"))?,
-        ),
+    let protocol = match t.protocol {
+        OtlpProtocol::HttpProtobuf => Protocol::HttpBinary,
+        OtlpProtocol::HttpJson => Protocol::HttpJson,
     };
+    let inner = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_http_client(Collector { client, rt })
+        .with_endpoint(endpoint)
+        .with_protocol(protocol)
+        .with_timeout(EXPORT_TIMEOUT)
+        .with_headers(headers)
+        .build()
+        .map_err(|e| format!("telemetry: cannot build the OTLP exporter: {e}"))?;
     Ok(Counted {
         inner,
         pending: Arc::new(AtomicUsize::new(0)),
         failed: gateway_core::metrics::SPANS_DROPPED.with_label_values(&["export_failed"]),
     })
-}
-
-/// The way a batch leaves: protobuf written here, or JSON through `opentelemetry-otlp`.
-#[derive(Debug)]
-pub enum Exporter {
-    Protobuf(Protobuf),
-    Json(opentelemetry_otlp::SpanExporter),
-}
-
-impl SpanExporter for Exporter {
-    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-        match self {
-            Exporter::Protobuf(p) => p.export(batch).await,
-            Exporter::Json(j) => j.export(batch).await,
-        }
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        match self {
-            Exporter::Protobuf(_) => Ok(()),
-            Exporter::Json(j) => j.shutdown_with_timeout(timeout),
-        }
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        match self {
-            Exporter::Protobuf(_) => Ok(()),
-            Exporter::Json(j) => j.force_flush(),
-        }
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        match self {
-            Exporter::Protobuf(p) => p.encoder_mut().set_resource(resource),
-            Exporter::Json(j) => j.set_resource(resource),
-        }
-    }
-}
-
-/// OTLP/HTTP with a protobuf body: one POST per batch over the client's kept-alive connection,
-/// run on the storage runtime (the batch processor's thread has none); a batch that fails is
-/// not retried (it is counted by [`Counted`]).
-#[derive(Debug)]
-pub struct Protobuf {
-    client: reqwest::Client,
-    rt: tokio::runtime::Handle,
-    url: reqwest::Url,
-    headers: http::HeaderMap,
-    /// Only the batch processor's thread encodes; the lock is never contended.
-    encoder: Mutex<wire::Encoder>,
-}
-
-impl Protobuf {
-    fn encoder_mut(&mut self) -> &mut wire::Encoder {
-        self.encoder
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-        let body = self
-            .encoder
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .encode(&batch);
-        drop(batch);
-        let request = self
-            .client
-            .post(self.url.clone())
-            .headers(self.headers.clone())
-            .body(body);
-        let sent = self.rt.spawn(async move {
-            let response = request.send().await?;
-            let status = response.status();
-            // Read to the end so the connection is kept for the next batch.
-            let _ = response.bytes().await;
-            Ok::<_, reqwest::Error>(status)
-        });
-        match sent.await {
-            Ok(Ok(status)) if status.is_success() => Ok(()),
-            Ok(Ok(status)) => Err(OTelSdkError::InternalFailure(format!(
-                "the collector answered {status}"
-            ))),
-            Ok(Err(e)) => Err(OTelSdkError::InternalFailure(format!(
-                "export failed: {}",
-                e.without_url()
-            ))),
-            Err(e) => Err(OTelSdkError::InternalFailure(format!("export task: {e}"))),
-        }
-    }
 }
 
 /// `k1=v1,k2=v2` into header pairs. A pair without `=` is an error naming its position, never
@@ -231,7 +114,7 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// The batch processor behind the bounded queue.
-pub fn bounded(exporter: Counted<Exporter>) -> Bounded {
+pub fn bounded(exporter: Counted<opentelemetry_otlp::SpanExporter>) -> Bounded {
     let pending = exporter.pending.clone();
     let config = BatchConfigBuilder::default()
         .with_max_queue_size(QUEUE)

@@ -11,7 +11,6 @@
 
 pub mod export;
 pub mod sampler;
-pub mod wire;
 
 use std::sync::OnceLock;
 
