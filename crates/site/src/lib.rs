@@ -32,6 +32,17 @@ use axum::{Json, Router};
 use error::SiteError;
 use gateway_core::state::SharedState;
 
+/// A site answer's outcome as the sign-in metrics and the site's spans name it.
+pub fn outcome(status: axum::http::StatusCode) -> &'static str {
+    if status.is_server_error() {
+        "failed"
+    } else if status.is_client_error() {
+        "rejected"
+    } else {
+        "ok"
+    }
+}
+
 /// Every site route, merged in one place. The personal APIs (auth, account, payment) sit under
 /// one layer that marks every answer private (`reply::private_headers`); the content API is
 /// public and cacheable, and the panel sets its own headers.
@@ -79,15 +90,7 @@ async fn count_signin(
             "request-code" | "resend-code" | "verify-code" | "verify-link" | "signout" => step,
             _ => "other".to_string(),
         };
-        let status = resp.status();
-        let outcome = if status.is_server_error() {
-            "failed"
-        } else if status.is_client_error() {
-            "rejected"
-        } else {
-            "ok"
-        };
-        gateway_core::metrics::signin(&step, outcome);
+        gateway_core::metrics::signin(&step, outcome(resp.status()));
     }
     resp
 }

@@ -31,13 +31,7 @@ pub async fn span(req: Request, next: Next) -> Response {
     let mut span = t.tracer().build_with_context(builder, &parent);
     let resp = next.run(req).await;
     let status = resp.status();
-    let outcome = if status.is_server_error() {
-        "failed"
-    } else if status.is_client_error() {
-        "rejected"
-    } else {
-        "ok"
-    };
+    let outcome = crate::outcome(status);
     span.set_attribute(KeyValue::new(
         "http.response.status_code",
         i64::from(status.as_u16()),
