@@ -597,7 +597,10 @@ async fn a_pay_only_renewal_leaves_what_the_whole_script_would() {
     let Value::Array(paid) = &replies[0][6] else {
         panic!("settlements: {:?}", replies[0])
     };
-    assert_eq!(paid.iter().map(text).collect::<Vec<_>>(), ["40", "2", "0", "0"]);
+    assert_eq!(
+        paid.iter().map(text).collect::<Vec<_>>(),
+        ["40", "2", "0", "0"]
+    );
     let meta = |a: &Account| a.keys[0].clone();
     let res = |a: &Account| a.keys[1].clone();
     let m1: std::collections::BTreeMap<String, String> =
@@ -606,7 +609,11 @@ async fn a_pay_only_renewal_leaves_what_the_whole_script_would() {
         whole.conn.hgetall(meta(&whole)).await.unwrap();
     assert_eq!(m1, m2);
     assert_eq!(m1.get("sa").map(String::as_str), Some("80"));
-    assert_eq!(m1.get("rt").map(String::as_str), Some("160"), "in flight and unused kept");
+    assert_eq!(
+        m1.get("rt").map(String::as_str),
+        Some("160"),
+        "in flight and unused kept"
+    );
     let l1: Option<String> = light.conn.hget(res(&light), "L:test").await.unwrap();
     let l2: Option<String> = whole.conn.hget(res(&whole), "L:test").await.unwrap();
     assert_eq!(l1, l2);
