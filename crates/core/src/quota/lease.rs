@@ -65,7 +65,7 @@ pub const SHARE: u64 = 4;
 /// A lease covers this much (ms) of the account's traffic on this instance, and at least
 /// `MIN_REQUESTS` requests.
 const HORIZON_MS: f64 = 2_000.0;
-const MIN_REQUESTS: f64 = 2.0;
+const MIN_REQUESTS: f64 = 8.0;
 /// The most requests one lease covers.
 const MAX_REQUESTS: f64 = 100_000.0;
 /// How long a request waits for a renewal in progress before it is reserved exactly.

@@ -37,12 +37,16 @@ pub const LOAD_LUA: &str = include_str!("lua/load.lua");
 pub const RELOAD_LUA: &str = include_str!("lua/reload.lua");
 pub const LEASE_LUA: &str = concat!(
     include_str!("lua/account.lua"),
+    include_str!("lua/pay.lua"),
+    "local paid = pay_only(KEYS, 0, ARGV, 0)\nif paid then return paid end\n",
     include_str!("lua/lease.lua")
 );
 /// lease.lua's body as a function over one account's slice of the keys and arguments, called
 /// once per account (`lease_batch.lua`): one script call renews many accounts on one Redis.
+/// Both try pay.lua's light path first.
 pub const LEASE_BATCH_LUA: &str = concat!(
     include_str!("lua/account.lua"),
+    include_str!("lua/pay.lua"),
     "local function renew_one(KEYS, ARGV)\n",
     include_str!("lua/lease.lua"),
     "\nend\n",

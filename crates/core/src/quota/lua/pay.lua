@@ -1,0 +1,52 @@
+-- Prepended to lease.lua (after account.lua): the light path of a renewal whose only work is
+-- paying what was settled out of the lease (no share asked for, no window touched, no flag),
+-- the common case of an account sending a request every few seconds. It reads and writes only
+-- the meta fields and the lease entry that paying changes, without copying the call's keys and
+-- arguments, and gives the same answer and the same state as lease.lua would. Anything
+-- lease.lua does beyond that (the settlement not covered by the allowance, so the lots pay; a
+-- new hour's spend bucket; the week's sums to rebuild; a drained account; the keys' expiry to
+-- push back; no lease held) returns nil before anything is written: lease.lua then runs.
+-- keys, ki: the call's KEYS and the index before this account's (meta is keys[ki + 1]);
+-- args, ai: likewise for lease.lua's arguments.
+local function pay_only(keys, ki, args, ai)
+  if args[ai + 13] ~= '0' or args[ai + 14] ~= '0' or args[ai + 18] ~= '0'
+    or args[ai + 19] ~= '0' or args[ai + 20] ~= '0' then
+    return nil
+  end
+  local now = tonumber(args[ai + 1])
+  local meta = keys[ki + 1]
+  local f = redis.call('HMGET', meta, 'v', 'so', 'sa', 'sr', 'sl', 'rt', 'rr', 'x', 'ft', 'fr',
+    'dr', 'bh', 'bv')
+  local hour = math.floor(now / HOUR_MS)
+  if f[1] ~= '2' or not f[2] or tonumber(f[2]) < hour - 167 or tonumber(f[12] or '-1') ~= hour
+    or not f[13] or now - tonumber(f[8] or '0') >= HOUR_MS or tonumber(f[11] or '0') > now then
+    return nil
+  end
+  local used_t, used_r = tonumber(args[ai + 16]), tonumber(args[ai + 17])
+  local sa, sr = tonumber(f[3] or '0'), tonumber(f[4] or '0')
+  local wt, wr = tonumber(args[ai + 3]), tonumber(args[ai + 4])
+  if wt - sa < used_t or (wr > 0 and wr - sr < used_r) then return nil end
+  local lease_id = args[ai + 2]
+  local old = redis.call('HGET', keys[ki + 2], lease_id)
+  if not old then return nil end
+  local keep_t = tonumber(args[ai + 9]) + tonumber(args[ai + 11])
+  local keep_r = tonumber(args[ai + 10]) + tonumber(args[ai + 12])
+  if keep_t == 0 and keep_r == 0 then return nil end
+  local t, r, _, ft, fr = string.match(old, '(%d+),(%d+),(%d+),?(%d*),?(%d*)')
+  local free_t, free_r = args[ai + 11], args[ai + 12]
+  local rt = math.max(0, tonumber(f[6] or '0') - tonumber(t)) + keep_t
+  local rr = math.max(0, tonumber(f[7] or '0') - tonumber(r)) + keep_r
+  local mft, mfr = tonumber(f[9] or '0'), tonumber(f[10] or '0')
+  if ft ~= '' then
+    mft = math.max(0, mft - tonumber(ft))
+    mfr = math.max(0, mfr - tonumber(fr))
+  end
+  local b1, b2, b3, b4 = string.match(f[13], '(%d+),(%d+),(%d+),(%d+)')
+  sa, sr = sa + used_t, sr + used_r
+  redis.call('HSET', meta, 'sa', sa, 'sr', sr, 'rt', rt, 'rr', rr, 'ft', mft + tonumber(free_t),
+    'fr', mfr + tonumber(free_r),
+    'bv', (b1 + used_t) .. ',' .. (b2 + used_r) .. ',' .. b3 .. ',' .. b4)
+  redis.call('HSET', keys[ki + 2], lease_id, keep_t .. ',' .. keep_r .. ',' .. now .. ',' ..
+    free_t .. ',' .. free_r)
+  return {'lease', 0, 0, sa + tonumber(f[5] or '0'), -2, 0, {used_t, used_r, 0, 0}, {}}
+end
