@@ -14,8 +14,33 @@ use serde_json::{json, Value};
 fn options() -> Options {
     Options {
         redis_url: std::env::var("GATEWAY_TEST_REDIS").ok(),
+        admin: true,
         ..Options::default()
     }
+}
+
+/// Waits until no request holds a reservation: an answer reaches the client just before its
+/// settlement is journaled, and a kill in between charges the reservation instead.
+async fn settled(gw: &Gateway) {
+    let admin = gw.admin.as_ref().expect("admin listener");
+    for _ in 0..100 {
+        let text = client()
+            .get(format!("{admin}/metrics"))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        if text
+            .lines()
+            .any(|l| l == "gateway_reservations_in_flight 0")
+        {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("reservations still held after 5 s");
 }
 
 /// Rewrites the config so the usage writer holds events for a minute: without the journal a
@@ -91,6 +116,7 @@ async fn kill_9_under_load_then_restart_records_every_admitted_request_once() {
         }
     }
     assert_eq!(ok, 40);
+    settled(&gw).await;
 
     // Streams that have started delivering when the process is killed.
     let mut streams = Vec::new();
