@@ -48,6 +48,60 @@ pub(crate) fn bad(msg: impl Into<String>) -> TranslateError {
     TranslateError(msg.into())
 }
 
+/// Parses an optional non-negative integer option. Clients written in JavaScript
+/// sometimes send `1024.0`, which is harmless; a negative or fractional value is a
+/// client bug worth a 400 rather than a silent default.
+pub(crate) fn opt_u64(obj: &Map<String, Value>, key: &str) -> Result<Option<u64>, TranslateError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => {
+            if let Some(n) = v.as_u64() {
+                return Ok(Some(n));
+            }
+            match v.as_f64() {
+                Some(f) if f >= 0.0 && f.fract() == 0.0 && f < u64::MAX as f64 => {
+                    Ok(Some(f as u64))
+                }
+                _ => Err(bad(format!("`{key}` must be a non-negative integer"))),
+            }
+        }
+    }
+}
+
+/// Appends blocks (or parts) to the conversation, merging into the previous turn when the role
+/// repeats: Anthropic and Gemini require alternation, OpenAI does not.
+pub(crate) fn push_merged(
+    out: &mut Vec<(&'static str, Vec<Value>)>,
+    role: &'static str,
+    blocks: Vec<Value>,
+) {
+    if blocks.is_empty() {
+        return;
+    }
+    match out.last_mut() {
+        Some((last_role, last)) if *last_role == role => last.extend(blocks),
+        _ => out.push((role, blocks)),
+    }
+}
+
+/// A Chat Completions body's object and its `messages`, with `n` > 1 refused: what every
+/// translation of a chat request starts from.
+pub(crate) fn chat_messages(
+    body: &Value,
+) -> Result<(&Map<String, Value>, &Vec<Value>), TranslateError> {
+    let obj = body
+        .as_object()
+        .ok_or_else(|| bad("request body must be a JSON object"))?;
+    let messages = obj
+        .get("messages")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("`messages` must be an array"))?;
+    if opt_u64(obj, "n")?.is_some_and(|n| n > 1) {
+        return Err(bad("`n` greater than 1 is not supported by this model"));
+    }
+    Ok((obj, messages))
+}
+
 /// OpenAI-style frame; also used for the literal `[DONE]` sentinel.
 pub(crate) fn sse_data(v: &Value) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))

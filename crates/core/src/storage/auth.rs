@@ -450,19 +450,7 @@ impl AuthStore<'_> {
         if r.rows_affected() != 1 {
             return Ok(false);
         }
-        sqlx::query(sql::DELETE_RECOVERY_CODES)
-            .bind(user_id)
-            .execute(&mut *tx)
-            .await?;
-        for hash in recovery_hashes {
-            sqlx::query(sql::INSERT_RECOVERY_CODE)
-                .bind(user_id)
-                .bind(hash)
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(StoreError::from_sqlx)?;
-        }
+        put_recovery_codes(&mut tx, user_id, recovery_hashes, now).await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -485,19 +473,7 @@ impl AuthStore<'_> {
         if r.rows_affected() != 1 {
             return Ok(false);
         }
-        sqlx::query(sql::DELETE_RECOVERY_CODES)
-            .bind(user_id)
-            .execute(&mut *tx)
-            .await?;
-        for hash in recovery_hashes {
-            sqlx::query(sql::INSERT_RECOVERY_CODE)
-                .bind(user_id)
-                .bind(hash)
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(StoreError::from_sqlx)?;
-        }
+        put_recovery_codes(&mut tx, user_id, recovery_hashes, now).await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -645,4 +621,27 @@ impl AuthStore<'_> {
             .await?;
         Ok(())
     }
+}
+
+/// Makes `recovery_hashes` the user's only recovery codes, inside `tx`.
+async fn put_recovery_codes(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    user_id: &str,
+    recovery_hashes: &[String],
+    now: i64,
+) -> StoreResult<()> {
+    sqlx::query(sql::DELETE_RECOVERY_CODES)
+        .bind(user_id)
+        .execute(&mut **tx)
+        .await?;
+    for hash in recovery_hashes {
+        sqlx::query(sql::INSERT_RECOVERY_CODE)
+            .bind(user_id)
+            .bind(hash)
+            .bind(now)
+            .execute(&mut **tx)
+            .await
+            .map_err(StoreError::from_sqlx)?;
+    }
+    Ok(())
 }

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::{args_to_object, bad, str_field, TranslateError};
+use crate::{args_to_object, bad, chat_messages, opt_u64, push_merged, str_field, TranslateError};
 
 /// Thinking budgets per OpenAI `reasoning_effort`. 1024 is Anthropic's minimum budget.
 fn effort_budget(effort: &str) -> Option<u64> {
@@ -11,26 +11,6 @@ fn effort_budget(effort: &str) -> Option<u64> {
         "medium" => Some(4096),
         "high" | "xhigh" => Some(16384),
         _ => None,
-    }
-}
-
-/// Parses an optional non-negative integer option. Clients written in JavaScript
-/// sometimes send `1024.0`, which is harmless; a negative or fractional value is a
-/// client bug worth a 400 rather than a silent default.
-fn opt_u64(obj: &Map<String, Value>, key: &str) -> Result<Option<u64>, TranslateError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => {
-            if let Some(n) = v.as_u64() {
-                return Ok(Some(n));
-            }
-            match v.as_f64() {
-                Some(f) if f >= 0.0 && f.fract() == 0.0 && f < u64::MAX as f64 => {
-                    Ok(Some(f as u64))
-                }
-                _ => Err(bad(format!("`{key}` must be a non-negative integer"))),
-            }
-        }
     }
 }
 
@@ -211,18 +191,6 @@ fn tool_result_block(m: &Value, i: usize) -> Result<Value, TranslateError> {
     Ok(Value::Object(block))
 }
 
-/// Appends blocks to the conversation, merging into the previous message when the role
-/// repeats: Anthropic requires user/assistant alternation, OpenAI does not.
-fn push_merged(out: &mut Vec<(&'static str, Vec<Value>)>, role: &'static str, blocks: Vec<Value>) {
-    if blocks.is_empty() {
-        return;
-    }
-    match out.last_mut() {
-        Some((last_role, last)) if *last_role == role => last.extend(blocks),
-        _ => out.push((role, blocks)),
-    }
-}
-
 fn convert_tools(tools: &[Value]) -> Vec<Value> {
     tools
         .iter()
@@ -315,16 +283,7 @@ pub fn request(
     upstream_model: &str,
     default_max_tokens: u64,
 ) -> Result<Value, TranslateError> {
-    let obj = body
-        .as_object()
-        .ok_or_else(|| bad("request body must be a JSON object"))?;
-    let messages = obj
-        .get("messages")
-        .and_then(Value::as_array)
-        .ok_or_else(|| bad("`messages` must be an array"))?;
-    if opt_u64(obj, "n")?.is_some_and(|n| n > 1) {
-        return Err(bad("`n` greater than 1 is not supported by this model"));
-    }
+    let (obj, messages) = chat_messages(body)?;
 
     let mut system = Vec::new();
     let mut convo: Vec<(&'static str, Vec<Value>)> = Vec::new();

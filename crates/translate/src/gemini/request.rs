@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use serde_json::{json, Map, Value};
 
 use super::signature_of;
-use crate::{args_to_object, bad, str_field, TranslateError};
+use crate::{args_to_object, bad, chat_messages, opt_u64, push_merged, str_field, TranslateError};
 
 /// Thinking budgets per OpenAI `reasoning_effort` (Gemini 2.5's `thinkingBudget`).
 fn effort_budget(effort: &str) -> Option<i64> {
@@ -15,21 +15,6 @@ fn effort_budget(effort: &str) -> Option<i64> {
         "medium" => Some(8192),
         "high" | "xhigh" => Some(24576),
         _ => None,
-    }
-}
-
-/// An optional non-negative integer option (a float that is a whole number passes, as
-/// JavaScript clients send `1024.0`).
-fn opt_u64(obj: &Map<String, Value>, key: &str) -> Result<Option<u64>, TranslateError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => match (v.as_u64(), v.as_f64()) {
-            (Some(n), _) => Ok(Some(n)),
-            (None, Some(f)) if f >= 0.0 && f.fract() == 0.0 && f < u64::MAX as f64 => {
-                Ok(Some(f as u64))
-            }
-            _ => Err(bad(format!("`{key}` must be a non-negative integer"))),
-        },
     }
 }
 
@@ -199,17 +184,6 @@ fn function_response(
     Ok(json!({ "functionResponse": { "name": name, "response": response } }))
 }
 
-/// Appends parts to the conversation, merging into the previous turn of the same role.
-fn push_merged(out: &mut Vec<(&'static str, Vec<Value>)>, role: &'static str, parts: Vec<Value>) {
-    if parts.is_empty() {
-        return;
-    }
-    match out.last_mut() {
-        Some((last, existing)) if *last == role => existing.extend(parts),
-        _ => out.push((role, parts)),
-    }
-}
-
 /// OpenAI function tools as one Gemini tool of `functionDeclarations`. The schema goes as
 /// `parametersJsonSchema`, which takes JSON Schema as clients write it (`parameters` takes only
 /// an OpenAPI subset and refuses common keywords).
@@ -285,16 +259,7 @@ const CARRIED: &[&str] = &[
 ///   `generationConfig` fields.
 /// - `n` > 1 is refused, as elsewhere.
 pub fn request(body: &Value) -> Result<Value, TranslateError> {
-    let obj = body
-        .as_object()
-        .ok_or_else(|| bad("request body must be a JSON object"))?;
-    let messages = obj
-        .get("messages")
-        .and_then(Value::as_array)
-        .ok_or_else(|| bad("`messages` must be an array"))?;
-    if opt_u64(obj, "n")?.is_some_and(|n| n > 1) {
-        return Err(bad("`n` greater than 1 is not supported by this model"));
-    }
+    let (obj, messages) = chat_messages(body)?;
     let mut system = Vec::new();
     let mut names = HashMap::new();
     let mut contents: Vec<(&'static str, Vec<Value>)> = Vec::new();
