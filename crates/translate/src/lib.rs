@@ -102,6 +102,28 @@ pub(crate) fn chat_messages(
     Ok((obj, messages))
 }
 
+/// One `chat.completion.chunk` of a stream translated into Chat Completions.
+pub(crate) fn chat_chunk(
+    id: &str,
+    created: u64,
+    model: &str,
+    delta: Value,
+    finish_reason: Option<&str>,
+) -> Value {
+    json!({
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "delta": delta,
+            "logprobs": null,
+            "finish_reason": finish_reason,
+        }],
+    })
+}
+
 /// OpenAI-style frame; also used for the literal `[DONE]` sentinel.
 pub(crate) fn sse_data(v: &Value) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))

@@ -4,7 +4,9 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::answer::{finish_reason, openai_usage};
-use crate::{anthropic_error_to_openai, now_unix, random_id, sse_data, sse_done, str_field};
+use crate::{
+    anthropic_error_to_openai, chat_chunk, now_unix, random_id, sse_data, sse_done, str_field,
+};
 
 /// Where a tool_use content block landed in the OpenAI `tool_calls` numbering.
 struct ToolBlock {
@@ -60,18 +62,13 @@ impl StreamTranslator {
 
     fn chunk(&mut self, delta: Value, finish_reason: Option<&str>) -> Bytes {
         self.emitted = true;
-        sse_data(&json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{
-                "index": 0,
-                "delta": delta,
-                "logprobs": null,
-                "finish_reason": finish_reason,
-            }],
-        }))
+        sse_data(&chat_chunk(
+            &self.id,
+            self.created,
+            &self.model,
+            delta,
+            finish_reason,
+        ))
     }
 
     /// OpenAI clients expect the role on the first chunk; tolerate streams whose

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::answer::{finish_reason, first_candidate, usage, Parts};
-use crate::{now_unix, random_id, sse_data, sse_done, str_field};
+use crate::{chat_chunk, now_unix, random_id, sse_data, sse_done, str_field};
 
 /// Translates a Gemini event stream into OpenAI `chat.completion.chunk` objects (for a chat
 /// client, framed by [`StreamTranslator::on_event_frames`] and
@@ -58,18 +58,7 @@ impl StreamTranslator {
 
     fn chunk(&mut self, delta: Value, finish_reason: Option<&str>) -> Value {
         self.emitted = true;
-        json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{
-                "index": 0,
-                "delta": delta,
-                "logprobs": null,
-                "finish_reason": finish_reason,
-            }],
-        })
+        chat_chunk(&self.id, self.created, &self.model, delta, finish_reason)
     }
 
     fn ensure_role(&mut self, out: &mut Vec<Value>) {
