@@ -66,18 +66,25 @@ def redis_info(url):
     text = subprocess.run(
         ["redis-cli", "-u", url, "info", "all"], capture_output=True, text=True, check=True
     ).stdout
-    info, scripts = {}, 0
+    info, scripts, script_usec, calls = {}, 0, 0, {}
     for line in text.splitlines():
         if ":" not in line:
             continue
         k, v = line.split(":", 1)
         info[k] = v.strip()
-        if k in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall"):
-            scripts += int(v.split("calls=")[1].split(",")[0])
+        if k.startswith("cmdstat_"):
+            n = int(v.split("calls=")[1].split(",")[0])
+            calls[k[len("cmdstat_"):]] = n
+            if k in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall"):
+                scripts += n
+                script_usec += int(v.split("usec=")[1].split(",")[0])
     return {
         "commands": int(info["total_commands_processed"]),
         "cpu": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
         "scripts": scripts,
+        # Time inside script calls (the commands they run included), as Redis counts it.
+        "script_usec": script_usec,
+        "calls": calls,
     }
 
 
@@ -131,6 +138,10 @@ async def drive(args):
             except Exception:
                 stats["errors"] += 1
 
+        # Redis CPU a second with the gateways connected and idle (their polls included).
+        i0 = redis_info(args.redis_url)
+        await asyncio.sleep(args.idle)
+        idle = (redis_info(args.redis_url)["cpu"] - i0["cpu"]) / args.idle
         tasks = set()
         start = time.perf_counter()
         interval = 1.0 / args.rate
@@ -179,6 +190,15 @@ async def drive(args):
                 "redis_cpu_us": round((r1["cpu"] - r0["cpu"]) * 1e6 / per, 2),
                 "redis_commands": round((r1["commands"] - r0["commands"]) / per, 2),
                 "redis_scripts": round((r1["scripts"] - r0["scripts"]) / per, 3),
+                "redis_script_us": round((r1["script_usec"] - r0["script_usec"]) / per, 2),
+                # Redis's own CPU with this traffic's clients connected and no request, per
+                # request of this run: the floor under redis_cpu_us at this rate.
+                "redis_idle_cpu_us": round(idle * 1e6 / (per / (after[2] - before[2])), 2),
+                "redis_commands_by_name": {
+                    name: round((n - r0["calls"].get(name, 0)) / per, 3)
+                    for name, n in sorted(r1["calls"].items())
+                    if n - r0["calls"].get(name, 0) > 0
+                },
                 "gateway_cpu_us": round((after[1] - before[1]) * 1e6 / per, 1),
                 "p50_ms": pct(0.50),
                 "p99_ms": pct(0.99),
@@ -204,6 +224,7 @@ def main():
     d.add_argument("--warmup", type=float, default=20)
     d.add_argument("--redis-url", required=True)
     d.add_argument("--pids", type=int, nargs="+", required=True)
+    d.add_argument("--idle", type=float, default=5, help="seconds of idle Redis measured first")
     d.add_argument("--model", default="mock-gpt")
     d.add_argument("--connections", type=int, default=256)
     a = ap.parse_args()

@@ -1,5 +1,5 @@
-//! OpenTelemetry traces through the real server, received by a real OTLP/HTTP receiver that
-//! decodes the wire format with the official protobuf definitions: the span tree of a plain, a
+//! OpenTelemetry traces through the real server, received by a real OTLP receiver (HTTP, and
+//! gRPC) that decodes the wire format with the official protobuf definitions: the span tree of a plain, a
 //! streamed, a translated, a failed-over and a refused request, a client's `traceparent`
 //! carried to the provider, a site request's span, live reload of the sample ratio, and an
 //! unreachable collector that slows and fails nothing (its spans counted as dropped).
@@ -11,7 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use prost::Message;
@@ -38,12 +43,14 @@ impl Rec {
     }
 }
 
-/// An OTLP/HTTP receiver on a loopback port: `POST /v1/traces` with a protobuf body.
+/// An OTLP receiver on a loopback port: over HTTP, `POST /v1/traces` with a protobuf body; or
+/// the OTLP/gRPC trace service.
 struct Receiver {
     url: String,
     spans: Arc<Mutex<Vec<Rec>>>,
-    /// Export requests received, with their content type.
-    content_types: Arc<Mutex<Vec<String>>>,
+    /// One line per export request received: its content type over HTTP, its `x-tenant`
+    /// metadata over gRPC.
+    per_export: Arc<Mutex<Vec<String>>>,
 }
 
 fn hex(b: &[u8]) -> String {
@@ -60,11 +67,102 @@ fn any_text(v: &Option<Any>) -> String {
     }
 }
 
+/// The spans of one export request, flattened into `out`.
+fn record(req: ExportTraceServiceRequest, out: &Mutex<Vec<Rec>>) {
+    let mut out = out.lock().unwrap();
+    for rs in req.resource_spans {
+        let service = rs
+            .resource
+            .iter()
+            .flat_map(|r| &r.attributes)
+            .find(|kv| kv.key == "service.name")
+            .map(|kv| any_text(&kv.value.as_ref().and_then(|v| v.value.clone())))
+            .unwrap_or_default();
+        for ss in rs.scope_spans {
+            for sp in ss.spans {
+                out.push(Rec {
+                    trace_id: hex(&sp.trace_id),
+                    span_id: hex(&sp.span_id),
+                    parent: hex(&sp.parent_span_id),
+                    name: sp.name.clone(),
+                    kind: sp.kind,
+                    attrs: sp
+                        .attributes
+                        .iter()
+                        .map(|kv| {
+                            let value = kv.value.as_ref().and_then(|v| v.value.clone());
+                            (kv.key.clone(), any_text(&value))
+                        })
+                        .collect(),
+                    events: sp.events.iter().map(|e| e.name.clone()).collect(),
+                    status: sp.status.map(|s| s.code).unwrap_or(0),
+                    service: service.clone(),
+                });
+            }
+        }
+    }
+}
+
+/// The OTLP/gRPC trace service: records what it receives, and each call's `x-tenant` metadata.
+struct GrpcSink {
+    spans: Arc<Mutex<Vec<Rec>>>,
+    tenants: Arc<Mutex<Vec<String>>>,
+}
+
+#[tonic::async_trait]
+impl TraceService for GrpcSink {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let tenant = request
+            .metadata()
+            .get("x-tenant")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        self.tenants.lock().unwrap().push(tenant);
+        record(request.into_inner(), &self.spans);
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
 impl Receiver {
+    /// An OTLP/gRPC receiver (tonic, HTTP/2 without TLS).
+    async fn start_grpc() -> Receiver {
+        let spans: Arc<Mutex<Vec<Rec>>> = Arc::default();
+        let tenants: Arc<Mutex<Vec<String>>> = Arc::default();
+        let sink = GrpcSink {
+            spans: spans.clone(),
+            tenants: tenants.clone(),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            let incoming = Box::pin(futures::stream::unfold(listener, |l| async move {
+                let next = l.accept().await.map(|(socket, _)| socket);
+                Some((next, l))
+            }));
+            let _ = tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(sink))
+                .serve_with_incoming(incoming)
+                .await;
+        });
+        Receiver {
+            url,
+            spans,
+            per_export: tenants,
+        }
+    }
+
     async fn start() -> Receiver {
         let spans: Arc<Mutex<Vec<Rec>>> = Arc::default();
-        let content_types: Arc<Mutex<Vec<String>>> = Arc::default();
-        let (s, c) = (spans.clone(), content_types.clone());
+        let per_export: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (s, c) = (spans.clone(), per_export.clone());
         let app = axum::Router::new().route(
             "/v1/traces",
             axum::routing::post(
@@ -78,46 +176,7 @@ impl Receiver {
                             .to_string();
                         c.lock().unwrap().push(ct);
                         let req = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
-                        let mut out = s.lock().unwrap();
-                        for rs in req.resource_spans {
-                            let service = rs
-                                .resource
-                                .iter()
-                                .flat_map(|r| &r.attributes)
-                                .find(|kv| kv.key == "service.name")
-                                .map(|kv| {
-                                    any_text(&kv.value.as_ref().and_then(|v| v.value.clone()))
-                                })
-                                .unwrap_or_default();
-                            for ss in rs.scope_spans {
-                                for sp in ss.spans {
-                                    out.push(Rec {
-                                        trace_id: hex(&sp.trace_id),
-                                        span_id: hex(&sp.span_id),
-                                        parent: hex(&sp.parent_span_id),
-                                        name: sp.name.clone(),
-                                        kind: sp.kind,
-                                        attrs: sp
-                                            .attributes
-                                            .iter()
-                                            .map(|kv| {
-                                                (
-                                                    kv.key.clone(),
-                                                    any_text(
-                                                        &kv.value
-                                                            .as_ref()
-                                                            .and_then(|v| v.value.clone()),
-                                                    ),
-                                                )
-                                            })
-                                            .collect(),
-                                        events: sp.events.iter().map(|e| e.name.clone()).collect(),
-                                        status: sp.status.map(|s| s.code).unwrap_or(0),
-                                        service: service.clone(),
-                                    });
-                                }
-                            }
-                        }
+                        record(req, &s);
                         (
                             [("content-type", "application/x-protobuf")],
                             axum::body::Bytes::new(),
@@ -136,7 +195,7 @@ impl Receiver {
         Receiver {
             url,
             spans,
-            content_types,
+            per_export,
         }
     }
 
@@ -402,10 +461,7 @@ async fn plain_streamed_and_translated_requests_have_their_span_trees() {
     let (tid, parent) = provider_traceparent(&mock, 0).await;
     assert_eq!(tid, trace_id);
     assert_eq!(parent, a.span_id);
-    assert_eq!(
-        rx.content_types.lock().unwrap()[0],
-        "application/x-protobuf"
-    );
+    assert_eq!(rx.per_export.lock().unwrap()[0], "application/x-protobuf");
 
     // Streamed.
     mock.clear().await;
@@ -690,9 +746,56 @@ async fn an_unreachable_collector_fails_nothing_and_drops_are_counted() {
     }
 }
 
-/// The shipped config leaves telemetry off, and `grpc` is refused with a clear error.
+/// `protocol = "grpc"`: the same span tree reaches an OTLP/gRPC receiver, with the collector's
+/// headers from the environment as gRPC metadata.
+#[tokio::test]
+async fn grpc_export_carries_the_same_span_tree() {
+    let rx = Receiver::start_grpc().await;
+    let mock = Mock::start(&[]);
+    let extra = format!(
+        "{}{}protocol = \"grpc\"\n",
+        EXTRA.replace("MOCK_URL", &mock.url()),
+        telemetry_toml(&rx.url, 1.0)
+    );
+    let gw = Gateway::start(
+        &mock,
+        Options {
+            extra_toml: extra,
+            redis_url: std::env::var("GATEWAY_TEST_REDIS").ok(),
+            env: vec![("GATEWAY_OTLP_HEADERS".into(), "x-tenant=team%20a".into())],
+            ..Options::default()
+        },
+    );
+    let (_, key) = gw.user_and_key("grpc@example.com");
+    let (status, id, _) = send(
+        &gw,
+        "/v1/chat/completions",
+        &key,
+        &chat("mock-gpt", false),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let trace_id = logged_trace_id(&gw, &id).await;
+    let spans = rx.trace(&trace_id, 3).await;
+    check_tree(&spans, &key);
+    assert_eq!(
+        server(&spans).attr("gen_ai.request.model"),
+        Some("mock-gpt")
+    );
+    let (tid, parent) = provider_traceparent(&mock, 0).await;
+    assert_eq!(tid, trace_id);
+    assert_eq!(parent, clients(&spans)[0].span_id);
+    let tenants = rx.per_export.lock().unwrap().clone();
+    assert!(
+        !tenants.is_empty() && tenants.iter().all(|t| t == "team a"),
+        "collector metadata: {tenants:?}"
+    );
+}
+
+/// The shipped config leaves telemetry off; an unknown protocol is refused with a clear error.
 #[test]
-fn shipped_config_is_off_and_grpc_is_refused() {
+fn shipped_config_is_off_and_an_unknown_protocol_is_refused() {
     let shipped = gateway_core::config::Config::load(std::path::Path::new("conf/gateway.toml"))
         .expect("shipped config");
     assert_eq!(shipped.telemetry.endpoint, None);
@@ -700,11 +803,11 @@ fn shipped_config_is_off_and_grpc_is_refused() {
     let path = dir.path().join("gw.toml");
     std::fs::write(
         &path,
-        "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4317\"\nprotocol = \"grpc\"\n",
+        "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4317\"\nprotocol = \"thrift\"\n",
     )
     .expect("write");
     let e = gateway_core::config::Config::from_str(&path, &std::fs::read_to_string(&path).unwrap())
         .unwrap_err();
     assert_eq!(e.key, "telemetry.protocol");
-    assert!(e.message.contains("http/protobuf"), "{e}");
+    assert!(e.message.contains("grpc"), "{e}");
 }

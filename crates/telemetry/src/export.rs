@@ -1,5 +1,5 @@
-//! The way out: OTLP over HTTP through the workspace's reqwest, behind the SDK's batch
-//! processor with a bounded queue whose drops are counted.
+//! The way out: OTLP over HTTP through the workspace's reqwest, or over gRPC through tonic,
+//! behind the SDK's batch processor with a bounded queue whose drops are counted.
 //!
 //! The SDK's `BatchSpanProcessor` exports from its own thread and never blocks the caller, but
 //! keeps the count of spans it drops to itself. So the queue is bounded one step earlier, by
@@ -15,8 +15,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use opentelemetry::Context;
 use opentelemetry_http::{HttpClient, HttpError};
-use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
-use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_otlp::tonic_types::metadata::MetadataMap;
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig, WithTonicConfig};
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, SpanData, SpanExporter, SpanProcessor,
 };
@@ -34,39 +35,127 @@ const DELAY: Duration = Duration::from_millis(1000);
 /// One export request may take this long before it counts as failed.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The OTLP exporter for `endpoint`, with the collector's headers read from the environment
-/// variable the config names (`k1=v1,k2=v2`, values percent-decoded as OTLP's own variable).
+/// The OTLP exporter for `endpoint` in the configured protocol, with the collector's headers
+/// read from the environment variable the config names (`k1=v1,k2=v2`, values percent-decoded
+/// as OTLP's own variable).
 pub fn exporter(
     t: &TelemetryConfig,
     endpoint: &str,
     rt: tokio::runtime::Handle,
-) -> Result<Counted<opentelemetry_otlp::SpanExporter>, String> {
+) -> Result<Counted<Otlp>, String> {
     let headers = match std::env::var(&t.headers_env) {
         Ok(text) => parse_headers(&text).map_err(|e| format!("{}: {e}", t.headers_env))?,
         Err(_) => HashMap::new(),
     };
-    let client = reqwest::Client::builder()
-        .timeout(EXPORT_TIMEOUT)
-        .build()
-        .map_err(|e| format!("telemetry: cannot build the HTTP client: {e}"))?;
-    let protocol = match t.protocol {
-        OtlpProtocol::HttpProtobuf => Protocol::HttpBinary,
-        OtlpProtocol::HttpJson => Protocol::HttpJson,
+    let built = |e: opentelemetry_otlp::ExporterBuildError| {
+        format!("telemetry: cannot build the OTLP exporter: {e}")
     };
-    let inner = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_http_client(Collector { client, rt })
-        .with_endpoint(endpoint)
-        .with_protocol(protocol)
-        .with_timeout(EXPORT_TIMEOUT)
-        .with_headers(headers)
-        .build()
-        .map_err(|e| format!("telemetry: cannot build the OTLP exporter: {e}"))?;
+    let inner = match t.protocol {
+        OtlpProtocol::HttpProtobuf | OtlpProtocol::HttpJson => {
+            let client = reqwest::Client::builder()
+                .timeout(EXPORT_TIMEOUT)
+                .build()
+                .map_err(|e| format!("telemetry: cannot build the HTTP client: {e}"))?;
+            let protocol = if t.protocol == OtlpProtocol::HttpJson {
+                Protocol::HttpJson
+            } else {
+                Protocol::HttpBinary
+            };
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_http_client(Collector { client, rt })
+                .with_endpoint(endpoint)
+                .with_protocol(protocol)
+                .with_timeout(EXPORT_TIMEOUT)
+                .with_headers(headers)
+                .build()
+                .map_err(built)?;
+            Otlp::Http(exporter)
+        }
+        OtlpProtocol::Grpc => {
+            let mut map = http::HeaderMap::new();
+            for (k, v) in headers {
+                // Both parts were checked by `parse_headers`.
+                if let (Ok(k), Ok(v)) = (
+                    http::HeaderName::from_bytes(k.as_bytes()),
+                    http::HeaderValue::from_str(&v),
+                ) {
+                    map.insert(k, v);
+                }
+            }
+            // tonic's channel starts its connection task on the runtime it is built in.
+            let _in_runtime = rt.enter();
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(endpoint)
+                .with_timeout(EXPORT_TIMEOUT)
+                .with_metadata(MetadataMap::from_headers(map))
+                .build()
+                .map_err(built)?;
+            Otlp::Grpc {
+                inner: Arc::new(exporter),
+                rt,
+            }
+        }
+    };
     Ok(Counted {
         inner,
         pending: Arc::new(AtomicUsize::new(0)),
         failed: gateway_core::metrics::SPANS_DROPPED.with_label_values(&["export_failed"]),
     })
+}
+
+/// The OTLP exporter of the configured protocol.
+#[derive(Debug)]
+pub enum Otlp {
+    /// OTLP/HTTP; its requests are sent by [`Collector`] on the storage runtime.
+    Http(opentelemetry_otlp::SpanExporter),
+    /// OTLP/gRPC. tonic's channel needs a Tokio runtime and the batch processor's thread has
+    /// none, so each export runs on `rt`.
+    Grpc {
+        inner: Arc<opentelemetry_otlp::SpanExporter>,
+        rt: tokio::runtime::Handle,
+    },
+}
+
+impl SpanExporter for Otlp {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        match self {
+            Otlp::Http(e) => e.export(batch).await,
+            Otlp::Grpc { inner, rt } => {
+                let inner = inner.clone();
+                rt.spawn(async move { inner.export(batch).await })
+                    .await
+                    .map_err(|e| OTelSdkError::InternalFailure(e.to_string()))?
+            }
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        match self {
+            Otlp::Http(e) => e.shutdown_with_timeout(timeout),
+            Otlp::Grpc { inner, .. } => inner.shutdown_with_timeout(timeout),
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        match self {
+            Otlp::Http(e) => e.force_flush(),
+            Otlp::Grpc { inner, .. } => inner.force_flush(),
+        }
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        match self {
+            Otlp::Http(e) => e.set_resource(resource),
+            // Set once, when the processor is built and before any export shares the exporter.
+            Otlp::Grpc { inner, .. } => {
+                if let Some(e) = Arc::get_mut(inner) {
+                    e.set_resource(resource);
+                }
+            }
+        }
+    }
 }
 
 /// `k1=v1,k2=v2` into header pairs. A pair without `=` is an error naming its position, never
@@ -114,7 +203,7 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// The batch processor behind the bounded queue.
-pub fn bounded(exporter: Counted<opentelemetry_otlp::SpanExporter>) -> Bounded {
+pub fn bounded(exporter: Counted<Otlp>) -> Bounded {
     let pending = exporter.pending.clone();
     let config = BatchConfigBuilder::default()
         .with_max_queue_size(QUEUE)

@@ -3,8 +3,8 @@
 //!
 //! Off (no `otlp_endpoint`), nothing is built: [`get`] is `None` and callers skip every span,
 //! so the request path pays one branch. On, spans are handed to the SDK's batch processor,
-//! which exports them from its own thread over OTLP/HTTP; the request path never waits for the
-//! collector. The queue in front of it is bounded ([`export`]): a span that finds it full, or
+//! which exports them from its own thread over OTLP (HTTP or gRPC); the request path never
+//! waits for the collector. The queue in front of it is bounded ([`export`]): a span that finds it full, or
 //! whose export fails, is dropped and counted in `gateway_telemetry_spans_dropped_total`.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]

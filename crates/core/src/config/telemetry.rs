@@ -8,13 +8,15 @@ use super::file::TelemetryFile;
 pub enum OtlpProtocol {
     HttpProtobuf,
     HttpJson,
+    Grpc,
 }
 
 /// `[telemetry]`, validated. `endpoint: None` is telemetry off: no tracer is built and the
 /// request path does nothing for it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TelemetryConfig {
-    /// The collector's traces URL (`{otlp_endpoint}/v1/traces`), or `None`: off.
+    /// Where spans are sent, or `None`: off. Over HTTP the collector's traces URL
+    /// (`{otlp_endpoint}/v1/traces`); over gRPC the base URL itself (the service path is gRPC's).
     pub endpoint: Option<String>,
     pub protocol: OtlpProtocol,
     /// Root sampling ratio (0.0..=1.0); the only telemetry setting a reload changes.
@@ -37,6 +39,19 @@ impl TelemetryConfig {
 }
 
 pub(super) fn validate(c: &Checker, f: TelemetryFile) -> Result<TelemetryConfig, ConfigError> {
+    let protocol = match f.protocol.as_deref().unwrap_or("http/protobuf") {
+        "http/protobuf" => OtlpProtocol::HttpProtobuf,
+        "http/json" => OtlpProtocol::HttpJson,
+        "grpc" => OtlpProtocol::Grpc,
+        other => {
+            return Err(c.err(
+                "telemetry.protocol",
+                format!(
+                    "unknown protocol {other:?}; use \"http/protobuf\", \"http/json\" or \"grpc\""
+                ),
+            ))
+        }
+    };
     let endpoint = match f.otlp_endpoint.as_deref().map(str::trim) {
         None | Some("") => None,
         Some(url) => {
@@ -50,24 +65,10 @@ pub(super) fn validate(c: &Checker, f: TelemetryFile) -> Result<TelemetryConfig,
                     "must be an http:// or https:// URL, e.g. \"http://127.0.0.1:4318\"",
                 ));
             }
-            Some(format!("{base}/v1/traces"))
-        }
-    };
-    let protocol = match f.protocol.as_deref().unwrap_or("http/protobuf") {
-        "http/protobuf" => OtlpProtocol::HttpProtobuf,
-        "http/json" => OtlpProtocol::HttpJson,
-        "grpc" => {
-            return Err(c.err(
-                "telemetry.protocol",
-                "\"grpc\" is not built into this gateway; use \"http/protobuf\" (an \
-                 OpenTelemetry Collector or Jaeger accepts it on port 4318)",
-            ))
-        }
-        other => {
-            return Err(c.err(
-                "telemetry.protocol",
-                format!("unknown protocol {other:?}; use \"http/protobuf\" or \"http/json\""),
-            ))
+            Some(match protocol {
+                OtlpProtocol::Grpc => base.to_string(),
+                OtlpProtocol::HttpProtobuf | OtlpProtocol::HttpJson => format!("{base}/v1/traces"),
+            })
         }
     };
     let sample_ratio = f.sample_ratio.unwrap_or(1.0);
@@ -134,7 +135,6 @@ mod tests {
                 "otlp_endpoint = \"127.0.0.1:4318\"",
                 "telemetry.otlp_endpoint",
             ),
-            ("protocol = \"grpc\"", "telemetry.protocol"),
             ("protocol = \"thrift\"", "telemetry.protocol"),
             ("sample_ratio = 1.5", "telemetry.sample_ratio"),
             ("service_name = \" \"", "telemetry.service_name"),
@@ -143,10 +143,16 @@ mod tests {
             let e = load(text).unwrap_err();
             assert_eq!(e.key, key, "{text}: {e}");
         }
-        assert!(load("protocol = \"grpc\"")
+        assert!(load("protocol = \"thrift\"")
             .unwrap_err()
             .message
-            .contains("http/protobuf"));
+            .contains("grpc"));
+        let grpc = load("otlp_endpoint = \"http://127.0.0.1:4317/\"\nprotocol = \"grpc\"").unwrap();
+        assert_eq!(grpc.telemetry.protocol, OtlpProtocol::Grpc);
+        assert_eq!(
+            grpc.telemetry.endpoint.as_deref(),
+            Some("http://127.0.0.1:4317")
+        );
         assert!(load("headers = \"x\"")
             .unwrap_err()
             .message
