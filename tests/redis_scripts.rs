@@ -578,46 +578,60 @@ async fn a_lease_pays_its_settlements_as_one_sum_allowance_then_lots_then_the_re
 
 #[tokio::test]
 async fn a_pay_only_renewal_leaves_what_the_whole_script_would() {
-    // Two accounts in the same state; the last renewal only pays. On `light` it runs pay.lua's
-    // light path; on `whole` flag 1 (the start time pushed back, which touches only the start
-    // times' set) makes lease.lua's whole body run. Balance, sums, bucket, lease: the same.
-    let (Some(mut light), Some(mut whole)) = (Account::new().await, Account::new().await) else {
-        return;
-    };
-    let now = H * HOUR + 1_000;
-    let mut replies = Vec::new();
-    for (a, flags) in [(&mut light, 0), (&mut whole, 1)] {
-        a.load(&[]).await;
-        lease(a, now, (0, 0), 400, &[]).await;
-        // The first payment opens the hour's bucket (lease.lua's whole body).
-        lease(a, now + 100, (0, 200), 0, &[40]).await;
-        replies.push(lease_flagged(a, now + 200, (10, 150), 0, &[25, 15], flags).await);
+    // Two accounts in the same state; the last renewal pays, and tops the share up (ask 100)
+    // or not (ask 0). On `light` it runs pay.lua's light path; on `whole` flag 1 (the start
+    // time pushed back, which touches only the start times' set) makes lease.lua's whole body
+    // run. Reply, balance, sums, bucket, lease: the same.
+    for ask in [0, 100] {
+        let (Some(mut light), Some(mut whole)) = (Account::new().await, Account::new().await)
+        else {
+            return;
+        };
+        let now = H * HOUR + 1_000;
+        let mut replies = Vec::new();
+        for (a, flags) in [(&mut light, 0), (&mut whole, 1)] {
+            a.load(&[]).await;
+            lease(a, now, (0, 0), 400, &[]).await;
+            // The first payment opens the hour's bucket (lease.lua's whole body).
+            lease(a, now + 100, (0, 200), 0, &[40]).await;
+            replies.push(lease_flagged(a, now + 200, (10, 150), ask, &[25, 15], flags).await);
+        }
+        assert_eq!(replies[0], replies[1], "ask {ask}");
+        assert_eq!(text(&replies[0][1]), ask.to_string(), "the share granted");
+        let Value::Array(paid) = &replies[0][6] else {
+            panic!("settlements: {:?}", replies[0])
+        };
+        assert_eq!(
+            paid.iter().map(text).collect::<Vec<_>>(),
+            ["40", "2", "0", "0"]
+        );
+        let meta = |a: &Account| a.keys[0].clone();
+        let res = |a: &Account| a.keys[1].clone();
+        let m1: std::collections::BTreeMap<String, String> =
+            light.conn.hgetall(meta(&light)).await.unwrap();
+        let m2: std::collections::BTreeMap<String, String> =
+            whole.conn.hgetall(meta(&whole)).await.unwrap();
+        assert_eq!(m1, m2, "ask {ask}");
+        assert_eq!(m1.get("sa").map(String::as_str), Some("80"));
+        let kept = 160 + ask;
+        assert_eq!(
+            m1.get("rt").map(String::as_str),
+            Some(kept.to_string().as_str()),
+            "in flight, unused and granted kept"
+        );
+        let l1: Option<String> = light.conn.hget(res(&light), "L:test").await.unwrap();
+        let l2: Option<String> = whole.conn.hget(res(&whole), "L:test").await.unwrap();
+        assert_eq!(l1, l2);
+        let requests = i64::from(ask > 0);
+        assert_eq!(
+            l1,
+            Some(format!(
+                "{kept},{requests},{},{},{requests}",
+                now + 200,
+                150 + ask
+            ))
+        );
+        light.cleanup().await;
+        whole.cleanup().await;
     }
-    assert_eq!(replies[0], replies[1]);
-    let Value::Array(paid) = &replies[0][6] else {
-        panic!("settlements: {:?}", replies[0])
-    };
-    assert_eq!(
-        paid.iter().map(text).collect::<Vec<_>>(),
-        ["40", "2", "0", "0"]
-    );
-    let meta = |a: &Account| a.keys[0].clone();
-    let res = |a: &Account| a.keys[1].clone();
-    let m1: std::collections::BTreeMap<String, String> =
-        light.conn.hgetall(meta(&light)).await.unwrap();
-    let m2: std::collections::BTreeMap<String, String> =
-        whole.conn.hgetall(meta(&whole)).await.unwrap();
-    assert_eq!(m1, m2);
-    assert_eq!(m1.get("sa").map(String::as_str), Some("80"));
-    assert_eq!(
-        m1.get("rt").map(String::as_str),
-        Some("160"),
-        "in flight and unused kept"
-    );
-    let l1: Option<String> = light.conn.hget(res(&light), "L:test").await.unwrap();
-    let l2: Option<String> = whole.conn.hget(res(&whole), "L:test").await.unwrap();
-    assert_eq!(l1, l2);
-    assert_eq!(l1, Some(format!("160,0,{},150,0", now + 200)));
-    light.cleanup().await;
-    whole.cleanup().await;
 }

@@ -1,16 +1,16 @@
 -- Prepended to lease.lua (after account.lua): the light path of a renewal whose only work is
--- paying what was settled out of the lease (no share asked for, no window touched, no flag),
--- the common case of an account sending a request every few seconds. It reads and writes only
--- the meta fields and the lease entry that paying changes, without copying the call's keys and
--- arguments, and gives the same answer and the same state as lease.lua would. Anything
--- lease.lua does beyond that (the settlement not covered by the allowance, so the lots pay; a
+-- paying what was settled out of the lease and topping up its share from the weekly allowance
+-- (no window touched, no flag), the common case of an account sending a request every few
+-- seconds. It reads and writes only the meta fields and the lease entry that this changes,
+-- without copying the call's keys and arguments, and gives the same answer and the same state
+-- as lease.lua would. Anything lease.lua does beyond that (the settlement or the share not
+-- covered by the allowance alone, so the lots count; a share that would drain the account; a
 -- new hour's spend bucket; the week's sums to rebuild; a drained account; the keys' expiry to
 -- push back; no lease held) returns nil before anything is written: lease.lua then runs.
 -- keys, ki: the call's KEYS and the index before this account's (meta is keys[ki + 1]);
 -- args, ai: likewise for lease.lua's arguments.
 local function pay_only(keys, ki, args, ai)
-  if args[ai + 13] ~= '0' or args[ai + 14] ~= '0' or args[ai + 18] ~= '0'
-    or args[ai + 19] ~= '0' or args[ai + 20] ~= '0' then
+  if args[ai + 18] ~= '0' or args[ai + 19] ~= '0' or args[ai + 20] ~= '0' then
     return nil
   end
   local now = tonumber(args[ai + 1])
@@ -29,13 +29,30 @@ local function pay_only(keys, ki, args, ai)
   local lease_id = args[ai + 2]
   local old = redis.call('HGET', keys[ki + 2], lease_id)
   if not old then return nil end
-  local keep_t = tonumber(args[ai + 9]) + tonumber(args[ai + 11])
-  local keep_r = tonumber(args[ai + 10]) + tonumber(args[ai + 12])
-  if keep_t == 0 and keep_r == 0 then return nil end
   local t, r, _, ft, fr = string.match(old, '(%d+),(%d+),(%d+),?(%d*),?(%d*)')
-  local free_t, free_r = args[ai + 11], args[ai + 12]
-  local rt = math.max(0, tonumber(f[6] or '0') - tonumber(t)) + keep_t
-  local rr = math.max(0, tonumber(f[7] or '0') - tonumber(r)) + keep_r
+  local others_t = math.max(0, tonumber(f[6] or '0') - tonumber(t))
+  local others_r = math.max(0, tonumber(f[7] or '0') - tonumber(r))
+  local inflight_t, inflight_r = tonumber(args[ai + 9]), tonumber(args[ai + 10])
+  local free_t, free_r = tonumber(args[ai + 11]), tonumber(args[ai + 12])
+  local grant_t, grant_r = tonumber(args[ai + 13]), tonumber(args[ai + 14])
+  if (grant_t > 0 or grant_r > 0) and args[ai + 5] ~= '1' then
+    -- The whole share asked for, when the allowance alone leaves K times it beyond every
+    -- reservation and lease (lease.lua would grant exactly that, without reading the lots).
+    local k = tonumber(args[ai + 8])
+    local left_t = math.max(0, wt - sa - used_t) - others_t - inflight_t - free_t
+    if left_t < k * grant_t then return nil end
+    if wr > 0 and math.max(0, wr - sr - used_r) - others_r - inflight_r - free_r < k * grant_r then
+      return nil
+    end
+    if (grant_t > 0 and free_t + grant_t < tonumber(args[ai + 15]))
+      or (grant_r > 0 and free_r + grant_r < 1) then
+      return nil
+    end
+  end
+  free_t, free_r = free_t + grant_t, free_r + grant_r
+  local keep_t, keep_r = inflight_t + free_t, inflight_r + free_r
+  if keep_t == 0 and keep_r == 0 then return nil end
+  local rt, rr = others_t + keep_t, others_r + keep_r
   local mft, mfr = tonumber(f[9] or '0'), tonumber(f[10] or '0')
   if ft ~= '' then
     mft = math.max(0, mft - tonumber(ft))
@@ -48,5 +65,6 @@ local function pay_only(keys, ki, args, ai)
     'bv', (b1 + used_t) .. ',' .. (b2 + used_r) .. ',' .. b3 .. ',' .. b4)
   redis.call('HSET', keys[ki + 2], lease_id, keep_t .. ',' .. keep_r .. ',' .. now .. ',' ..
     free_t .. ',' .. free_r)
-  return {'lease', 0, 0, sa + tonumber(f[5] or '0'), -2, 0, {used_t, used_r, 0, 0}, {}}
+  return {'lease', grant_t, grant_r, sa + tonumber(f[5] or '0'), -2, 0, {used_t, used_r, 0, 0},
+    {}}
 end
