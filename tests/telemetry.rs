@@ -63,6 +63,12 @@ fn any_text(v: &Option<Any>) -> String {
         Some(Any::IntValue(i)) => i.to_string(),
         Some(Any::BoolValue(b)) => b.to_string(),
         Some(Any::DoubleValue(d)) => d.to_string(),
+        Some(Any::ArrayValue(a)) => a
+            .values
+            .iter()
+            .map(|v| any_text(&v.value))
+            .collect::<Vec<_>>()
+            .join(","),
         other => format!("{other:?}"),
     }
 }
@@ -426,6 +432,7 @@ async fn plain_streamed_and_translated_requests_have_their_span_trees() {
         ("gateway.request_id", id.as_str()),
         ("gateway.account.id", user.as_str()),
         ("gateway.deployment", "mock/mock-gpt"),
+        ("gen_ai.response.finish_reasons", "stop"),
     ] {
         assert_eq!(root.attr(k), Some(v), "{k} in {root:#?}");
     }
@@ -479,6 +486,7 @@ async fn plain_streamed_and_translated_requests_have_their_span_trees() {
     check_tree(&spans, &key);
     let root = server(&spans);
     assert_eq!(root.attr("gateway.stream"), Some("true"));
+    assert_eq!(root.attr("gen_ai.response.finish_reasons"), Some("stop"));
     assert!(root
         .attr("gen_ai.usage.output_tokens")
         .is_some_and(|v| v != "0"));
@@ -496,6 +504,8 @@ async fn plain_streamed_and_translated_requests_have_their_span_trees() {
     let root = server(&spans);
     assert_eq!(root.attr("http.route"), Some("/v1/messages"));
     assert_eq!(root.attr("gen_ai.provider.name"), Some("openai"));
+    // As the provider stated it (an OpenAI-style answer), before translation.
+    assert_eq!(root.attr("gen_ai.response.finish_reasons"), Some("stop"));
     let attempts = clients(&spans);
     assert_eq!(attempts.len(), 1);
     assert_eq!(attempts[0].attr("gen_ai.provider.name"), Some("openai"));

@@ -425,6 +425,13 @@ impl DevApi {
             // Counting tokens is not generation: it costs one request and no tokens.
             flight.waive_input_estimate();
         }
+        if ctx
+            .trace
+            .as_deref()
+            .is_some_and(trace::RequestTrace::recording)
+        {
+            flight.want_finish_reasons();
+        }
         Ok(flight)
     }
 
@@ -575,9 +582,10 @@ fn settle(
             ctx.error_code = error_code;
             ctx.deployment = flight.deployment();
             ctx.ttfb_ms = flight.ttfb_ms();
+            let finish_reasons = flight.finish_reasons();
             let used = flight.finish(status, reason, error_code);
             if let Some(t) = ctx.trace.as_deref_mut() {
-                t.settled(used.cached_tokens);
+                t.settled(used.cached_tokens, finish_reasons);
             }
             ctx.input_tokens = used.input_tokens;
             ctx.output_tokens = used.output_tokens;

@@ -9,7 +9,9 @@
 
 use std::time::Instant;
 
-use crate::usage::{responses_answer, usage_from_body, StreamKind, StreamUsageTracker};
+use crate::usage::{
+    responses_answer, usage_from_body, FinishReasons, StreamKind, StreamUsageTracker,
+};
 use gateway_core::response_items::Issued;
 
 use crate::state::SharedApiState;
@@ -85,6 +87,8 @@ pub struct InFlight {
     charge_input_estimate: bool,
     /// The journal segment holding the admission line (kept until the event is committed).
     admitted: Option<Hold>,
+    /// The finish reasons a whole answer states, when the request is traced.
+    reasons: Option<FinishReasons>,
     done: bool,
 }
 
@@ -112,8 +116,24 @@ impl InFlight {
             tokens_free: false,
             charge_input_estimate: true,
             admitted,
+            reasons: None,
             done: false,
         }
+    }
+
+    /// Also collects the finish reasons the answer states (the request's span is recorded).
+    pub fn want_finish_reasons(&mut self) {
+        self.reasons = Some(FinishReasons::default());
+    }
+
+    /// The finish reasons the answer stated, when they were asked for.
+    pub fn finish_reasons(&mut self) -> Vec<String> {
+        self.tracker
+            .as_mut()
+            .and_then(StreamUsageTracker::take_finish_reasons)
+            .or_else(|| self.reasons.take())
+            .map(FinishReasons::into_vec)
+            .unwrap_or_default()
     }
 
     /// Names the deployment that answered, for the event and the access log.
@@ -130,7 +150,10 @@ impl InFlight {
     }
 
     /// The answer is a stream read by `tracker` (`None`: it is not).
-    pub fn watch_stream(&mut self, tracker: Option<StreamUsageTracker>) {
+    pub fn watch_stream(&mut self, mut tracker: Option<StreamUsageTracker>) {
+        if let (Some(t), Some(_)) = (tracker.as_mut(), &self.reasons) {
+            t.want_finish_reasons();
+        }
         self.tracker = tracker;
     }
 
@@ -143,6 +166,9 @@ impl InFlight {
     /// has its text counted as output instead. A Responses answer's ids are read in the same
     /// pass and handed back, for the item registry.
     pub fn read_whole_answer(&mut self, kind: StreamKind, body: &[u8], generates: bool) -> Issued {
+        if let Some(r) = &mut self.reasons {
+            r.scan(body);
+        }
         if self.tracker.as_ref().and_then(|t| t.usage()).is_some() {
             return Issued::default();
         }

@@ -41,6 +41,7 @@ pub struct RequestTrace {
     /// What the answering deployment was asked: its provider and model.
     answered: OnceLock<(&'static str, String)>,
     cached_tokens: u64,
+    finish_reasons: Vec<String>,
 }
 
 /// Starts the request's server span, as a child of the client's `traceparent` when it sent
@@ -84,6 +85,7 @@ pub fn begin(session: &Session) -> Option<Box<RequestTrace>> {
         settled_at: None,
         answered: OnceLock::new(),
         cached_tokens: 0,
+        finish_reasons: Vec::new(),
     }))
 }
 
@@ -227,9 +229,16 @@ impl RequestTrace {
         self.settled_at = Some(SystemTime::now());
     }
 
+    /// Whether the request's spans are recorded (sampled): what is read only for them
+    /// (the finish reasons) is skipped otherwise.
+    pub fn recording(&self) -> bool {
+        self.server.is_recording()
+    }
+
     /// Notes the settled usage that the access line does not carry.
-    pub fn settled(&mut self, cached_tokens: u64) {
+    pub fn settled(&mut self, cached_tokens: u64, finish_reasons: Vec<String>) {
         self.cached_tokens = cached_tokens;
+        self.finish_reasons = finish_reasons;
     }
 
     /// Ends the server span with what the request came to.
@@ -266,6 +275,15 @@ impl RequestTrace {
             s.set_attribute(KeyValue::new(
                 "gen_ai.usage.cache_read.input_tokens",
                 self.cached_tokens as i64,
+            ));
+        }
+        if !self.finish_reasons.is_empty() {
+            let reasons = std::mem::take(&mut self.finish_reasons);
+            s.set_attribute(KeyValue::new(
+                "gen_ai.response.finish_reasons",
+                opentelemetry::Value::Array(opentelemetry::Array::String(
+                    reasons.into_iter().map(Into::into).collect(),
+                )),
             ));
         }
         if let Some(ms) = ctx.ttfb_ms {

@@ -70,7 +70,7 @@ pub fn exporter(
                 .with_headers(headers)
                 .build()
                 .map_err(built)?;
-            Otlp::Http(exporter)
+            Otlp::Http(Box::new(exporter))
         }
         OtlpProtocol::Grpc => {
             let mut map = http::HeaderMap::new();
@@ -109,7 +109,7 @@ pub fn exporter(
 #[derive(Debug)]
 pub enum Otlp {
     /// OTLP/HTTP; its requests are sent by [`Collector`] on the storage runtime.
-    Http(opentelemetry_otlp::SpanExporter),
+    Http(Box<opentelemetry_otlp::SpanExporter>),
     /// OTLP/gRPC. tonic's channel needs a Tokio runtime and the batch processor's thread has
     /// none, so each export runs on `rt`.
     Grpc {

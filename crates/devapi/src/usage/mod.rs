@@ -11,6 +11,7 @@
 
 mod anthropic;
 mod body;
+mod finish;
 mod gemini;
 mod kind;
 mod object;
@@ -19,6 +20,7 @@ mod received;
 mod stream;
 
 pub use body::{responses_answer, usage_from_body};
+pub use finish::FinishReasons;
 pub use kind::{EventVerdict, StreamKind};
 pub use received::MAX_DELIVERED_TEXT_BYTES;
 pub use stream::StreamUsageTracker;

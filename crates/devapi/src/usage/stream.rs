@@ -12,6 +12,7 @@ use super::anthropic::{self, AnthropicParts};
 use super::kind::{EventVerdict, StreamKind};
 use super::openai::{self, ChatChunk};
 use super::received::{Received, MAX_DELIVERED_TEXT_BYTES};
+use super::FinishReasons;
 use crate::sse::SseEvent;
 
 /// Reads usage, completion and delivered text out of a provider stream.
@@ -27,6 +28,8 @@ pub struct StreamUsageTracker {
     deferred_ends: Vec<usize>,
     /// The response and item ids a Responses stream showed.
     issued: Issued,
+    /// The finish reasons the events state, when the request is traced.
+    reasons: Option<FinishReasons>,
 }
 
 /// The search [`carries_usage`] runs over every chat chunk, built once (`str::find` sets up a
@@ -61,11 +64,25 @@ impl StreamUsageTracker {
             deferred: String::new(),
             deferred_ends: Vec::new(),
             issued: Issued::default(),
+            reasons: None,
         }
+    }
+
+    /// Also collects the finish reasons the events state (a traced request).
+    pub fn want_finish_reasons(&mut self) {
+        self.reasons.get_or_insert_with(FinishReasons::default);
+    }
+
+    /// The finish reasons collected (see [`Self::want_finish_reasons`]).
+    pub fn take_finish_reasons(&mut self) -> Option<FinishReasons> {
+        self.reasons.take()
     }
 
     /// work on a stream.
     pub fn observe(&mut self, ev: &SseEvent) -> EventVerdict {
+        if let Some(r) = &mut self.reasons {
+            r.scan(ev.data.as_bytes());
+        }
         let deferrable = self.kind == StreamKind::OpenAiChat
             && ev.event.is_none()
             && !ev.data.contains("error")
