@@ -307,7 +307,7 @@ async fn connect(
                         attempt,
                     });
                 };
-                let wait = ex.header().and_then(|h| retry_after(status, h));
+                let wait = retry_after(status, ex.header());
                 state.routing.failed(target, failure, wait, request_id);
                 let last = i + 1 == targets.len() || started.elapsed() >= attempts.deadline;
                 if !last {
@@ -380,7 +380,7 @@ async fn connect(
 /// two allocations per header that is not a standard one (all 13 of the gateway's own). Without
 /// a case map Pingora writes the names as they are, as it did for `build_no_case`.
 fn client_header(
-    up: &ResponseHeader,
+    up: &http::HeaderMap,
     status: u16,
     content_type: Option<&str>,
     content_length: Option<usize>,
@@ -394,8 +394,8 @@ fn client_header(
     let headers = &mut parts.headers;
     // The provider's headers and at most 3 more of the gateway's own: the request id, the
     // content type and the length (or chunking).
-    headers.reserve(up.headers.len() + 3);
-    for (name, value) in up.headers.iter() {
+    headers.reserve(up.len() + 3);
+    for (name, value) in up.iter() {
         let replaced = content_type.is_some() && name == CONTENT_TYPE;
         if let Some(name) = sanitize::client_header_name(name).filter(|_| !replaced) {
             headers.append(name, value.clone());
@@ -487,12 +487,11 @@ fn end_follows(session: &Session) {
 
 /// The provider's `content-length`, when its body is length-delimited (not chunked).
 fn relayed_length(ex: &Exchange) -> Option<usize> {
-    let h = ex.header()?;
-    if h.headers.contains_key(http::header::TRANSFER_ENCODING) {
+    let h = ex.header();
+    if h.contains_key(http::header::TRANSFER_ENCODING) {
         return None;
     }
-    h.headers
-        .get(http::header::CONTENT_LENGTH)?
+    h.get(http::header::CONTENT_LENGTH)?
         .to_str()
         .ok()?
         .trim()
@@ -502,7 +501,7 @@ fn relayed_length(ex: &Exchange) -> Option<usize> {
 
 fn content_type(ex: &Exchange) -> Option<&str> {
     ex.header()
-        .and_then(|h| h.headers.get(http::header::CONTENT_TYPE))
+        .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
 }
 
@@ -700,15 +699,13 @@ impl<'a> Relay<'a> {
             None
         };
         self.owed = length;
-        let header = self.ex.header().and_then(|up| {
-            client_header(
-                up,
-                self.status,
-                self.shaper.content_type(),
-                length,
-                self.reply,
-            )
-        });
+        let header = client_header(
+            self.ex.header(),
+            self.status,
+            self.shaper.content_type(),
+            length,
+            self.reply,
+        );
         let header = header.ok_or(Early::Unbuildable)?;
         if session.write_response_header(header).await.is_err() {
             return Err(Early::ClientGone);
@@ -811,15 +808,13 @@ impl<'a> Relay<'a> {
                 _ => body,
             };
             self.status = client_status;
-            let header = self.ex.header().and_then(|up| {
-                client_header(
-                    up,
-                    self.status,
-                    self.shaper.content_type(),
-                    Some(body.len()),
-                    self.reply,
-                )
-            });
+            let header = client_header(
+                self.ex.header(),
+                self.status,
+                self.shaper.content_type(),
+                Some(body.len()),
+                self.reply,
+            );
             if let Some(header) = header {
                 if session.write_response_header(header).await.is_ok() {
                     flight.mark_first_byte();

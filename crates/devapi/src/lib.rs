@@ -22,6 +22,7 @@ pub mod conn_limits;
 pub mod ctx;
 pub mod error;
 pub mod forward;
+pub mod http1;
 pub mod in_flight;
 pub mod items;
 pub mod local;

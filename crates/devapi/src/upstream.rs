@@ -3,8 +3,9 @@
 //!
 //! Why not Pingora's stock proxy path: the gateway must read the whole request body before it
 //! can route (the model is in the body), and Pingora 0.9 can only re-send an already-read body
-//! through its 64 KiB retry buffer. So the exchange is done here with pingora-core's public
-//! `Connector`, and the caller streams the response back chunk by chunk.
+//! through its 64 KiB retry buffer. So connections are dialed with pingora-core's public
+//! `Connector`, the request is written in one piece, the answer read by [`crate::http1`], and
+//! the caller streams it back chunk by chunk.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,13 +13,12 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use dashmap::DashMap;
-use futures::FutureExt;
 use pingora_core::connectors::TransportConnector;
-use pingora_core::protocols::http::v1::client::HttpSession;
 use pingora_core::protocols::Stream;
 use pingora_core::upstreams::peer::HttpPeer;
-use pingora_http::ResponseHeader;
 use tokio::io::AsyncWriteExt;
+
+use crate::http1::{ReadError, Response};
 
 use crate::pool::IdlePool;
 use gateway_core::config::Provider;
@@ -99,10 +99,10 @@ pub struct ProviderRequest<'a> {
 
 /// An exchange whose response header has arrived; the body is read with `next_chunk`.
 ///
-/// The session is boxed: an exchange is moved out of `start` and through the caller's futures,
-/// and Pingora's session inline is large enough for those moves to show up in profiles.
+/// The answer is boxed: an exchange is moved out of `start` and through the caller's futures,
+/// and its read buffer and header map inline would be copied with every move.
 pub struct Exchange {
-    session: Box<HttpSession>,
+    answer: Box<Response<Stream>>,
     pool_key: u64,
 }
 
@@ -172,9 +172,7 @@ impl UpstreamPool {
                 ),
             };
             // The request goes out in one write (header and body together): one packet and one
-            // wake-up of the provider instead of two. Pingora's session API flushes the header
-            // on its own, so the bytes are written to the stream and the session is built
-            // around it to read the answer.
+            // wake-up of the provider instead of two.
             let write_timeout = req.provider.connect_timeout.max(Duration::from_secs(30));
             let sent = match tokio::time::timeout(write_timeout, write_request(&mut stream, &wire))
                 .await
@@ -182,19 +180,21 @@ impl UpstreamPool {
                 Ok(r) => r,
                 Err(_) => Err(UpstreamError::Timeout(Wait::FirstByte)),
             };
-            let mut session = Box::new(HttpSession::new(stream));
-            session.read_timeout = Some(req.provider.first_byte_timeout);
             let answered = match sent {
-                Ok(()) => read_header(&mut session).await,
+                Ok(()) => Response::read_head(stream, Some(req.provider.first_byte_timeout))
+                    .await
+                    .map_err(|e| read_error(e, Wait::FirstByte)),
                 Err(e) => Err(e),
             };
             match answered {
-                Ok(()) => {
-                    session.read_timeout = Some(req.provider.idle_timeout);
-                    return Ok(Exchange { session, pool_key });
+                Ok(mut answer) => {
+                    answer.read_timeout = Some(req.provider.idle_timeout);
+                    return Ok(Exchange {
+                        answer: Box::new(answer),
+                        pool_key,
+                    });
                 }
                 Err(e) => {
-                    session.shutdown().await;
                     let retryable =
                         reused && attempts < 3 && !matches!(e, UpstreamError::Timeout(_));
                     if !retryable {
@@ -210,14 +210,9 @@ impl UpstreamPool {
     }
 
     /// Returns a fully read connection to the pool; anything half-read is closed instead.
-    pub async fn finish(&self, mut ex: Exchange) {
-        if ex.session.is_body_done() {
-            ex.session.respect_keepalive();
-            if let Some(stream) = ex.session.reuse().await {
-                self.idle.put(ex.pool_key, stream);
-            }
-        } else {
-            ex.session.shutdown().await;
+    pub async fn finish(&self, ex: Exchange) {
+        if let Some(stream) = ex.answer.reusable() {
+            self.idle.put(ex.pool_key, stream);
         }
     }
 
@@ -227,8 +222,8 @@ impl UpstreamPool {
     }
 
     /// Closes the connection without returning it (aborted stream, client gone).
-    pub async fn abort(&self, mut ex: Exchange) {
-        ex.session.shutdown().await;
+    pub async fn abort(&self, ex: Exchange) {
+        drop(ex);
     }
 }
 
@@ -318,58 +313,39 @@ async fn write_request(stream: &mut Stream, wire: &[u8]) -> Result<(), UpstreamE
         .map_err(|e| UpstreamError::Io(e.to_string()))
 }
 
-/// Waits for the response header, skipping informational (1xx) answers; bounded so a hostile
-/// peer cannot loop us.
-async fn read_header(session: &mut HttpSession) -> Result<(), UpstreamError> {
-    for _ in 0..5 {
-        session.read_response().await.map_err(|e| {
-            if e.etype() == &pingora_error::ErrorType::ReadTimedout {
-                UpstreamError::Timeout(Wait::FirstByte)
-            } else {
-                UpstreamError::Io(e.to_string())
-            }
-        })?;
-        match session.get_status() {
-            Some(s) if s.is_informational() => continue,
-            Some(_) => return Ok(()),
-            None => return Err(UpstreamError::Io("no status".into())),
-        }
+/// An answer that could not be read, as the exchange's error: a timeout names what it waited
+/// for.
+fn read_error(e: ReadError, waiting: Wait) -> UpstreamError {
+    match e {
+        ReadError::Timeout => UpstreamError::Timeout(waiting),
+        other => UpstreamError::Io(other.to_string()),
     }
-    Err(UpstreamError::Io("too many informational responses".into()))
 }
 
 impl Exchange {
     pub fn status(&self) -> u16 {
-        self.session.get_status().map(|s| s.as_u16()).unwrap_or(502)
+        self.answer.status
     }
 
-    pub fn header(&self) -> Option<&ResponseHeader> {
-        self.session.resp_header()
+    pub fn header(&self) -> &http::HeaderMap {
+        &self.answer.headers
     }
 
     /// The next body chunk; `Ok(None)` at the end. The idle timeout applies between chunks.
     pub async fn next_chunk(&mut self) -> Result<Option<Bytes>, UpstreamError> {
-        self.session.read_body_bytes().await.map_err(|e| {
-            if e.etype() == &pingora_error::ErrorType::ReadTimedout {
-                UpstreamError::Timeout(Wait::Idle)
-            } else {
-                UpstreamError::Io(e.to_string())
-            }
-        })
+        self.answer
+            .next_chunk()
+            .await
+            .map_err(|e| read_error(e, Wait::Idle))
     }
 
-    /// The next body chunk if it has already arrived; `None` when a read would wait.
-    ///
-    /// Such a read cannot wait, so it runs without the idle timeout: Pingora builds its read
-    /// timeout around every body read, which reads the clock, and registers a timer when the
-    /// read finds nothing. A stream's events arrive as one chunk each, so the relay's reads of
-    /// what is already buffered (`forward::coalesce`) paid that for every event; the waiting
-    /// read that follows (`next_chunk`) keeps the timeout.
+    /// The next body chunk if it has already arrived; `None` when a read would wait. A stream's
+    /// events arrive as one chunk each, and the relay reads what is already buffered
+    /// (`forward::coalesce`) before the waiting read (`next_chunk`, with the idle timeout).
     pub fn ready_chunk(&mut self) -> Option<Result<Option<Bytes>, UpstreamError>> {
-        let idle = self.session.read_timeout.take();
-        let read = tokio::task::unconstrained(self.next_chunk()).now_or_never();
-        self.session.read_timeout = idle;
-        read
+        self.answer
+            .ready_chunk()
+            .map(|r| r.map_err(|e| read_error(e, Wait::Idle)))
     }
 
     /// Reads the whole body, bounded by `limit` bytes (provider error bodies, small JSON).

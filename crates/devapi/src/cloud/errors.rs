@@ -140,7 +140,7 @@ pub async fn judge(style: ProviderStyle, ex: &mut Exchange) -> (Verdict, Option<
         ProviderStyle::Bedrock => {
             let name = ex
                 .header()
-                .and_then(|h| h.headers.get("x-amzn-errortype"))
+                .get("x-amzn-errortype")
                 .and_then(|v| v.to_str().ok())
                 .map(aws_error_name)
                 .unwrap_or_default();

@@ -302,14 +302,11 @@ fn clamp_gemini_output(j: &mut Value, limit: u64) {
 }
 
 /// The dialect a cloud style's answers are read in ([`Dialect`]), `None` for the others.
-pub fn dialect(
-    style: ProviderStyle,
-    header: Option<&pingora_http::ResponseHeader>,
-) -> Option<Dialect> {
+pub fn dialect(style: ProviderStyle, header: &http::HeaderMap) -> Option<Dialect> {
     match style {
         ProviderStyle::Bedrock => Some(Dialect::Aws {
             error_type: header
-                .and_then(|h| h.headers.get("x-amzn-errortype"))
+                .get("x-amzn-errortype")
                 .and_then(|v| v.to_str().ok())
                 .map(errors::aws_error_name),
         }),

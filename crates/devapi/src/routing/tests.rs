@@ -2,8 +2,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pingora_http::ResponseHeader;
-
 use super::health::clock_ms;
 use super::plan::two_choices;
 use super::*;
@@ -210,8 +208,11 @@ fn statuses_are_judged_by_what_they_say_about_the_provider() {
 #[test]
 fn retry_after_reads_seconds_and_milliseconds_only_on_429_and_503() {
     let with = |name: &str, value: &str| {
-        let mut h = ResponseHeader::build(429, None).unwrap();
-        h.insert_header(name.to_string(), value).unwrap();
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            http::HeaderValue::from_str(value).unwrap(),
+        );
         h
     };
     assert_eq!(

@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use pingora_http::ResponseHeader;
-
 use crate::upstream::{UpstreamError, Wait};
 
 /// A failure that says the deployment, not the request, is unwell.
@@ -99,19 +97,12 @@ impl Verdict {
 
 /// The wait a 429 or 503 asks for: `retry-after-ms` (OpenAI) or `retry-after` in seconds.
 /// A date or anything unreadable is no ask (the failure then counts like any other).
-pub fn retry_after(status: u16, header: &ResponseHeader) -> Option<Duration> {
+pub fn retry_after(status: u16, header: &http::HeaderMap) -> Option<Duration> {
     if status != 429 && status != 503 {
         return None;
     }
     let number = |name: &str| -> Option<f64> {
-        let v: f64 = header
-            .headers
-            .get(name)?
-            .to_str()
-            .ok()?
-            .trim()
-            .parse()
-            .ok()?;
+        let v: f64 = header.get(name)?.to_str().ok()?.trim().parse().ok()?;
         (v.is_finite() && v > 0.0).then_some(v)
     };
     number("retry-after-ms")

@@ -1,0 +1,485 @@
+//! Reading a provider's HTTP/1.1 answer: the head parsed by `httparse` straight into an
+//! `http::HeaderMap` whose values share the read buffer, then the body as its framing says
+//! (`content-length`, `chunked`, or until the connection closes), handed on as it arrives.
+//!
+//! Why not Pingora's client session: it keeps a case-preserving copy of every header name
+//! beside the map (each name title-cased into a new allocation and parsed back), which no part
+//! of the gateway reads, and its body reader re-checks its state on every read. The answer's
+//! head is read once per request, on every request.
+//!
+//! Everything here reads hostile input: the head is bounded (`MAX_HEAD`), chunk sizes and
+//! trailers are bounded, and framing that does not parse is an error, never a guess.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::FutureExt;
+use http::{HeaderMap, HeaderName, HeaderValue};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// The most bytes an answer's head (status line and header fields) may take.
+const MAX_HEAD: usize = 64 * 1024;
+const MAX_HEADERS: usize = 128;
+/// Informational (1xx) heads skipped before the answer's own, at most.
+const MAX_INFORMATIONAL: usize = 5;
+/// A chunk-size line or a trailer field longer than this is refused.
+const MAX_LINE: usize = 8 * 1024;
+/// Bytes asked of the socket per read.
+const READ_SIZE: usize = 16 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("timed out")]
+    Timeout,
+    #[error("{0}")]
+    Io(String),
+    /// The bytes are not an HTTP/1.1 answer (or its framing).
+    #[error("invalid answer: {0}")]
+    Invalid(&'static str),
+}
+
+/// How the body ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Body {
+    /// This many bytes are left.
+    Length(u64),
+    Chunked(Chunk),
+    /// The connection closing ends it (no length, not chunked).
+    UntilClose,
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// A chunk-size line is next.
+    Size,
+    /// This many bytes of the chunk's data are left.
+    Data(u64),
+    /// The CRLF after a chunk's data.
+    DataEnd,
+    /// Trailer fields, until an empty line.
+    Trailers,
+}
+
+/// An answer whose head has arrived; its body is read with [`Response::next_chunk`].
+pub struct Response<S> {
+    stream: S,
+    /// Read from the stream and not handed on yet.
+    buf: BytesMut,
+    pub status: u16,
+    pub headers: HeaderMap,
+    body: Body,
+    keep_alive: bool,
+    /// Applies to each read that has to wait.
+    pub read_timeout: Option<Duration>,
+}
+
+impl<S: AsyncRead + Unpin> Response<S> {
+    /// Reads the answer's head (skipping informational answers) from `stream`, each read
+    /// bounded by `timeout`. On an error the stream is dropped (closed).
+    pub async fn read_head(mut stream: S, timeout: Option<Duration>) -> Result<Self, ReadError> {
+        let mut buf = BytesMut::with_capacity(READ_SIZE);
+        let mut skipped = 0;
+        loop {
+            if let Some(parsed) = parse_head(&mut buf)? {
+                let (status, version, headers) = parsed;
+                if (100..200).contains(&status) && status != 101 {
+                    skipped += 1;
+                    if skipped > MAX_INFORMATIONAL {
+                        return Err(ReadError::Invalid("too many informational answers"));
+                    }
+                    continue;
+                }
+                let body = framing(status, &headers)?;
+                let keep_alive = version == 1
+                    && body != Body::UntilClose
+                    && !has_token(&headers, http::header::CONNECTION, "close");
+                return Ok(Response {
+                    stream,
+                    buf,
+                    status,
+                    headers,
+                    body,
+                    keep_alive,
+                    read_timeout: timeout,
+                });
+            }
+            if buf.len() >= MAX_HEAD {
+                return Err(ReadError::Invalid("head too large"));
+            }
+            if fill(&mut stream, &mut buf, timeout).await? == 0 {
+                return Err(ReadError::Io(
+                    "connection closed before the answer's head".into(),
+                ));
+            }
+        }
+    }
+
+    /// The next piece of the body; `Ok(None)` at its end.
+    pub async fn next_chunk(&mut self) -> Result<Option<Bytes>, ReadError> {
+        loop {
+            if let Some(piece) = self.take_buffered()? {
+                return Ok(Some(piece));
+            }
+            if self.body == Body::Done {
+                return Ok(None);
+            }
+            let n = fill(&mut self.stream, &mut self.buf, self.read_timeout).await?;
+            if n == 0 {
+                return self.closed();
+            }
+        }
+    }
+
+    /// The next piece of the body if it has already arrived; `None` when a read would wait.
+    /// Such a read cannot wait, so no timer is set for it.
+    pub fn ready_chunk(&mut self) -> Option<Result<Option<Bytes>, ReadError>> {
+        loop {
+            match self.take_buffered() {
+                Ok(Some(piece)) => return Some(Ok(Some(piece))),
+                Ok(None) if self.body == Body::Done => return Some(Ok(None)),
+                Ok(None) => {}
+                Err(e) => return Some(Err(e)),
+            }
+            self.buf.reserve(READ_SIZE);
+            let read =
+                tokio::task::unconstrained(self.stream.read_buf(&mut self.buf)).now_or_never()?;
+            match read {
+                Ok(0) => return Some(self.closed()),
+                Ok(_) => {}
+                Err(e) => return Some(Err(ReadError::Io(e.to_string()))),
+            }
+        }
+    }
+
+    /// Whether the whole body has been read.
+    pub fn is_body_done(&self) -> bool {
+        self.body == Body::Done
+    }
+
+    /// The connection, when another request may use it: the body read to its end, nothing
+    /// read past it, and neither side asked to close.
+    pub fn reusable(self) -> Option<S> {
+        (self.keep_alive && self.body == Body::Done && self.buf.is_empty()).then_some(self.stream)
+    }
+
+    /// The peer closed the connection: the end of a body that runs until then, an error for
+    /// any other.
+    fn closed(&mut self) -> Result<Option<Bytes>, ReadError> {
+        if self.body == Body::UntilClose {
+            self.body = Body::Done;
+            Ok(None)
+        } else {
+            Err(ReadError::Io(
+                "connection closed before the answer's end".into(),
+            ))
+        }
+    }
+
+    /// Body bytes already read, as the framing allows; `None` when more must be read first
+    /// (or the body is done).
+    fn take_buffered(&mut self) -> Result<Option<Bytes>, ReadError> {
+        loop {
+            match self.body {
+                Body::Done => return Ok(None),
+                Body::UntilClose => {
+                    return Ok((!self.buf.is_empty()).then(|| self.buf.split().freeze()));
+                }
+                Body::Length(left) => {
+                    if self.buf.is_empty() {
+                        return Ok(None);
+                    }
+                    let n = left.min(self.buf.len() as u64);
+                    let piece = self.buf.split_to(n as usize).freeze();
+                    self.body = if n == left {
+                        Body::Done
+                    } else {
+                        Body::Length(left - n)
+                    };
+                    return Ok(Some(piece));
+                }
+                Body::Chunked(Chunk::Size) => match httparse::parse_chunk_size(&self.buf) {
+                    Ok(httparse::Status::Complete((used, size))) => {
+                        let _ = self.buf.split_to(used);
+                        self.body = Body::Chunked(if size == 0 {
+                            Chunk::Trailers
+                        } else {
+                            Chunk::Data(size)
+                        });
+                    }
+                    Ok(httparse::Status::Partial) if self.buf.len() < MAX_LINE => return Ok(None),
+                    _ => return Err(ReadError::Invalid("chunk size")),
+                },
+                Body::Chunked(Chunk::Data(left)) => {
+                    if self.buf.is_empty() {
+                        return Ok(None);
+                    }
+                    let n = left.min(self.buf.len() as u64);
+                    let piece = self.buf.split_to(n as usize).freeze();
+                    self.body = Body::Chunked(if n == left {
+                        Chunk::DataEnd
+                    } else {
+                        Chunk::Data(left - n)
+                    });
+                    return Ok(Some(piece));
+                }
+                Body::Chunked(Chunk::DataEnd) => {
+                    if self.buf.len() < 2 {
+                        return Ok(None);
+                    }
+                    if &self.buf[..2] != b"\r\n" {
+                        return Err(ReadError::Invalid("chunk data not followed by CRLF"));
+                    }
+                    let _ = self.buf.split_to(2);
+                    self.body = Body::Chunked(Chunk::Size);
+                }
+                Body::Chunked(Chunk::Trailers) => {
+                    let Some(end) = memchr::memmem::find(&self.buf, b"\r\n") else {
+                        if self.buf.len() >= MAX_LINE {
+                            return Err(ReadError::Invalid("trailer field too long"));
+                        }
+                        return Ok(None);
+                    };
+                    let _ = self.buf.split_to(end + 2);
+                    if end == 0 {
+                        self.body = Body::Done;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Reads more of the stream into `buf`: the bytes read (0: the peer closed).
+async fn fill<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    timeout: Option<Duration>,
+) -> Result<usize, ReadError> {
+    buf.reserve(READ_SIZE);
+    let read = stream.read_buf(buf);
+    let n = match timeout {
+        Some(t) => tokio::time::timeout(t, read)
+            .await
+            .map_err(|_| ReadError::Timeout)?,
+        None => read.await,
+    };
+    n.map_err(|e| ReadError::Io(e.to_string()))
+}
+
+type Head = (u16, u8, HeaderMap);
+
+/// A whole head at the start of `buf`, taken out of it: status, minor version, fields (values
+/// share the head's bytes). `None`: not all of it has arrived.
+fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ReadError> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut fields);
+    let mut config = httparse::ParserConfig::default();
+    config.allow_obsolete_multiline_headers_in_responses(true);
+    let len = match config.parse_response(&mut resp, buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(ReadError::Invalid("too many header fields"))
+        }
+        Err(_) => return Err(ReadError::Invalid("head does not parse")),
+    };
+    let status = resp.code.ok_or(ReadError::Invalid("no status"))?;
+    let version = resp.version.unwrap_or(1);
+    let base = buf.as_ptr() as usize;
+    let mut named: Vec<(HeaderName, usize, usize)> = Vec::with_capacity(resp.headers.len());
+    for f in resp.headers.iter() {
+        // A name HTTP does not allow is dropped, as any header the gateway cannot use.
+        if let Ok(name) = HeaderName::from_bytes(f.name.as_bytes()) {
+            let start = f.value.as_ptr() as usize - base;
+            named.push((name, start, start + f.value.len()));
+        }
+    }
+    let head = buf.split_to(len).freeze();
+    let mut headers = HeaderMap::with_capacity(named.len());
+    for (name, start, end) in named {
+        if let Ok(value) = HeaderValue::from_maybe_shared(head.slice(start..end)) {
+            headers.append(name, value);
+        }
+    }
+    Ok(Some((status, version, headers)))
+}
+
+/// The body's framing (RFC 9112 §6.3): none for 204 and 304, chunked when the last transfer
+/// coding says so, else `content-length` (several that differ are refused), else the rest of
+/// the connection.
+fn framing(status: u16, headers: &HeaderMap) -> Result<Body, ReadError> {
+    if matches!(status, 204 | 304) {
+        return Ok(Body::Done);
+    }
+    if let Some(te) = headers
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .next_back()
+    {
+        let last = te
+            .as_bytes()
+            .rsplit(|b| *b == b',')
+            .next()
+            .unwrap_or_default()
+            .trim_ascii();
+        return if last.eq_ignore_ascii_case(b"chunked") {
+            Ok(Body::Chunked(Chunk::Size))
+        } else {
+            Ok(Body::UntilClose)
+        };
+    }
+    let mut length: Option<u64> = None;
+    for v in headers.get_all(http::header::CONTENT_LENGTH) {
+        for part in v.as_bytes().split(|b| *b == b',') {
+            let n = std::str::from_utf8(part.trim_ascii())
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or(ReadError::Invalid("content-length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(ReadError::Invalid("content-length values differ"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(0) => Body::Done,
+        Some(n) => Body::Length(n),
+        None => Body::UntilClose,
+    })
+}
+
+/// Whether a comma-separated header lists `token` (case-insensitive).
+fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
+    headers.get_all(name).iter().any(|v| {
+        v.as_bytes()
+            .split(|b| *b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads a whole answer from `wire` delivered in pieces of `step` bytes.
+    async fn read(wire: &[u8], step: usize) -> Result<(u16, HeaderMap, Vec<u8>, bool), ReadError> {
+        let (mut tx, rx) = tokio::io::duplex(64 * 1024);
+        let wire = wire.to_vec();
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            for piece in wire.chunks(step.max(1)) {
+                tx.write_all(piece).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            // Dropped: the peer closes.
+        });
+        let mut r = Response::read_head(rx, Some(Duration::from_secs(5))).await?;
+        let mut body = Vec::new();
+        while let Some(piece) = r.next_chunk().await? {
+            assert!(!piece.is_empty());
+            body.extend_from_slice(&piece);
+        }
+        writer.await.unwrap();
+        let (status, headers) = (r.status, r.headers.clone());
+        let reusable = r.reusable().is_some();
+        Ok((status, headers, body, reusable))
+    }
+
+    #[tokio::test]
+    async fn length_chunked_and_close_delimited_bodies_in_any_pieces() {
+        for step in [1, 3, 7, 1000] {
+            let (status, headers, body, reusable) = read(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 7\r\n\r\n{\"a\":1}",
+                step,
+            )
+            .await
+            .unwrap();
+            assert_eq!(
+                (status, body.as_slice(), reusable),
+                (200, &b"{\"a\":1}"[..], true)
+            );
+            assert_eq!(headers["content-type"], "application/json");
+
+            let (_, _, body, reusable) = read(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+                  5;ext=1\r\ndata:\r\n3\r\n x\n\r\n0\r\nx-trailer: t\r\n\r\n",
+                step,
+            )
+            .await
+            .unwrap();
+            assert_eq!((body.as_slice(), reusable), (&b"data: x\n"[..], true));
+
+            let (_, _, body, reusable) = read(b"HTTP/1.1 200 OK\r\n\r\nuntil the end", step)
+                .await
+                .unwrap();
+            assert_eq!((body.as_slice(), reusable), (&b"until the end"[..], false));
+        }
+    }
+
+    #[tokio::test]
+    async fn informational_heads_are_skipped_and_close_is_respected() {
+        let (status, _, body, reusable) = read(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 429 Too Many\r\nConnection: close\r\n\
+              Content-Length: 2\r\nretry-after: 3\r\n\r\nno",
+            5,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            (status, body.as_slice(), reusable),
+            (429, &b"no"[..], false)
+        );
+        let (status, _, body, reusable) =
+            read(b"HTTP/1.1 204 No Content\r\n\r\n", 4).await.unwrap();
+        assert_eq!((status, body.len(), reusable), (204, 0, true));
+    }
+
+    #[tokio::test]
+    async fn broken_framing_is_an_error_never_a_guess() {
+        for wire in [
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort"[..],
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+            b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXX0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
+            b"not http at all\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Le",
+        ] {
+            assert!(
+                read(wire, 3).await.is_err(),
+                "{}",
+                String::from_utf8_lossy(wire)
+            );
+        }
+        let mut huge = b"HTTP/1.1 200 OK\r\n".to_vec();
+        huge.extend(std::iter::repeat_n(b'a', MAX_HEAD + 10));
+        assert!(matches!(
+            read(&huge, 4096).await,
+            Err(ReadError::Invalid(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_silent_peer_times_out() {
+        let (_tx, rx) = tokio::io::duplex(1024);
+        let r = Response::read_head(rx, Some(Duration::from_millis(50))).await;
+        assert!(matches!(r, Err(ReadError::Timeout)));
+    }
+
+    #[tokio::test]
+    async fn bytes_already_read_are_handed_on_without_waiting() {
+        let (mut tx, rx) = tokio::io::duplex(1024);
+        use tokio::io::AsyncWriteExt;
+        tx.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+            .await
+            .unwrap();
+        let mut r = Response::read_head(rx, None).await.unwrap();
+        assert_eq!(r.ready_chunk().unwrap().unwrap().unwrap(), "abc");
+        assert!(r.ready_chunk().is_none(), "nothing more has arrived");
+        tx.write_all(b"0\r\n\r\n").await.unwrap();
+        assert!(r.ready_chunk().unwrap().unwrap().is_none(), "the end");
+        assert!(r.reusable().is_some());
+    }
+}
