@@ -1,5 +1,5 @@
 //! Reading a provider's HTTP/1.1 answer: the head parsed by `httparse` straight into an
-//! `http::HeaderMap` whose values share the read buffer, then the body as its framing says
+//! `http::HeaderMap` whose values share one copy of the head, then the body as its framing says
 //! (`content-length`, `chunked`, or until the connection closes), handed on as it arrives.
 //!
 //! Why not Pingora's client session: it keeps a case-preserving copy of every header name
@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use futures::FutureExt;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -163,6 +163,15 @@ impl<S: AsyncRead + Unpin> Response<S> {
         (self.keep_alive && self.body == Body::Done && self.buf.is_empty()).then_some(self.stream)
     }
 
+    /// The first `n` buffered bytes, copied out: the buffer is then the reader's alone again and
+    /// the next read reuses it, where a piece split off would keep it shared and make every
+    /// read of a stream allocate a new one. Pieces are small (a stream's event, a JSON answer).
+    fn take(&mut self, n: usize) -> Bytes {
+        let piece = Bytes::copy_from_slice(&self.buf[..n]);
+        self.buf.advance(n);
+        piece
+    }
+
     /// The peer closed the connection: the end of a body that runs until then, an error for
     /// any other.
     fn closed(&mut self) -> Result<Option<Bytes>, ReadError> {
@@ -183,14 +192,15 @@ impl<S: AsyncRead + Unpin> Response<S> {
             match self.body {
                 Body::Done => return Ok(None),
                 Body::UntilClose => {
-                    return Ok((!self.buf.is_empty()).then(|| self.buf.split().freeze()));
+                    let n = self.buf.len();
+                    return Ok((n > 0).then(|| self.take(n)));
                 }
                 Body::Length(left) => {
                     if self.buf.is_empty() {
                         return Ok(None);
                     }
                     let n = left.min(self.buf.len() as u64);
-                    let piece = self.buf.split_to(n as usize).freeze();
+                    let piece = self.take(n as usize);
                     self.body = if n == left {
                         Body::Done
                     } else {
@@ -200,7 +210,7 @@ impl<S: AsyncRead + Unpin> Response<S> {
                 }
                 Body::Chunked(Chunk::Size) => match httparse::parse_chunk_size(&self.buf) {
                     Ok(httparse::Status::Complete((used, size))) => {
-                        let _ = self.buf.split_to(used);
+                        self.buf.advance(used);
                         self.body = Body::Chunked(if size == 0 {
                             Chunk::Trailers
                         } else {
@@ -215,7 +225,7 @@ impl<S: AsyncRead + Unpin> Response<S> {
                         return Ok(None);
                     }
                     let n = left.min(self.buf.len() as u64);
-                    let piece = self.buf.split_to(n as usize).freeze();
+                    let piece = self.take(n as usize);
                     self.body = Body::Chunked(if n == left {
                         Chunk::DataEnd
                     } else {
@@ -230,7 +240,7 @@ impl<S: AsyncRead + Unpin> Response<S> {
                     if &self.buf[..2] != b"\r\n" {
                         return Err(ReadError::Invalid("chunk data not followed by CRLF"));
                     }
-                    let _ = self.buf.split_to(2);
+                    self.buf.advance(2);
                     self.body = Body::Chunked(Chunk::Size);
                 }
                 Body::Chunked(Chunk::Trailers) => {
@@ -240,7 +250,7 @@ impl<S: AsyncRead + Unpin> Response<S> {
                         }
                         return Ok(None);
                     };
-                    let _ = self.buf.split_to(end + 2);
+                    self.buf.advance(end + 2);
                     if end == 0 {
                         self.body = Body::Done;
                     }
@@ -270,7 +280,7 @@ async fn fill<S: AsyncRead + Unpin>(
 type Head = (u16, u8, HeaderMap);
 
 /// A whole head at the start of `buf`, taken out of it: status, minor version, fields (values
-/// share the head's bytes). `None`: not all of it has arrived.
+/// share one copy of the head's bytes). `None`: not all of it has arrived.
 fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ReadError> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut fields);
@@ -295,7 +305,9 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ReadError> {
             named.push((name, start, start + f.value.len()));
         }
     }
-    let head = buf.split_to(len).freeze();
+    // Copied out (a few hundred bytes) so the read buffer stays the reader's alone.
+    let head = Bytes::copy_from_slice(&buf[..len]);
+    buf.advance(len);
     let mut headers = HeaderMap::with_capacity(named.len());
     for (name, start, end) in named {
         if let Ok(value) = HeaderValue::from_maybe_shared(head.slice(start..end)) {
