@@ -302,6 +302,20 @@ async fn send(
     (status, id, r.text().await.expect("body"))
 }
 
+/// Sends one plain (non-streamed) chat request, which must succeed; returns its trace id.
+async fn plain_chat(gw: &Gateway, key: &str) -> String {
+    let (status, id, _) = send(
+        gw,
+        "/v1/chat/completions",
+        key,
+        &chat("mock-gpt", false),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200);
+    logged_trace_id(gw, &id).await
+}
+
 /// The trace id the access line of `request_id` carries.
 async fn logged_trace_id(gw: &Gateway, request_id: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -643,16 +657,7 @@ async fn sample_ratio_is_parent_based_and_reloads_live() {
 
     // Ratio 0: a trace started here is not sampled, but the provider still gets the context
     // (unsampled) so its own spans are not orphaned.
-    let (status, id, _) = send(
-        &gw,
-        "/v1/chat/completions",
-        &key,
-        &chat("mock-gpt", false),
-        &[],
-    )
-    .await;
-    assert_eq!(status, 200);
-    let unsampled = logged_trace_id(&gw, &id).await;
+    let unsampled = plain_chat(&gw, &key).await;
     let tp = mock.requests().await[0]["headers"]["traceparent"]
         .as_str()
         .expect("traceparent")
@@ -777,16 +782,7 @@ async fn grpc_export_carries_the_same_span_tree() {
         },
     );
     let (_, key) = gw.user_and_key("grpc@example.com");
-    let (status, id, _) = send(
-        &gw,
-        "/v1/chat/completions",
-        &key,
-        &chat("mock-gpt", false),
-        &[],
-    )
-    .await;
-    assert_eq!(status, 200);
-    let trace_id = logged_trace_id(&gw, &id).await;
+    let trace_id = plain_chat(&gw, &key).await;
     let spans = rx.trace(&trace_id, 3).await;
     check_tree(&spans, &key);
     assert_eq!(
