@@ -427,6 +427,8 @@ fn client_header(
 
 /// Most bytes merged into one write to the client.
 const COALESCE_LIMIT: usize = 64 * 1024;
+/// Most pieces of the provider's answer read for one write to the client.
+const COALESCE_READS: usize = 256;
 
 /// What followed the chunks [`coalesce`] merged.
 enum After {
@@ -452,7 +454,13 @@ fn coalesce(
     let out = shaper.feed(first, tracker.as_deref_mut());
     let mut merged: Option<BytesMut> = None;
     let mut after = After::Open;
-    while merged.as_ref().map_or(out.len(), BytesMut::len) < COALESCE_LIMIT {
+    let mut reads = 0;
+    // Bounded in reads too: pieces that shape to nothing (comments, keep-alives) would
+    // otherwise keep this loop, which never yields, going as long as the provider sends.
+    while merged.as_ref().map_or(out.len(), BytesMut::len) < COALESCE_LIMIT
+        && reads < COALESCE_READS
+    {
+        reads += 1;
         match ex.ready_chunk() {
             None => break,
             Some(Ok(Some(more))) => {

@@ -33,6 +33,10 @@ pub enum ReadError {
     Timeout,
     #[error("{0}")]
     Io(String),
+    /// The connection ended (closed or reset) before any byte of an answer: a pooled
+    /// connection the provider had already closed, which another may retry.
+    #[error("connection closed before any answer: {0}")]
+    NothingArrived(String),
     /// The bytes are not an HTTP/1.1 answer (or its framing).
     #[error("invalid answer: {0}")]
     Invalid(&'static str),
@@ -75,15 +79,21 @@ pub struct Response<S> {
 }
 
 impl<S: AsyncRead + Unpin> Response<S> {
-    /// Reads the answer's head (skipping informational answers) from `stream`, each read
-    /// bounded by `timeout`. On an error the stream is dropped (closed).
+    /// Reads the answer's head (skipping informational answers) from `stream`, all of it
+    /// within `timeout`. On an error the stream is dropped (closed).
     pub async fn read_head(mut stream: S, timeout: Option<Duration>) -> Result<Self, ReadError> {
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let mut buf = BytesMut::with_capacity(READ_SIZE);
         let mut skipped = 0;
+        let mut arrived = false;
         loop {
             if let Some(parsed) = parse_head(&mut buf)? {
                 let (status, version, headers) = parsed;
-                if (100..200).contains(&status) && status != 101 {
+                if status == 101 {
+                    // The gateway never asks to switch protocols.
+                    return Err(ReadError::Invalid("101 Switching Protocols unasked"));
+                }
+                if (100..200).contains(&status) {
                     skipped += 1;
                     if skipped > MAX_INFORMATIONAL {
                         return Err(ReadError::Invalid("too many informational answers"));
@@ -91,8 +101,13 @@ impl<S: AsyncRead + Unpin> Response<S> {
                     continue;
                 }
                 let body = framing(status, &headers)?;
+                // Both framings named is a message to read once and not trust further
+                // (RFC 9112 §6.3): the connection is not reused.
+                let both = headers.contains_key(http::header::TRANSFER_ENCODING)
+                    && headers.contains_key(http::header::CONTENT_LENGTH);
                 let keep_alive = version == 1
                     && body != Body::UntilClose
+                    && !both
                     && !has_token(&headers, http::header::CONNECTION, "close");
                 return Ok(Response {
                     stream,
@@ -107,10 +122,24 @@ impl<S: AsyncRead + Unpin> Response<S> {
             if buf.len() >= MAX_HEAD {
                 return Err(ReadError::Invalid("head too large"));
             }
-            if fill(&mut stream, &mut buf, timeout).await? == 0 {
-                return Err(ReadError::Io(
-                    "connection closed before the answer's head".into(),
-                ));
+            buf.reserve(READ_SIZE);
+            let read = stream.read_buf(&mut buf);
+            let read = match deadline {
+                Some(at) => tokio::time::timeout_at(at, read)
+                    .await
+                    .map_err(|_| ReadError::Timeout)?,
+                None => read.await,
+            };
+            match read {
+                Ok(0) if !arrived => return Err(ReadError::NothingArrived("closed".into())),
+                Ok(0) => {
+                    return Err(ReadError::Io(
+                        "connection closed before the answer's head".into(),
+                    ))
+                }
+                Ok(_) => arrived = true,
+                Err(e) if !arrived => return Err(ReadError::NothingArrived(e.to_string())),
+                Err(e) => return Err(ReadError::Io(e.to_string())),
             }
         }
     }
@@ -207,6 +236,12 @@ impl<S: AsyncRead + Unpin> Response<S> {
                         Body::Length(left - n)
                     };
                     return Ok(Some(piece));
+                }
+                // httparse reads a line without digits as size 0: refused here.
+                Body::Chunked(Chunk::Size)
+                    if self.buf.first().is_some_and(|b| !b.is_ascii_hexdigit()) =>
+                {
+                    return Err(ReadError::Invalid("chunk size"))
                 }
                 Body::Chunked(Chunk::Size) => match httparse::parse_chunk_size(&self.buf) {
                     Ok(httparse::Status::Complete((used, size))) => {
@@ -305,8 +340,18 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ReadError> {
             named.push((name, start, start + f.value.len()));
         }
     }
-    // Copied out (a few hundred bytes) so the read buffer stays the reader's alone.
-    let head = Bytes::copy_from_slice(&buf[..len]);
+    // Copied out (a few hundred bytes) so the read buffer stays the reader's alone. A value
+    // folded over several lines (obsolete, but allowed in answers) keeps its line breaks in
+    // httparse's view: they become spaces (RFC 9112 §5.2), so the field is kept, not dropped.
+    let mut head = BytesMut::from(&buf[..len]);
+    for (_, start, end) in &named {
+        for b in &mut head[*start..*end] {
+            if *b == b'\r' || *b == b'\n' {
+                *b = b' ';
+            }
+        }
+    }
+    let head = head.freeze();
     buf.advance(len);
     let mut headers = HeaderMap::with_capacity(named.len());
     for (name, start, end) in named {
@@ -344,7 +389,11 @@ fn framing(status: u16, headers: &HeaderMap) -> Result<Body, ReadError> {
     let mut length: Option<u64> = None;
     for v in headers.get_all(http::header::CONTENT_LENGTH) {
         for part in v.as_bytes().split(|b| *b == b',') {
-            let n = std::str::from_utf8(part.trim_ascii())
+            let part = part.trim_ascii();
+            if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
+                return Err(ReadError::Invalid("content-length"));
+            }
+            let n = std::str::from_utf8(part)
                 .ok()
                 .and_then(|s| s.parse::<u64>().ok())
                 .ok_or(ReadError::Invalid("content-length"))?;
@@ -471,6 +520,68 @@ mod tests {
             read(&huge, 4096).await,
             Err(ReadError::Invalid(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn ambiguous_framing_is_refused_or_not_reused() {
+        // Both framings: chunked wins, the connection is not reused.
+        let (_, _, body, reusable) = read(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n\
+              2\r\nok\r\n0\r\n\r\n",
+            4,
+        )
+        .await
+        .unwrap();
+        assert_eq!((body.as_slice(), reusable), (&b"ok"[..], false));
+        // A value folded over two lines is kept (unfolded), not dropped.
+        let (_, headers, body, reusable) = read(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip,\r\n chunked\r\n\r\n\
+              2\r\nok\r\n0\r\n\r\n",
+            4,
+        )
+        .await
+        .unwrap();
+        assert_eq!(headers["transfer-encoding"], "gzip,   chunked");
+        assert_eq!((body.as_slice(), reusable), (&b"ok"[..], true));
+        for wire in [
+            &b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\nok"[..],
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n;x\r\nok\r\n0\r\n\r\n",
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
+        ] {
+            assert!(
+                read(wire, 3).await.is_err(),
+                "{}",
+                String::from_utf8_lossy(wire)
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn only_a_connection_that_sent_nothing_counts_as_stale() {
+        assert!(matches!(
+            read(b"", 1).await,
+            Err(ReadError::NothingArrived(_))
+        ));
+        assert!(matches!(
+            read(b"HTTP/1.1 200", 4).await,
+            Err(ReadError::Io(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_first_byte_timeout_bounds_the_whole_head() {
+        let (mut tx, rx) = tokio::io::duplex(1024);
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            for b in b"HTTP/1.1 200 OK\r\nx-slow: aaaaaaaaaaaaaaaaaaaa\r\n\r\n" {
+                if tx.write_all(&[*b]).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        let r = Response::read_head(rx, Some(Duration::from_millis(200))).await;
+        assert!(matches!(r, Err(ReadError::Timeout)));
     }
 
     #[tokio::test]

@@ -180,11 +180,23 @@ impl UpstreamPool {
                 Ok(r) => r,
                 Err(_) => Err(UpstreamError::Timeout(Wait::FirstByte)),
             };
-            let answered = match sent {
-                Ok(()) => Response::read_head(stream, Some(req.provider.first_byte_timeout))
-                    .await
-                    .map_err(|e| read_error(e, Wait::FirstByte)),
-                Err(e) => Err(e),
+            // A pooled connection the provider had closed fails the write, or ends before any
+            // byte of an answer: only then is the request sent again on a fresh one. An answer
+            // that broke off part-way may mean the provider did the work: never resent.
+            let (answered, stale) = match sent {
+                Ok(()) => {
+                    match Response::read_head(stream, Some(req.provider.first_byte_timeout)).await {
+                        Ok(answer) => (Ok(answer), false),
+                        Err(e) => {
+                            let stale = matches!(e, ReadError::NothingArrived(_));
+                            (Err(read_error(e, Wait::FirstByte)), stale)
+                        }
+                    }
+                }
+                Err(e) => {
+                    let stale = !matches!(e, UpstreamError::Timeout(_));
+                    (Err(e), stale)
+                }
             };
             match answered {
                 Ok(mut answer) => {
@@ -195,9 +207,7 @@ impl UpstreamPool {
                     });
                 }
                 Err(e) => {
-                    let retryable =
-                        reused && attempts < 3 && !matches!(e, UpstreamError::Timeout(_));
-                    if !retryable {
+                    if !(reused && stale && attempts < 3) {
                         return Err(e);
                     }
                     log::debug!(
