@@ -52,6 +52,9 @@ async fn metrics_only_on_the_admin_listener_and_an_access_log_line() {
         .send()
         .await
         .unwrap();
+    // Its settlement is recorded (with Redis, after the next renewal round): the
+    // reservation gauge is back to 0.
+    gw.wait_usage(1).await;
     let admin = gw.admin.clone().expect("admin listener");
     let text = c
         .get(format!("{admin}/metrics"))

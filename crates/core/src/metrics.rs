@@ -70,7 +70,7 @@ pub static TOKENS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 pub static RESERVATIONS: LazyLock<IntGauge> = LazyLock::new(|| {
     let g = IntGauge::new(
         "gateway_reservations_in_flight",
-        "Quota reservations held by requests in flight on this instance.",
+        "Quota reservations held by requests in flight on this instance, until their settlement is paid and recorded.",
     )
     .expect("valid gauge definition");
     let _ = REGISTRY.register(Box::new(g.clone()));

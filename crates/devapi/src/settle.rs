@@ -261,7 +261,6 @@ impl InFlight {
         let admitted = self.admitted.take();
         match self.reservation.take() {
             Some(r) => {
-                gateway_core::metrics::RESERVATIONS.dec();
                 event.quota_charged = r.ticket.charge(used);
                 settle_and_record(&self.state, r, used, event, admitted)
             }
@@ -413,10 +412,13 @@ fn settle_and_record(
 ) {
     let sink: UsageSink = state.usage.clone();
     let pending = state.quota.is_shared().then(|| sink.begin_pending());
+    // The reservation counts as held until its settlement is paid and recorded (with leases,
+    // at the next renewal round): a gauge at 0 means every settlement is in the journal.
     let record = move |b| {
         event.breakdown = Some(b);
         sink.record(event, admitted);
         drop(pending);
+        gateway_core::metrics::RESERVATIONS.dec();
     };
     if let Err(later) = state.quota.settle_now(r.ticket, used, record) {
         let engine = state.quota.clone();
