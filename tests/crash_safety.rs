@@ -22,20 +22,8 @@ fn options() -> Options {
 /// Waits until no request holds a reservation: an answer reaches the client just before its
 /// settlement is journaled, and a kill in between charges the reservation instead.
 async fn settled(gw: &Gateway) {
-    let admin = gw.admin.as_ref().expect("admin listener");
     for _ in 0..100 {
-        let text = client()
-            .get(format!("{admin}/metrics"))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("metrics text");
-        if text
-            .lines()
-            .any(|l| l == "gateway_reservations_in_flight 0")
-        {
+        if gw.metric("gateway_reservations_in_flight").await == 0.0 {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;

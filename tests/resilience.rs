@@ -54,20 +54,7 @@ fn refused_port() -> u16 {
 
 /// The value of one series on the admin listener (0 when the series does not exist yet).
 async fn metric(gw: &Gateway, name: &str, labels: &str) -> f64 {
-    let admin = gw.admin.as_ref().expect("admin listener");
-    let text = client()
-        .get(format!("{admin}/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    let series = format!("{name}{{{labels}}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .map(|v| v.trim().parse().expect("metric value"))
-        .unwrap_or(0.0)
+    gw.metric(&format!("{name}{{{labels}}}")).await
 }
 
 /// The test's config, the admin listener (metrics) and info-level logs (recoveries); Redis when

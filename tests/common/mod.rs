@@ -540,6 +540,25 @@ impl Gateway {
     }
 
     /// All usage events as JSON objects, oldest first.
+    /// The value of one series on the admin listener, named as the exposition writes it
+    /// (`name` or `name{labels}`); 0 when the series does not exist yet. Needs `admin: true`.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let admin = self.admin.as_ref().expect("admin listener");
+        let text = client()
+            .get(format!("{admin}/metrics"))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        let prefix = format!("{series} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map(|v| v.trim().parse().expect("metric value"))
+            .unwrap_or(0.0)
+    }
+
     pub async fn usage_events(&self) -> Vec<Value> {
         use sqlx::Row;
         let db = self.db().await;

@@ -84,9 +84,8 @@ pub(crate) fn push_merged(
     }
 }
 
-/// A Chat Completions body's object and its `messages`, with `n` > 1 refused: what every
-/// translation of a chat request starts from.
-pub(crate) fn chat_messages(
+/// A request body's object and its `messages` array (Chat Completions and Messages alike).
+pub(crate) fn body_messages(
     body: &Value,
 ) -> Result<(&Map<String, Value>, &Vec<Value>), TranslateError> {
     let obj = body
@@ -96,6 +95,15 @@ pub(crate) fn chat_messages(
         .get("messages")
         .and_then(Value::as_array)
         .ok_or_else(|| bad("`messages` must be an array"))?;
+    Ok((obj, messages))
+}
+
+/// A Chat Completions body's object and its `messages`, with `n` > 1 refused: what every
+/// translation of a chat request starts from.
+pub(crate) fn chat_messages(
+    body: &Value,
+) -> Result<(&Map<String, Value>, &Vec<Value>), TranslateError> {
+    let (obj, messages) = body_messages(body)?;
     if opt_u64(obj, "n")?.is_some_and(|n| n > 1) {
         return Err(bad("`n` greater than 1 is not supported by this model"));
     }

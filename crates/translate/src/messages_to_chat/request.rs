@@ -238,13 +238,7 @@ const CARRIED: &[&str] = &[
 /// refused): OpenAI-style providers have no equivalent. A thinking budget becomes `reasoning_effort`
 /// (≤2048 low, ≤8192 medium, else high).
 pub fn request(body: &Value, upstream_model: &str) -> Result<Value, TranslateError> {
-    let obj = body
-        .as_object()
-        .ok_or_else(|| bad("request body must be a JSON object"))?;
-    let messages = obj
-        .get("messages")
-        .and_then(Value::as_array)
-        .ok_or_else(|| bad("`messages` must be an array"))?;
+    let (obj, messages) = crate::body_messages(body)?;
 
     let mut out_messages = Vec::new();
     let system = blocks_text(obj.get("system"), "\n");

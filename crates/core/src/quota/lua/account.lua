@@ -128,11 +128,9 @@ local function spend_add(m, buckets, now, ttl, allow_t, allow_r, lot_t, lot_r)
   if not m.so then m.so = hour end
 end
 
--- Releases the reservation (or lease) `id`, if it is still held.
-local function release(m, held, held_at, id)
-  local h = redis.call('HGET', held, id)
-  redis.call('ZREM', held_at, id)
-  if not h then return end
+-- Takes what one reservation or lease entry `h` holds off the account's sums (held, and for a
+-- lease also held unused).
+local function unhold(m, h)
   local t, r, _, ft, fr = string.match(h, '(%d+),(%d+),(%d+),?(%d*),?(%d*)')
   m.rt = math.max(0, m.rt - tonumber(t))
   m.rr = math.max(0, m.rr - tonumber(r))
@@ -140,5 +138,13 @@ local function release(m, held, held_at, id)
     m.ft = math.max(0, m.ft - tonumber(ft))
     m.fr = math.max(0, m.fr - tonumber(fr))
   end
+end
+
+-- Releases the reservation (or lease) `id`, if it is still held.
+local function release(m, held, held_at, id)
+  local h = redis.call('HGET', held, id)
+  redis.call('ZREM', held_at, id)
+  if not h then return end
+  unhold(m, h)
   redis.call('HDEL', held, id)
 end

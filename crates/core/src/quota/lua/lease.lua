@@ -53,15 +53,7 @@ spend_window(m, KEYS[3], KEYS[2], KEYS[5], now)
 local lease_id = ARGV[2]
 local old = redis.call('HGET', KEYS[2], lease_id)
 local had_lease = old ~= false and old ~= nil
-if had_lease then
-  local t, r, _, ft, fr = string.match(old, '(%d+),(%d+),(%d+),?(%d*),?(%d*)')
-  m.rt = math.max(0, m.rt - tonumber(t))
-  m.rr = math.max(0, m.rr - tonumber(r))
-  if ft and ft ~= '' then
-    m.ft = math.max(0, m.ft - tonumber(ft))
-    m.fr = math.max(0, m.fr - tonumber(fr))
-  end
-end
+if had_lease then unhold(m, old) end
 local held_nothing = not had_lease and m.rt == 0 and m.rr == 0
 local flags = tonumber(ARGV[20])
 
