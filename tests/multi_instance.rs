@@ -11,7 +11,9 @@
 //! - after Redis loses everything, the balance it reloads equals the database's;
 //! - 200 accounts, each with an allowance for a few requests, driven to exhaustion over both
 //!   instances at once: none served more than its allowance, none left with more than one
-//!   request stranded in a lease, one usage event per request served.
+//!   request stranded in a lease, one usage event per request served;
+//! - leases set aside from the allowance: every request is recorded at once, and a graceful
+//!   stop books what was settled within them and gives them back.
 
 mod common;
 
@@ -367,6 +369,45 @@ async fn many_accounts_exhausted_over_two_instances(store: Store) {
     );
 }
 
+async fn set_aside_leases_are_booked_and_given_back_on_stop(store: Store) {
+    let mut p = pair(&store, &roomy());
+    let (user_id, key) = p.a.user_and_key("aside@example.com");
+    for i in 0..12 {
+        let gw = if i % 2 == 0 { &p.a } else { &p.b };
+        assert_eq!(send(gw, &key).await.0, 200);
+    }
+    // Every request is recorded without waiting for Redis to hear of it.
+    let events = p.a.wait_usage(12).await;
+    assert_eq!(events.len(), 12);
+    let charged: i64 = events
+        .iter()
+        .map(|e| e["quota_charged"].as_i64().expect("quota_charged"))
+        .sum();
+    let meta = format!("{}q:{{{user_id}}}", p.prefix);
+    let mut c = store.conn().await;
+    let leases: Vec<String> = c.hvals(format!("{meta}:res")).await.expect("hvals");
+    assert!(
+        leases.iter().any(|v| v.ends_with(",1")),
+        "a lease set aside from the allowance: {leases:?}"
+    );
+    let aside: Option<i64> = c.hget(&meta, "xa").await.expect("hget");
+    assert!(aside.unwrap_or(0) > 0, "{aside:?}");
+    // A graceful stop books what was settled within the shares and gives them back.
+    assert!(p.a.terminate());
+    assert!(p.b.terminate());
+    let m: std::collections::HashMap<String, String> = c.hgetall(&meta).await.expect("hgetall");
+    for field in ["xa", "xr", "rt", "rr", "ft", "fr"] {
+        assert_eq!(
+            m.get(field).map(String::as_str),
+            Some("0"),
+            "{field}: {m:?}"
+        );
+    }
+    assert_eq!(m.get("sa"), Some(&charged.to_string()), "{m:?}");
+    let held: Vec<String> = c.hkeys(format!("{meta}:res")).await.expect("hkeys");
+    assert!(held.is_empty(), "{held:?}");
+}
+
 /// One test per store: `<name>` on one Redis, `<name>_on_a_cluster` on a Redis Cluster.
 macro_rules! on_both_stores {
     ($($name:ident => $body:ident),* $(,)?) => {
@@ -399,4 +440,5 @@ on_both_stores! {
     revocation_and_suspension_reach_the_other_instance => revocation_and_suspension_across_instances,
     a_lot_granted_is_usable_on_the_other_instance_at_once => lot_usable_on_the_other_instance,
     redis_is_reconciled_with_the_database_after_losing_its_state => reconciled_after_redis_loses_its_state,
+    set_aside_leases_are_recorded_at_once_and_booked_on_a_graceful_stop => set_aside_leases_are_booked_and_given_back_on_stop,
 }

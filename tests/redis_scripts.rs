@@ -499,8 +499,31 @@ async fn lease_flagged(
     inv.arg(kept.0).arg(0).arg(kept.1).arg(0);
     inv.arg(ask).arg(i64::from(ask > 0)).arg(10);
     inv.arg(settled.iter().sum::<i64>()).arg(settled.len());
-    // No window corrections, no scopes.
-    inv.arg(0).arg(0).arg(flags);
+    // No window corrections, no scopes, nothing settled out of a set-aside share.
+    inv.arg(0).arg(0).arg(flags).arg(0).arg(0);
+    inv.invoke_async(&mut a.conn).await.unwrap()
+}
+
+/// `lease` for an instance whose lease was set aside: `aside` tokens settled within it (one
+/// request each), already recorded as paid by the allowance.
+async fn lease_aside(
+    a: &mut Account,
+    now: i64,
+    kept: (i64, i64),
+    ask: i64,
+    aside: &[i64],
+) -> Vec<Value> {
+    let script = Script::new(gateway_core::quota::shared::LEASE_LUA);
+    let mut inv = script.prepare_invoke();
+    for k in &a.keys {
+        inv.key(k);
+    }
+    inv.arg(now).arg("L:test").arg(1000).arg(0).arg("0");
+    inv.arg(NO_TIMEOUT).arg(3600).arg(4);
+    inv.arg(kept.0).arg(0).arg(kept.1).arg(0);
+    inv.arg(ask).arg(i64::from(ask > 0)).arg(10);
+    inv.arg(0).arg(0).arg(0).arg(0).arg(0);
+    inv.arg(aside.iter().sum::<i64>()).arg(aside.len());
     inv.invoke_async(&mut a.conn).await.unwrap()
 }
 
@@ -514,7 +537,12 @@ async fn a_lease_takes_a_quarter_at_most_and_a_drain_takes_it_back() {
     // 1000 tokens a week, nothing spent: a lease asking 400 gets a quarter of what is left.
     let r = lease(&mut a, now, (0, 0), 400, &[]).await;
     assert_eq!((text(&r[0]), text(&r[1])), ("lease".into(), "250".into()));
-    assert_eq!(a.meta("rt").await, Some(250));
+    // The allowance alone covers it: set aside, not reserved.
+    assert_eq!(text(&r[8]), "1");
+    assert_eq!(
+        (a.meta("xa").await, a.meta("rt").await),
+        (Some(250), Some(0))
+    );
     assert_eq!(a.meta("ft").await, Some(250), "held unused");
     // A request needing more than is left beside the lease is not refused outright: the
     // lease holds what it needs, so the account is drained and the caller asked to wait.
@@ -536,6 +564,7 @@ async fn a_lease_takes_a_quarter_at_most_and_a_drain_takes_it_back() {
         "paid from the allowance's room, nothing uncovered, no lots"
     );
     assert_eq!((a.meta("rt").await, a.meta("ft").await), (Some(0), Some(0)));
+    assert_eq!(a.meta("xa").await, Some(0));
     assert_eq!(a.open().await, (0, 0), "the lease is gone");
     // Now the request fits: 1000 - 40 spent.
     assert!(matches!(
@@ -615,10 +644,11 @@ async fn a_pay_only_renewal_leaves_what_the_whole_script_would() {
         assert_eq!(m1.get("sa").map(String::as_str), Some("80"));
         let kept = 160 + ask;
         assert_eq!(
-            m1.get("rt").map(String::as_str),
+            m1.get("xa").map(String::as_str),
             Some(kept.to_string().as_str()),
-            "in flight, unused and granted kept"
+            "in flight, unused and granted kept, set aside from the allowance"
         );
+        assert_eq!(m1.get("rt").map(String::as_str), Some("0"));
         let l1: Option<String> = light.conn.hget(res(&light), "L:test").await.unwrap();
         let l2: Option<String> = whole.conn.hget(res(&whole), "L:test").await.unwrap();
         assert_eq!(l1, l2);
@@ -626,7 +656,7 @@ async fn a_pay_only_renewal_leaves_what_the_whole_script_would() {
         assert_eq!(
             l1,
             Some(format!(
-                "{kept},{requests},{},{},{requests}",
+                "{kept},{requests},{},{},{requests},1",
                 now + 200,
                 150 + ask
             ))
@@ -634,4 +664,66 @@ async fn a_pay_only_renewal_leaves_what_the_whole_script_would() {
         light.cleanup().await;
         whole.cleanup().await;
     }
+}
+
+#[tokio::test]
+async fn a_set_aside_share_is_out_of_every_other_requests_reach() {
+    let Some(mut a) = Account::new().await else {
+        return;
+    };
+    let now = H * HOUR + 1_000;
+    a.load(&[]).await;
+    let expires = now + HOUR;
+    let _: () = a
+        .conn
+        .hset(&a.keys[3], "lot_a", format!("t,100,{expires},-1"))
+        .await
+        .unwrap();
+    // 1,000 tokens of allowance: a lease takes 250 of it (a quarter of 1,000 + the lot's 100,
+    // capped at what it asked), set aside.
+    let r = lease(&mut a, now, (0, 0), 250, &[]).await;
+    assert_eq!((text(&r[1]), text(&r[8])), ("250".into(), "1".into()));
+    // Another request reserves 800: 750 of allowance beside the share, and the lot.
+    assert!(matches!(
+        a.reserve(now + 1, "r1", 800, 1000, NO_TIMEOUT).await,
+        Reply::Ok { .. }
+    ));
+    // It settles all 800: the allowance pays what the share left (750), the lot the rest, so
+    // the share's 250 stays the allowance's even though they settle first.
+    assert_eq!(a.settle(now + 2, "r1", 800, 1000).await, 750);
+    let lot: String = a.conn.hget(&a.keys[3], "lot_a").await.unwrap();
+    assert_eq!(lot, format!("t,50,{expires},-1"));
+    // The lease settled 220 within its share (recorded as allowance when settled). Its renewal
+    // books them, keeps its 30 unused and asks for 100 more: the allowance has only those 30
+    // left, so the lots count (a quarter of the lot's 50) and what it keeps can no longer be
+    // set aside: it becomes an ordinary reservation.
+    let r = lease_aside(&mut a, now + 100, (0, 30), 100, &[120, 100]).await;
+    assert_eq!((text(&r[0]), text(&r[1])), ("lease".into(), "12".into()));
+    assert_eq!(text(&r[8]), "0", "reserved, not set aside");
+    let Value::Array(paid) = &r[6] else {
+        panic!("settlements: {r:?}")
+    };
+    assert_eq!(
+        paid.iter().map(text).collect::<Vec<_>>(),
+        ["0", "0", "0", "0"],
+        "nothing to split: the set-aside settlements are booked as they were recorded"
+    );
+    assert_eq!(
+        a.meta("sa").await,
+        Some(970),
+        "750 + 220: never past the 1,000"
+    );
+    assert_eq!(
+        (a.meta("xa").await, a.meta("rt").await),
+        (Some(0), Some(42))
+    );
+    assert_eq!((a.meta("xr").await, a.meta("rr").await), (Some(0), Some(1)));
+    let entry: String = a.conn.hget(&a.keys[1], "L:test").await.unwrap();
+    assert_eq!(entry, format!("42,1,{},42,1", now + 100));
+    // Given back: nothing held, nothing set aside.
+    let r = lease_aside(&mut a, now + 200, (0, 0), 0, &[]).await;
+    assert_eq!(text(&r[0]), "lease");
+    assert_eq!((a.meta("xa").await, a.meta("rt").await), (Some(0), Some(0)));
+    assert_eq!(a.open().await, (0, 0));
+    a.cleanup().await;
 }

@@ -56,6 +56,10 @@ pub(super) fn spawn_drain_monitor(
             // Let Pingora's grace period end and drop the rest; main flushes after that.
             return;
         }
+        state
+            .quota
+            .give_back_leases(state.config().quota.reservation_timeout)
+            .await;
         state.usage.flush().await;
         state.items.flush().await;
         gateway_devapi::accesslog::flush();

@@ -10,8 +10,15 @@
 //! recorded once its share is known. On one Redis the round's accounts share one script call
 //! (`lease_batch.lua`); on a cluster each account is its own call, all sent together.
 //!
+//! While the weekly allowance alone covers what a lease keeps, the lease is set aside from the
+//! allowance rather than reserved (`aside`): no other request can pay from that part, so a
+//! request settled within it is paid by the allowance, known here at once. Its usage event is
+//! recorded then, and its cost waits for the lease's next renewal (when it runs short, idles or
+//! nears the timeout), which books the sum: an account at a request every few seconds costs
+//! Redis a renewal every few requests instead of one per request.
+//!
 //! Redis work follows the account's own traffic, not the clock: a lease is touched only when
-//! settlements wait to be paid, when it is short (a request did not fit, or fewer than half the
+//! settlements outside a set-aside share wait to be paid, when it is short (a request did not fit, or fewer than half the
 //! requests it is sized for are left), when it has been idle `IDLE_MS` (given back), when it
 //! nears the reservation timeout (its start time is pushed back, or the sweep would release
 //! it), and when another instance drained the account (`q:drains`, polled every
@@ -27,7 +34,10 @@
 //!   last tokens are neither overspent nor stranded;
 //! - a window chunk is counted in the window before any of it is used, so a per-minute limit
 //!   counts at least what was admitted; output tokens are corrected to the real amount when the
-//!   settlement is paid (within `FLUSH_EVERY`, as one instance corrects at settlement).
+//!   settlement is paid (within `FLUSH_EVERY`, as one instance corrects at settlement);
+//! - a set-aside share counts as spent for every other request and lease, and is set aside only
+//!   while the allowance alone covers it beyond everything held, so what is settled within it
+//!   is the allowance's whatever else happens before the renewal books it.
 //!
 //! The lease size follows the account's request rate on this instance: enough for `HORIZON_MS`
 //! of its traffic, doubled each time it runs out between renewals.
@@ -91,6 +101,10 @@ struct Chunk {
     last_used: i64,
 }
 
+/// A window correction (input, output: actual − charged) a chunk could not take, for the
+/// window of `scope` in `minute`.
+type Fix = (String, i64, [i64; 2]);
+
 /// A request settled against the lease, waiting for the renewal that pays it.
 pub(super) struct Pending {
     pub(super) ticket: Ticket,
@@ -126,6 +140,13 @@ pub(super) struct Slot {
     /// Settled here, paid at the next renewal; `pending_cost` is what they held.
     pending: Vec<Pending>,
     pending_cost: [u64; 2],
+    /// The lease is set aside from the weekly allowance (`lease.lua`): a request settled
+    /// within it is paid by the allowance, recorded at once, and only its cost (tokens,
+    /// requests) waits here for the next renewal, which books the sum.
+    aside: bool,
+    aside_paid: [u64; 2],
+    /// Window corrections of set-aside settlements that their chunk could not take.
+    late_fixes: Vec<Fix>,
     chunks: HashMap<String, Chunk>,
     exact_until: i64,
     pub(super) renewing: bool,
@@ -153,14 +174,20 @@ pub(super) struct Slot {
 
 impl Slot {
     fn free(&self) -> [u64; 2] {
-        [0, 1].map(|i| self.held[i].saturating_sub(self.inflight[i] + self.pending_cost[i]))
+        [0, 1].map(|i| {
+            self.held[i]
+                .saturating_sub(self.inflight[i] + self.pending_cost[i] + self.aside_paid[i])
+        })
     }
 
     /// Whether the periodic renewal has something to do for this account (see the module's
     /// doc): nothing on a clock but the reservation timeout.
-    fn due(&self, now: i64, timeout_ms: i64) -> bool {
+    fn due(&self, now: i64, timeout_ms: i64, closing: bool) -> bool {
         if self.renewing {
             return false;
+        }
+        if closing {
+            return self.held != [0, 0] || !self.chunks.is_empty() || !self.pending.is_empty();
         }
         let minute = now.div_euclid(WINDOW_MS);
         let chunk = self
@@ -170,6 +197,7 @@ impl Slot {
         let holds = self.held != [0, 0] || chunk;
         let idle = now - self.last_used > IDLE_MS && self.inflight == [0, 0];
         !self.pending.is_empty()
+            || !self.late_fixes.is_empty()
             || (holds && (self.wake || idle))
             || (self.held != [0, 0] && now - self.refreshed >= timeout_ms / 3)
     }
@@ -196,6 +224,8 @@ pub(super) enum Admit {
 pub struct Leases {
     pub(super) id: String,
     cells: dashmap::DashMap<String, Arc<Cell>, FastHash>,
+    /// The instance is stopping: every lease is given back at the next round.
+    closing: std::sync::atomic::AtomicBool,
 }
 
 /// The arguments of one `lease.lua` call and what to do with its answer.
@@ -213,6 +243,7 @@ impl Leases {
         Leases {
             id: format!("L:{instance}"),
             cells: Default::default(),
+            closing: Default::default(),
         }
     }
 
@@ -329,9 +360,24 @@ impl Leases {
                 on_paid,
             });
         };
-        let mut s = cell.slot.lock();
+        let mut guard = cell.slot.lock();
+        let s = &mut *guard;
         s.inflight[0] = s.inflight[0].saturating_sub(t.tokens);
         s.inflight[1] = s.inflight[1].saturating_sub(t.requests);
+        let charge = t.charge(used);
+        // Within a set-aside share (and not while a renewal may be changing its kind) the
+        // allowance pays: recorded now, booked in Redis at the next renewal.
+        if s.aside && !s.renewing && charge <= t.tokens {
+            s.aside_paid[0] += charge;
+            s.aside_paid[1] += t.requests;
+            let by = window_fix(&mut s.chunks, &t, used);
+            if by != [0, 0] {
+                add_fix(&mut s.late_fixes, &t.plan.scope, t.minute, by);
+            }
+            drop(guard);
+            on_paid(on_allowance(&t, used, now_ms()));
+            return Ok(());
+        }
         s.pending_cost[0] += t.tokens;
         s.pending_cost[1] += t.requests;
         s.pending.push(Pending {
@@ -362,7 +408,8 @@ impl Leases {
         s.wake = false;
         let pending = std::mem::take(&mut s.pending);
         let paid = std::mem::take(&mut s.pending_cost);
-        s.held = [0, 1].map(|i| s.held[i].saturating_sub(paid[i]));
+        let aside_paid = std::mem::take(&mut s.aside_paid);
+        s.held = [0, 1].map(|i| s.held[i].saturating_sub(paid[i] + aside_paid[i]));
 
         let elapsed = (now - s.last_renewal).max(1) as f64;
         let observed = s.admitted as f64 * 1000.0 / elapsed;
@@ -372,7 +419,8 @@ impl Leases {
             0.7 * s.rate_per_s + 0.3 * observed
         };
         s.admitted = 0;
-        let idle = now - s.last_used > IDLE_MS && s.inflight == [0, 0];
+        let closing = self.closing.load(std::sync::atomic::Ordering::Relaxed);
+        let idle = (closing || now - s.last_used > IDLE_MS) && s.inflight == [0, 0];
         let exact = s.exact_until > now || idle;
         let urgent = s.need != [0; 3];
         let mut want = (s.rate_per_s * HORIZON_MS / 1000.0).max(MIN_REQUESTS);
@@ -422,51 +470,19 @@ impl Leases {
         // `Paid`), and their token windows corrected once per window: the script's work does
         // not grow with the traffic.
         let mut settled = [0u64; 2];
-        let mut fixes: Vec<(&str, i64, [i64; 2])> = Vec::new();
+        let mut fixes: Vec<Fix> = std::mem::take(&mut s.late_fixes);
         for p in &pending {
             let t = &p.ticket;
             settled[0] += t.charge(p.used);
             settled[1] += t.requests;
-            if t.plan.itpm > 0 || t.plan.otpm > 0 {
-                let mut by = [
-                    p.used.input_tokens as i64 - t.input_cost as i64,
-                    p.used.output_tokens as i64 - t.output_cost as i64,
-                ];
-                // Within the minute's chunk the window already counts the whole chunk: the
-                // difference moves the chunk's own use (less used leaves room for more, more
-                // used takes room), and Redis hears of it only when the chunk cannot take it.
-                let chunk = s
-                    .chunks
-                    .get_mut(t.plan.scope.as_str())
-                    .filter(|c| c.minute == t.minute && c.granted != [0; 3]);
-                let caps = [t.plan.itpm, t.plan.otpm];
-                match chunk {
-                    Some(c) => {
-                        for d in 0..2 {
-                            let dim = d + 1;
-                            if caps[d] == 0 {
-                                by[d] = 0;
-                            } else if by[d] <= 0 {
-                                c.used[dim] = c.used[dim].saturating_sub(by[d].unsigned_abs());
-                                by[d] = 0;
-                            } else if c.used[dim] + by[d] as u64 <= c.granted[dim] {
-                                c.used[dim] += by[d] as u64;
-                                by[d] = 0;
-                            }
-                        }
-                    }
-                    None => (0..2).filter(|d| caps[*d] == 0).for_each(|d| by[d] = 0),
-                }
-                let window = (t.plan.scope.as_str(), t.minute);
-                match fixes.iter_mut().find(|f| (f.0, f.1) == window) {
-                    Some(f) => (0..2).for_each(|d| f.2[d] += by[d]),
-                    None => fixes.push((window.0, window.1, by)),
-                }
+            let by = window_fix(&mut s.chunks, t, p.used);
+            if by != [0, 0] {
+                add_fix(&mut fixes, &t.plan.scope, t.minute, by);
             }
         }
         let mut items: Vec<String> = Vec::with_capacity(fixes.len() * 3);
         for (scope, minute, by) in fixes.into_iter().filter(|f| f.2 != [0, 0]) {
-            items.push(index(rate_key(prefix, user_id, scope, minute)).to_string());
+            items.push(index(rate_key(prefix, user_id, &scope, minute)).to_string());
             items.extend(by.map(|v| v.to_string()));
         }
         let mut args: Vec<String> = Vec::with_capacity(20 + items.len());
@@ -568,6 +584,8 @@ impl Leases {
             (items.len() / 3).to_string(),
             scopes.len().to_string(),
             flags.to_string(),
+            aside_paid[0].to_string(),
+            aside_paid[1].to_string(),
         ]);
         args.extend(items);
         args.extend(scope_args);
@@ -609,11 +627,13 @@ impl Leases {
             Some(r) => s.held = [call.kept[0] + r.granted[0], call.kept[1] + r.granted[1]],
             None => {
                 s.held = holding;
+                s.aside = false;
                 s.exact_until = now + EXACT_MS;
                 s.chunks.clear();
             }
         }
         if let Some(r) = answer {
+            s.aside = r.aside;
             for (scope, (granted, counted)) in call.scopes.iter().zip(&r.chunks) {
                 if let Some(c) = s.chunks.get_mut(scope) {
                     c.granted = *granted;
@@ -638,11 +658,18 @@ impl Leases {
     }
 
     pub(super) fn due(&self, now: i64, timeout_ms: i64) -> Vec<String> {
+        let closing = self.closing.load(std::sync::atomic::Ordering::Relaxed);
         self.cells
             .iter()
-            .filter(|e| e.value().slot.lock().due(now, timeout_ms))
+            .filter(|e| e.value().slot.lock().due(now, timeout_ms, closing))
             .map(|e| e.key().clone())
             .collect()
+    }
+
+    /// The instance is stopping: the next round gives every lease back (`Slot::due`).
+    pub(super) fn close(&self) {
+        self.closing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether this instance holds any lease (the drain poll is skipped otherwise).
@@ -667,9 +694,56 @@ impl Leases {
     }
 }
 
+/// What of a settlement's token correction (actual − charged) its window must still hear of.
+/// Within the minute's chunk the window already counts the whole chunk: the difference moves
+/// the chunk's own use (less used leaves room for more, more used takes room), and Redis hears
+/// of it only when the chunk cannot take it.
+fn window_fix(chunks: &mut HashMap<String, Chunk>, t: &Ticket, used: Used) -> [i64; 2] {
+    let caps = [t.plan.itpm, t.plan.otpm];
+    if caps == [0, 0] {
+        return [0, 0];
+    }
+    let mut by = [
+        used.input_tokens as i64 - t.input_cost as i64,
+        used.output_tokens as i64 - t.output_cost as i64,
+    ];
+    let chunk = chunks
+        .get_mut(t.plan.scope.as_str())
+        .filter(|c| c.minute == t.minute && c.granted != [0; 3]);
+    match chunk {
+        Some(c) => {
+            for d in 0..2 {
+                let dim = d + 1;
+                if caps[d] == 0 {
+                    by[d] = 0;
+                } else if by[d] <= 0 {
+                    c.used[dim] = c.used[dim].saturating_sub(by[d].unsigned_abs());
+                    by[d] = 0;
+                } else if c.used[dim] + by[d] as u64 <= c.granted[dim] {
+                    c.used[dim] += by[d] as u64;
+                    by[d] = 0;
+                }
+            }
+        }
+        None => (0..2).filter(|d| caps[*d] == 0).for_each(|d| by[d] = 0),
+    }
+    by
+}
+
+/// Adds a correction to the list, one entry per window: the script's work does not grow with
+/// the traffic.
+fn add_fix(fixes: &mut Vec<Fix>, scope: &str, minute: i64, by: [i64; 2]) {
+    match fixes.iter_mut().find(|f| f.0 == scope && f.1 == minute) {
+        Some(f) => (0..2).for_each(|d| f.2[d] += by[d]),
+        None => fixes.push((scope.to_string(), minute, by)),
+    }
+}
+
 /// A renewal's answer.
 pub(super) struct Renewed {
     exact: bool,
+    /// The lease is set aside from the allowance (see `Slot::aside`).
+    aside: bool,
     granted: [u64; 2],
     pub(super) weekly: u64,
     /// The highest lot tier; `None`: the lots were not read (keep what was known).
@@ -698,6 +772,7 @@ pub(super) fn parse(reply: &[RedisValue]) -> Option<Renewed> {
         .collect();
     Some(Renewed {
         exact: mode == "exact",
+        aside: num(8) == 1,
         granted: [num(1), num(2)],
         weekly: num(3),
         top: match reply.get(4).and_then(as_i64) {

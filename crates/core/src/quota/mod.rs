@@ -444,6 +444,17 @@ impl Engine {
 }
 
 impl Engine {
+    /// Gives every lease this instance holds back to Redis, booking what was settled within
+    /// them, so a stopped instance leaves no share held until the sweep. The last step of a
+    /// graceful stop, once nothing is in flight.
+    pub async fn give_back_leases(&self, timeout: std::time::Duration) {
+        let Backend::Shared(s) = &self.backend else {
+            return;
+        };
+        s.leases.close();
+        s.renew_leases(&self.db, timeout.as_millis() as i64).await;
+    }
+
     /// Pays what was settled against this instance's leases and renews them, every
     /// `lease::FLUSH_EVERY`, apart from the keeper so a slow probe cannot delay settlements.
     async fn run_lease_renewals(self: Arc<Self>, timeout: std::time::Duration) {

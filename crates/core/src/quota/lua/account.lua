@@ -8,6 +8,9 @@
 -- x = when the keys' expiry was last pushed back (ms); ft, fr = tokens and requests that the
 -- instances' leases hold unused (lease.lua), so a refused reservation knows whether waiting for
 -- the leases to come back can help (the account is then drained: dr = until when, ms);
+-- xa, xr = tokens and requests of the weekly allowance that leases have set aside (lease.lua):
+-- counted as spent for everyone else, so what a set-aside lease settles is known to be paid by
+-- the allowance as soon as it is settled; it is booked into sa, sr at the lease's next renewal;
 -- bh, bv = the current hour's spend bucket (hour, "at,ar,lt,lr"), kept here rather than in the
 -- buckets hash so paying costs no command of its own: it is added to the hash's bucket of that
 -- hour when the hour changes.
@@ -18,7 +21,9 @@
 -- were never built (an account written by an earlier version of these scripts).
 -- Reservations are a hash id -> "tokens,requests,at_ms" plus a sorted set id -> at_ms, so the
 -- stale ones are found by score instead of by reading every open reservation. An instance's
--- lease is one of them, id "L:<instance>", value "tokens,requests,at_ms,free_tokens,free_requests".
+-- lease is one of them, id "L:<instance>", value
+-- "tokens,requests,at_ms,free_tokens,free_requests,aside": aside 1 = its tokens and requests are
+-- set aside from the allowance (counted in xa, xr instead of rt, rr).
 -- Gateways sharing one Redis must run the same version of these scripts: an earlier version
 -- would book spend without updating the sums. Keys left by one are carried over (v absent).
 
@@ -27,7 +32,7 @@ local HOUR_MS = 3600000
 -- The account's meta hash, or nil when the account is not in Redis.
 local function read_account(meta)
   local f = redis.call('HMGET', meta, 'loaded', 'v', 'sa', 'sr', 'sl', 'so', 'rt', 'rr', 'x',
-    'ft', 'fr', 'dr', 'bh', 'bv')
+    'ft', 'fr', 'dr', 'bh', 'bv', 'xa', 'xr')
   if not f[1] then return nil end
   local bv = nil
   if f[14] then
@@ -43,12 +48,13 @@ local function read_account(meta)
     x = tonumber(f[9] or '0'),
     ft = tonumber(f[10] or '0'), fr = tonumber(f[11] or '0'),
     dr = tonumber(f[12] or '0') or 0,
+    xa = tonumber(f[15] or '0'), xr = tonumber(f[16] or '0'),
   }
 end
 
 local function write_account(meta, m)
   local f = {'v', 2, 'sa', m.sa, 'sr', m.sr, 'sl', m.sl, 'rt', m.rt, 'rr', m.rr, 'x', m.x,
-    'ft', m.ft, 'fr', m.fr}
+    'ft', m.ft, 'fr', m.fr, 'xa', m.xa, 'xr', m.xr}
   if m.so then
     table.insert(f, 'so'); table.insert(f, m.so)
   end
@@ -128,12 +134,17 @@ local function spend_add(m, buckets, now, ttl, allow_t, allow_r, lot_t, lot_r)
   if not m.so then m.so = hour end
 end
 
--- Takes what one reservation or lease entry `h` holds off the account's sums (held, and for a
--- lease also held unused).
+-- Takes what one reservation or lease entry `h` holds off the account's sums (held or set
+-- aside, and for a lease also held unused).
 local function unhold(m, h)
-  local t, r, _, ft, fr = string.match(h, '(%d+),(%d+),(%d+),?(%d*),?(%d*)')
-  m.rt = math.max(0, m.rt - tonumber(t))
-  m.rr = math.max(0, m.rr - tonumber(r))
+  local t, r, _, ft, fr, aside = string.match(h, '(%d+),(%d+),(%d+),?(%d*),?(%d*),?(%d*)')
+  if aside == '1' then
+    m.xa = math.max(0, m.xa - tonumber(t))
+    m.xr = math.max(0, m.xr - tonumber(r))
+  else
+    m.rt = math.max(0, m.rt - tonumber(t))
+    m.rr = math.max(0, m.rr - tonumber(r))
+  end
   if ft and ft ~= '' then
     m.ft = math.max(0, m.ft - tonumber(ft))
     m.fr = math.max(0, m.fr - tonumber(fr))

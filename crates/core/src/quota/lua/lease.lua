@@ -9,6 +9,11 @@
 -- other reservation and lease, and none at all once that share is smaller than one request:
 -- the account is then drained (dr = until when) and every instance reserves each request
 -- exactly (reserve.lua), giving its unused share back at its next call.
+-- When the weekly allowance alone covers everything the lease keeps, beyond every other
+-- reservation and lease, the lease is set aside from the allowance instead (xa, xr rather than
+-- rt, rr; see account.lua): nothing else can pay from that part of the allowance, so the
+-- instance knows at settlement that a request within it is paid by the allowance, records it at
+-- once and reports the sum at its next renewal (ARGV 21, 22) rather than on a clock.
 -- Per-minute windows: a lease's chunk is charged to the current minute's window up front and
 -- its unused part given back later, so a window counts at least what was admitted.
 --
@@ -22,6 +27,8 @@
 --       19 number of scopes s, 20 flags: 1 = push the lease's start time back (the sweep
 --       releases a lease whose start is older than the reservation timeout), 2 = read the lots
 --       even if the allowance covers everything (for the highest lot tier),
+--       21, 22 tokens and requests settled out of the lease's set-aside share (each already
+--       recorded as paid by the allowance: they are booked, never split),
 --       then n corrections: window index, input correction, output correction (actual - charged),
 --       then s scopes: previous-minute window index, current-minute window index, caps (r, i, o),
 --         index of the window a chunk is given back to (0: none), its unused part (r, i, o), the
@@ -34,12 +41,12 @@
 -- only when flag 1 asks.
 -- Returns {'load'} when the account is not in Redis; otherwise
 -- {mode, tokens granted, requests granted, weekly_total_tokens, max_lot_tier, first,
---  settlements, scopes}: mode 'lease', or 'exact' (drained: the lease now holds only what
+--  settlements, scopes, aside}: mode 'lease', or 'exact' (drained: the lease now holds only what
 -- admitted requests hold); first = 1 when the account held nothing before; settled =
 -- {allowance tokens, allowance requests, uncovered tokens, uncovered requests (booked on the
 -- allowance too), lot_id, kind, amount, ...}; scopes = for each,
 -- {chunk r, i, o, sliding count r, i, o before the chunk}. max_lot_tier is -2 when the lots
--- were not read (the caller keeps what it knew).
+-- were not read (the caller keeps what it knew). aside = 1 when the lease is now set aside.
 -- A window's field L counts the chunks leases hold in it (all three dimensions together), so
 -- reserve.lua knows whether waiting for the leases can help.
 local now = tonumber(ARGV[1])
@@ -54,7 +61,7 @@ local lease_id = ARGV[2]
 local old = redis.call('HGET', KEYS[2], lease_id)
 local had_lease = old ~= false and old ~= nil
 if had_lease then unhold(m, old) end
-local held_nothing = not had_lease and m.rt == 0 and m.rr == 0
+local held_nothing = not had_lease and m.rt == 0 and m.rr == 0 and m.xa == 0 and m.xr == 0
 local flags = tonumber(ARGV[20])
 
 -- The lots, read once and only when needed.
@@ -112,16 +119,19 @@ local function correct(key, field, by)
 end
 
 local used_t, used_r = tonumber(ARGV[16]), tonumber(ARGV[17])
+local aside_t, aside_r = tonumber(ARGV[21]), tonumber(ARGV[22])
 local n_fixes, n_scopes = tonumber(ARGV[18]), tonumber(ARGV[19])
+-- The set-aside share paid its settlements already (the lease's entry no longer counts in xa,
+-- xr: unhold above); the others pay from what is left beyond every set-aside share.
 local room_r = BIG
-if wr > 0 then room_r = math.max(0, wr - m.sr) end
-local room_used_t, over_t = take('t', used_t, math.max(0, wt - m.sa))
+if wr > 0 then room_r = math.max(0, wr - m.sr - m.xr - aside_r) end
+local room_used_t, over_t = take('t', used_t, math.max(0, wt - m.sa - m.xa - aside_t))
 local room_used_r, over_r = take('r', used_r, room_r)
-paid[1] = room_used_t + over_t
-paid[2] = room_used_r + over_r
+paid[1] = room_used_t + over_t + aside_t
+paid[2] = room_used_r + over_r + aside_r
 local settled = {room_used_t, room_used_r, over_t, over_r}
 for _, v in ipairs(lots_taken) do table.insert(settled, v) end
-local a = 21
+local a = 23
 for i = 1, n_fixes do
   local key = KEYS[W + tonumber(ARGV[a])]
   correct(key, 'i', tonumber(ARGV[a + 1]))
@@ -132,7 +142,7 @@ for id, lot in pairs(changed) do
   redis.call('HSET', KEYS[4], id, lot.kind .. ',' .. lot.rem .. ',' .. lot.exp .. ',' .. lot.tier)
 end
 local ttl = tonumber(ARGV[7])
-if used_t + used_r > 0 then spend_add(m, KEYS[3], now, ttl, paid[1], paid[2], paid[3], paid[4]) end
+if used_t + used_r + aside_t + aside_r > 0 then spend_add(m, KEYS[3], now, ttl, paid[1], paid[2], paid[3], paid[4]) end
 
 local K = tonumber(ARGV[8])
 local unlimited = ARGV[5] == '1'
@@ -193,9 +203,9 @@ local ask_t, ask_r = tonumber(ARGV[13]), tonumber(ARGV[14])
 if unlimited and not drained then
   grant_t, grant_r = ask_t, ask_r
 elseif not drained and (ask_t > 0 or ask_r > 0) then
-  local left_t = math.max(0, wt - m.sa) - m.rt - inflight_t - free_t
+  local left_t = math.max(0, wt - m.sa - m.xa) - m.rt - inflight_t - free_t
   local left_r = BIG
-  if wr > 0 then left_r = math.max(0, wr - m.sr) - m.rr - inflight_r - free_r end
+  if wr > 0 then left_r = math.max(0, wr - m.sr - m.xr) - m.rr - inflight_r - free_r end
   if left_t < K * ask_t or (wr > 0 and left_r < K * ask_r) then
     -- The allowance alone does not cover the share: count the lots too.
     local lot_t, lot_r = 0, 0
@@ -246,10 +256,14 @@ end
 
 local keep_t = inflight_t + free_t + grant_t
 local keep_r = inflight_r + free_r + grant_r
+-- Set aside when the allowance alone covers what the lease keeps, beyond everything else held:
+-- no reservation already admitted can then find its allowance gone.
+local aside = math.max(0, wt - m.sa - m.xa) - m.rt >= keep_t
+  and (wr <= 0 or math.max(0, wr - m.sr - m.xr) - m.rr >= keep_r)
 local first = 0
 if keep_t > 0 or keep_r > 0 then
   redis.call('HSET', KEYS[2], lease_id, keep_t .. ',' .. keep_r .. ',' .. now .. ',' ..
-    (free_t + grant_t) .. ',' .. (free_r + grant_r))
+    (free_t + grant_t) .. ',' .. (free_r + grant_r) .. (aside and ',1' or ''))
   if not had_lease or flags % 2 == 1 then redis.call('ZADD', KEYS[5], now, lease_id) end
   if held_nothing then first = 1 end
   if now - m.x >= HOUR_MS then
@@ -259,8 +273,13 @@ if keep_t > 0 or keep_r > 0 then
     redis.call('EXPIRE', KEYS[2], ttl)
     redis.call('EXPIRE', KEYS[5], ttl)
   end
-  m.rt = m.rt + keep_t
-  m.rr = m.rr + keep_r
+  if aside then
+    m.xa = m.xa + keep_t
+    m.xr = m.xr + keep_r
+  else
+    m.rt = m.rt + keep_t
+    m.rr = m.rr + keep_r
+  end
   m.ft = m.ft + free_t + grant_t
   m.fr = m.fr + free_r + grant_r
 elseif had_lease then
@@ -268,4 +287,5 @@ elseif had_lease then
   redis.call('ZREM', KEYS[5], lease_id)
 end
 write_account(KEYS[1], m)
-return {mode, grant_t, grant_r, m.sa + m.sl, max_tier, first, settled, scope_out}
+return {mode, grant_t, grant_r, m.sa + m.sl, max_tier, first, settled, scope_out,
+  aside and 1 or 0}

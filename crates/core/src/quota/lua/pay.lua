@@ -16,22 +16,32 @@ local function pay_only(keys, ki, args, ai)
   local now = tonumber(args[ai + 1])
   local meta = keys[ki + 1]
   local f = redis.call('HMGET', meta, 'v', 'so', 'sa', 'sr', 'sl', 'rt', 'rr', 'x', 'ft', 'fr',
-    'dr', 'bh', 'bv')
+    'dr', 'bh', 'bv', 'xa', 'xr')
   local hour = math.floor(now / HOUR_MS)
   if f[1] ~= '2' or not f[2] or tonumber(f[2]) < hour - 167 or tonumber(f[12] or '-1') ~= hour
     or not f[13] or now - tonumber(f[8] or '0') >= HOUR_MS or tonumber(f[11] or '0') > now then
     return nil
   end
-  local used_t, used_r = tonumber(args[ai + 16]), tonumber(args[ai + 17])
-  local sa, sr = tonumber(f[3] or '0'), tonumber(f[4] or '0')
-  local wt, wr = tonumber(args[ai + 3]), tonumber(args[ai + 4])
-  if wt - sa < used_t or (wr > 0 and wr - sr < used_r) then return nil end
   local lease_id = args[ai + 2]
   local old = redis.call('HGET', keys[ki + 2], lease_id)
   if not old then return nil end
-  local t, r, _, ft, fr = string.match(old, '(%d+),(%d+),(%d+),?(%d*),?(%d*)')
-  local others_t = math.max(0, tonumber(f[6] or '0') - tonumber(t))
-  local others_r = math.max(0, tonumber(f[7] or '0') - tonumber(r))
+  local t, r, _, ft, fr, was_aside = string.match(old, '(%d+),(%d+),(%d+),?(%d*),?(%d*),?(%d*)')
+  -- What every other reservation holds and every other lease sets aside.
+  local others_t, others_r = tonumber(f[6] or '0'), tonumber(f[7] or '0')
+  local xo_t, xo_r = tonumber(f[14] or '0'), tonumber(f[15] or '0')
+  if was_aside == '1' then
+    xo_t, xo_r = math.max(0, xo_t - tonumber(t)), math.max(0, xo_r - tonumber(r))
+  else
+    others_t, others_r = math.max(0, others_t - tonumber(t)), math.max(0, others_r - tonumber(r))
+  end
+  local used_t, used_r = tonumber(args[ai + 16]), tonumber(args[ai + 17])
+  local aside_t, aside_r = tonumber(args[ai + 21]), tonumber(args[ai + 22])
+  local sa, sr = tonumber(f[3] or '0') + aside_t, tonumber(f[4] or '0') + aside_r
+  local wt, wr = tonumber(args[ai + 3]), tonumber(args[ai + 4])
+  if wt - sa - xo_t < used_t or (wr > 0 and wr - sr - xo_r < used_r) then return nil end
+  sa, sr = sa + used_t, sr + used_r
+  local room_t = math.max(0, wt - sa - xo_t) - others_t
+  local room_r = math.max(0, wr - sr - xo_r) - others_r
   local inflight_t, inflight_r = tonumber(args[ai + 9]), tonumber(args[ai + 10])
   local free_t, free_r = tonumber(args[ai + 11]), tonumber(args[ai + 12])
   local grant_t, grant_r = tonumber(args[ai + 13]), tonumber(args[ai + 14])
@@ -39,11 +49,8 @@ local function pay_only(keys, ki, args, ai)
     -- The whole share asked for, when the allowance alone leaves K times it beyond every
     -- reservation and lease (lease.lua would grant exactly that, without reading the lots).
     local k = tonumber(args[ai + 8])
-    local left_t = math.max(0, wt - sa - used_t) - others_t - inflight_t - free_t
-    if left_t < k * grant_t then return nil end
-    if wr > 0 and math.max(0, wr - sr - used_r) - others_r - inflight_r - free_r < k * grant_r then
-      return nil
-    end
+    if room_t - inflight_t - free_t < k * grant_t then return nil end
+    if wr > 0 and room_r - inflight_r - free_r < k * grant_r then return nil end
     if (grant_t > 0 and free_t + grant_t < tonumber(args[ai + 15]))
       or (grant_r > 0 and free_r + grant_r < 1) then
       return nil
@@ -52,19 +59,25 @@ local function pay_only(keys, ki, args, ai)
   free_t, free_r = free_t + grant_t, free_r + grant_r
   local keep_t, keep_r = inflight_t + free_t, inflight_r + free_r
   if keep_t == 0 and keep_r == 0 then return nil end
-  local rt, rr = others_t + keep_t, others_r + keep_r
+  local aside = room_t >= keep_t and (wr <= 0 or room_r >= keep_r)
+  local rt, rr, xa, xr = others_t, others_r, xo_t, xo_r
+  if aside then
+    xa, xr = xa + keep_t, xr + keep_r
+  else
+    rt, rr = rt + keep_t, rr + keep_r
+  end
   local mft, mfr = tonumber(f[9] or '0'), tonumber(f[10] or '0')
   if ft ~= '' then
     mft = math.max(0, mft - tonumber(ft))
     mfr = math.max(0, mfr - tonumber(fr))
   end
   local b1, b2, b3, b4 = string.match(f[13], '(%d+),(%d+),(%d+),(%d+)')
-  sa, sr = sa + used_t, sr + used_r
-  redis.call('HSET', meta, 'sa', sa, 'sr', sr, 'rt', rt, 'rr', rr, 'ft', mft + tonumber(free_t),
-    'fr', mfr + tonumber(free_r),
-    'bv', (b1 + used_t) .. ',' .. (b2 + used_r) .. ',' .. b3 .. ',' .. b4)
+  local paid_t, paid_r = used_t + aside_t, used_r + aside_r
+  redis.call('HSET', meta, 'sa', sa, 'sr', sr, 'rt', rt, 'rr', rr, 'xa', xa, 'xr', xr,
+    'ft', mft + free_t, 'fr', mfr + free_r,
+    'bv', (b1 + paid_t) .. ',' .. (b2 + paid_r) .. ',' .. b3 .. ',' .. b4)
   redis.call('HSET', keys[ki + 2], lease_id, keep_t .. ',' .. keep_r .. ',' .. now .. ',' ..
-    free_t .. ',' .. free_r)
+    free_t .. ',' .. free_r .. (aside and ',1' or ''))
   return {'lease', grant_t, grant_r, sa + tonumber(f[5] or '0'), -2, 0, {used_t, used_r, 0, 0},
-    {}}
+    {}, aside and 1 or 0}
 end

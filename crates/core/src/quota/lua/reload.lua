@@ -13,13 +13,17 @@ for _ = 1, d do
   redis.call('ZREM', KEYS[5], ARGV[i])
   i = i + 1
 end
-local rt, rr, ft, fr = 0, 0, 0, 0
+local rt, rr, ft, fr, xa, xr = 0, 0, 0, 0, 0, 0
 for _, h in ipairs(redis.call('HVALS', KEYS[2])) do
-  local t, r, _, lt, lr = string.match(h, '(%d+),(%d+),(%d+),?(%d*),?(%d*)')
-  if t then rt = rt + tonumber(t); rr = rr + tonumber(r) end
+  local t, r, _, lt, lr, aside = string.match(h, '(%d+),(%d+),(%d+),?(%d*),?(%d*),?(%d*)')
+  if t and aside == '1' then
+    xa = xa + tonumber(t); xr = xr + tonumber(r)
+  elseif t then
+    rt = rt + tonumber(t); rr = rr + tonumber(r)
+  end
   if lt and lt ~= '' then ft = ft + tonumber(lt); fr = fr + tonumber(lr) end
 end
-redis.call('HSET', KEYS[1], 'loaded', 1, 'rt', rt, 'rr', rr, 'ft', ft, 'fr', fr)
+redis.call('HSET', KEYS[1], 'loaded', 1, 'rt', rt, 'rr', rr, 'ft', ft, 'fr', fr, 'xa', xa, 'xr', xr)
 -- The week's sums (account.lua) are rebuilt by the next reserve or settle.
 redis.call('HDEL', KEYS[1], 'v', 'sa', 'sr', 'sl', 'so', 'x', 'bh', 'bv')
 redis.call('DEL', KEYS[3], KEYS[4])

@@ -101,11 +101,11 @@ local tokens = tonumber(ARGV[3])
 local requests = tonumber(ARGV[4])
 if ARGV[7] == '0' then
   local wt = tonumber(ARGV[5])
-  local avail_t = math.max(0, wt - m.sa) + lot_t - m.rt
+  local avail_t = math.max(0, wt - m.sa - m.xa) + lot_t - m.rt
   local short = tokens > avail_t
   local wr = tonumber(ARGV[6])
   if wr > 0 then
-    local avail_r = math.max(0, wr - m.sr) + lot_r - m.rr
+    local avail_r = math.max(0, wr - m.sr - m.xr) + lot_r - m.rr
     if requests > avail_r then short = true end
   end
   if short then

@@ -48,8 +48,9 @@ end
 local wt = tonumber(ARGV[5])
 local wr = tonumber(ARGV[6])
 local room_r = 9007199254740991
-if wr > 0 then room_r = math.max(0, wr - m.sr) end
-local allow_t = take('t', tonumber(ARGV[3]), math.max(0, wt - m.sa))
+if wr > 0 then room_r = math.max(0, wr - m.sr - m.xr) end
+-- What leases set aside (xa, xr) is not this reservation's to pay from.
+local allow_t = take('t', tonumber(ARGV[3]), math.max(0, wt - m.sa - m.xa))
 local allow_r = take('r', tonumber(ARGV[4]), room_r)
 table.insert(out, 2, allow_t)
 table.insert(out, 3, allow_r)

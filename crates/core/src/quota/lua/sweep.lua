@@ -15,7 +15,8 @@ if m then
   for _, id in ipairs(stale) do release(m, KEYS[2], KEYS[3], id) end
   -- Only the held sums: the week's sums may not be built yet (write_account would mark them).
   if #stale > 0 then
-    redis.call('HSET', KEYS[1], 'rt', m.rt, 'rr', m.rr, 'ft', m.ft, 'fr', m.fr)
+    redis.call('HSET', KEYS[1], 'rt', m.rt, 'rr', m.rr, 'ft', m.ft, 'fr', m.fr, 'xa', m.xa,
+      'xr', m.xr)
   end
   released = #stale
   local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
