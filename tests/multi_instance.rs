@@ -12,6 +12,8 @@
 //! - 200 accounts, each with an allowance for a few requests, driven to exhaustion over both
 //!   instances at once: none served more than its allowance, none left with more than one
 //!   request stranded in a lease, one usage event per request served;
+//! - a key sending requests in the second half of a minute gets the next minute's chunk ahead,
+//!   and the next minute's first requests are admitted against it;
 //! - leases set aside from the allowance: every request is recorded at once, and a graceful
 //!   stop books what was settled within them and gives them back.
 
@@ -408,6 +410,72 @@ async fn set_aside_leases_are_booked_and_given_back_on_stop(store: Store) {
     assert!(held.is_empty(), "{held:?}");
 }
 
+/// The per-minute window counts of a key's scope (per key or pooled on the account) in `minute`:
+/// requests counted, and requests counted for leases' chunks (`L`).
+async fn window(store: &Store, p: &Pair, user_id: &str, key_id: &str, minute: i64) -> (i64, i64) {
+    let mut c = store.conn().await;
+    let (mut r, mut l) = (0, 0);
+    for scope in [format!("key:{key_id}"), format!("acct:{user_id}")] {
+        let w = gateway_core::quota::shared::rate_key(&p.prefix, user_id, &scope, minute);
+        let (wr, wl): (Option<i64>, Option<i64>) = redis::cmd("HMGET")
+            .arg(&w)
+            .arg("r")
+            .arg("L")
+            .query_async(&mut c)
+            .await
+            .expect("hmget");
+        r += wr.unwrap_or(0);
+        l += wl.unwrap_or(0);
+    }
+    (r, l)
+}
+
+async fn next_minutes_chunk_taken_ahead(store: Store) {
+    let p = pair(&store, &roomy());
+    let email = "ahead@example.com";
+    let user = p.a.admin_json(&["user", "create", "--email", email]);
+    let user_id = user["id"].as_str().expect("user id").to_string();
+    let created =
+        p.a.admin_json(&["key", "create", "--email", email, "--rpm", "600"]);
+    let key = created["secret"].as_str().expect("secret").to_string();
+    let key_id = created["id"].as_str().expect("key id").to_string();
+    // From 32 s into a minute to 45 s: the second half, with time to spare before the next.
+    let into = gateway_core::util::now_ms().rem_euclid(60_000);
+    let wait = if into < 32_000 {
+        32_000 - into
+    } else if into < 45_000 {
+        0
+    } else {
+        92_000 - into
+    };
+    tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+    let minute = gateway_core::util::now_ms().div_euclid(60_000);
+    // Each instance: a first request reserved on its own, then leases and chunks.
+    for i in 0..6 {
+        let gw = if i % 2 == 0 { &p.a } else { &p.b };
+        assert_eq!(send(gw, &key).await.0, 200);
+    }
+    let (r, l) = window(&store, &p, &user_id, &key_id, minute + 1).await;
+    assert!(
+        l > 0 && r == l,
+        "the next minute's chunks, ahead: r {r} L {l}"
+    );
+    // The next minute: its first requests are admitted against those chunks, without taking
+    // another (the window counts no more than before).
+    let into = gateway_core::util::now_ms().rem_euclid(60_000);
+    tokio::time::sleep(Duration::from_millis((60_100 - into) as u64)).await;
+    assert_eq!(gateway_core::util::now_ms().div_euclid(60_000), minute + 1);
+    for i in 0..4 {
+        let gw = if i % 2 == 0 { &p.a } else { &p.b };
+        assert_eq!(send(gw, &key).await.0, 200);
+    }
+    assert_eq!(
+        window(&store, &p, &user_id, &key_id, minute + 1).await,
+        (r, l)
+    );
+    assert_eq!(p.mock.served().await, 10);
+}
+
 /// One test per store: `<name>` on one Redis, `<name>_on_a_cluster` on a Redis Cluster.
 macro_rules! on_both_stores {
     ($($name:ident => $body:ident),* $(,)?) => {
@@ -441,4 +509,5 @@ on_both_stores! {
     a_lot_granted_is_usable_on_the_other_instance_at_once => lot_usable_on_the_other_instance,
     redis_is_reconciled_with_the_database_after_losing_its_state => reconciled_after_redis_loses_its_state,
     set_aside_leases_are_recorded_at_once_and_booked_on_a_graceful_stop => set_aside_leases_are_booked_and_given_back_on_stop,
+    the_next_minutes_chunk_is_taken_ahead_in_the_second_half_of_a_minute => next_minutes_chunk_taken_ahead,
 }

@@ -727,3 +727,103 @@ async fn a_set_aside_share_is_out_of_every_other_requests_reach() {
     assert_eq!(a.open().await, (0, 0));
     a.cleanup().await;
 }
+
+/// One lease.lua call whose only work is one scope's per-minute windows (requests capped at
+/// `rpm`, tokens uncapped): windows `w[0]`, `w[1]`, `w[2]` are the previous, current and next
+/// minute's. Asks for `asked` requests for this minute and `ahead` for the next, and gives
+/// back `ahead_back` of the next minute's chunk. Returns the scope's answer.
+async fn lease_window(
+    a: &mut Account,
+    w: &[String; 3],
+    now: i64,
+    rpm: i64,
+    asked: i64,
+    ahead: i64,
+    ahead_back: i64,
+) -> Vec<i64> {
+    let script = Script::new(gateway_core::quota::shared::LEASE_LUA);
+    let mut inv = script.prepare_invoke();
+    for k in a.keys.iter().chain(w) {
+        inv.key(k);
+    }
+    inv.arg(now).arg("L:test").arg(1_000_000).arg(0).arg("0");
+    inv.arg(NO_TIMEOUT).arg(3600).arg(4);
+    inv.arg(0).arg(0).arg(0).arg(0);
+    inv.arg(0).arg(0).arg(10);
+    inv.arg(0).arg(0).arg(0).arg(1).arg(0).arg(0).arg(0);
+    // The scope: windows 1 (previous), 2 (current); caps; nothing given back this minute.
+    inv.arg(1).arg(2).arg(rpm).arg(0).arg(0);
+    inv.arg(0).arg(0).arg(0).arg(0).arg(0).arg(0).arg(0);
+    inv.arg(asked).arg(0).arg(0);
+    inv.arg(i64::from(asked > 0)).arg(0).arg(0);
+    // The next minute: window 3, given back, asked for.
+    inv.arg(3)
+        .arg(ahead_back)
+        .arg(0)
+        .arg(0)
+        .arg(ahead)
+        .arg(0)
+        .arg(0);
+    let reply: Vec<Value> = inv.invoke_async(&mut a.conn).await.unwrap();
+    assert_eq!(text(&reply[0]), "lease", "{reply:?}");
+    let Value::Array(scopes) = &reply[7] else {
+        panic!("scopes: {reply:?}")
+    };
+    let Value::Array(scope) = &scopes[0] else {
+        panic!("scope: {reply:?}")
+    };
+    scope.iter().map(|v| text(v).parse().unwrap()).collect()
+}
+
+#[tokio::test]
+async fn a_next_minutes_chunk_is_counted_in_both_windows_and_only_when_roomy() {
+    let Some(mut a) = Account::new().await else {
+        return;
+    };
+    let minute = H * 60 + 7;
+    // 40 s into the minute.
+    let now = minute * 60_000 + 40_000;
+    a.load(&[]).await;
+    let prefix = a.keys[0]
+        .strip_suffix("q:{usr_scripts}")
+        .unwrap()
+        .to_string();
+    let w = [minute - 1, minute, minute + 1]
+        .map(|m| gateway_core::quota::shared::rate_key(&prefix, "usr_scripts", "acct:a", m));
+    let count = |a: &mut Account, key: String, field: &'static str| {
+        let mut conn = a.conn.clone();
+        async move {
+            let v: Option<i64> = conn.hget(key, field).await.unwrap();
+            v.unwrap_or(0)
+        }
+    };
+    // 10 requests for this minute and 20 for the next, of 100 a minute: both granted; the next
+    // minute's chunk counts in its own window and in this one's.
+    let r = lease_window(&mut a, &w, now, 100, 10, 20, 0).await;
+    assert_eq!(r, vec![10, 0, 0, 0, 0, 0, 20, 0, 0, 0, 0, 0]);
+    assert_eq!(count(&mut a, w[1].clone(), "r").await, 30);
+    assert_eq!(
+        count(&mut a, w[1].clone(), "L").await,
+        10,
+        "this minute's own chunk"
+    );
+    assert_eq!(count(&mut a, w[2].clone(), "r").await, 20);
+    assert_eq!(count(&mut a, w[2].clone(), "L").await, 20);
+    // Another 40 ahead would take the next window past half its cap: nothing granted.
+    let r = lease_window(&mut a, &w, now + 1, 100, 0, 40, 0).await;
+    assert_eq!(r[6..9], [0, 0, 0]);
+    assert_eq!(r[9], 20, "the next window's count");
+    assert_eq!(count(&mut a, w[2].clone(), "r").await, 20);
+    assert_eq!(count(&mut a, w[1].clone(), "r").await, 30);
+    // Given back (the lease went idle before its minute came): off the next window only.
+    lease_window(&mut a, &w, now + 2, 100, 0, 0, 20).await;
+    assert_eq!(count(&mut a, w[2].clone(), "r").await, 0);
+    assert_eq!(count(&mut a, w[2].clone(), "L").await, 0);
+    assert_eq!(
+        count(&mut a, w[1].clone(), "r").await,
+        30,
+        "this window errs high"
+    );
+    let _: () = a.conn.del(&w).await.unwrap();
+    a.cleanup().await;
+}

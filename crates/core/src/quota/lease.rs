@@ -75,7 +75,7 @@ pub const SHARE: u64 = 4;
 /// A lease covers this much (ms) of the account's traffic on this instance, and at least
 /// `MIN_REQUESTS` requests.
 const HORIZON_MS: f64 = 2_000.0;
-const MIN_REQUESTS: f64 = 8.0;
+const MIN_REQUESTS: f64 = 32.0;
 /// The most requests one lease covers.
 const MAX_REQUESTS: f64 = 100_000.0;
 /// How long a request waits for a renewal in progress before it is reserved exactly.
@@ -99,6 +99,43 @@ struct Chunk {
     /// The window's sliding count when the chunk was granted, the chunk not included.
     counted: Dims,
     last_used: i64,
+    /// Granted for the next minute, ahead of it (counted in this minute's window and the
+    /// next's): the chunk when that minute comes (`roll`), so an account sending requests
+    /// every minute asks for its chunks in the periodic round, not on the request path.
+    ahead: Dims,
+    /// The next minute's window count when `ahead` was granted, `ahead` not included.
+    ahead_counted: Dims,
+    /// This minute's ahead chunk was asked for (granted or not): asked once a minute.
+    ahead_asked: bool,
+}
+
+impl Chunk {
+    /// In the minute after the chunk's, its ahead part becomes the chunk. True when it did.
+    fn roll(&mut self, minute: i64) -> bool {
+        if self.minute + 1 != minute || self.ahead == [0; 3] {
+            return false;
+        }
+        *self = Chunk {
+            minute,
+            caps: self.caps,
+            granted: self.ahead,
+            counted: self.ahead_counted,
+            last_used: self.last_used,
+            ..Chunk::default()
+        };
+        true
+    }
+
+    /// Whether to ask for the next minute's chunk: in the second half of the minute, once,
+    /// for a chunk that admitted a request this minute.
+    fn wants_ahead(&self, now: i64) -> bool {
+        self.minute == now.div_euclid(WINDOW_MS)
+            && now.rem_euclid(WINDOW_MS) >= WINDOW_MS / 2
+            && self.granted != [0; 3]
+            && self.used[0] > 0
+            && self.ahead == [0; 3]
+            && !self.ahead_asked
+    }
 }
 
 /// A window correction (input, output: actual − charged) a chunk could not take, for the
@@ -147,6 +184,9 @@ pub(super) struct Slot {
     aside_paid: [u64; 2],
     /// Window corrections of set-aside settlements that their chunk could not take.
     late_fixes: Vec<Fix>,
+    /// Below this much unused (tokens, requests) the share is topped up at the next round, if
+    /// a request was admitted since the last renewal: half of what the lease is sized for.
+    top_up: [u64; 2],
     chunks: HashMap<String, Chunk>,
     exact_until: i64,
     pub(super) renewing: bool,
@@ -193,11 +233,17 @@ impl Slot {
         let chunk = self
             .chunks
             .values()
-            .any(|c| c.granted != [0; 3] && c.minute == minute);
+            .any(|c| c.minute == minute && (c.granted != [0; 3] || c.ahead != [0; 3]));
         let holds = self.held != [0, 0] || chunk;
         let idle = now - self.last_used > IDLE_MS && self.inflight == [0, 0];
+        let free = self.free();
+        let running_short = self.admitted > 0
+            && self.held != [0, 0]
+            && (free[0] < self.top_up[0] || free[1] < self.top_up[1]);
         !self.pending.is_empty()
             || !self.late_fixes.is_empty()
+            || running_short
+            || (!idle && self.chunks.values().any(|c| c.wants_ahead(now)))
             || (holds && (self.wake || idle))
             || (self.held != [0, 0] && now - self.refreshed >= timeout_ms / 3)
     }
@@ -228,13 +274,21 @@ pub struct Leases {
     closing: std::sync::atomic::AtomicBool,
 }
 
+/// One scope of a `lease.lua` call: whether its chunk for this minute is renewed (given back,
+/// taken) and whether the next minute's is asked for.
+pub(super) struct ScopeCall {
+    scope: String,
+    renewed: bool,
+    ahead: bool,
+}
+
 /// The arguments of one `lease.lua` call and what to do with its answer.
 pub(super) struct Call {
     pub(super) keys: Vec<String>,
     pub(super) args: Vec<String>,
     /// Tokens and requests the lease keeps for admitted requests plus the unused part kept.
     kept: [u64; 2],
-    scopes: Vec<String>,
+    scopes: Vec<ScopeCall>,
     idle: bool,
 }
 
@@ -284,7 +338,8 @@ impl Leases {
         let quota_fits = free[0] >= tokens && free[1] >= 1;
         let windowed = caps != [0; 3];
         let window_fits = !windowed
-            || s.chunks.get(&plan.scope).is_some_and(|c| {
+            || s.chunks.get_mut(&plan.scope).is_some_and(|c| {
+                c.roll(minute);
                 c.minute == minute
                     && (0..3).all(|d| caps[d] == 0 || c.used[d] + costs[d] <= c.granted[d])
             });
@@ -435,7 +490,8 @@ impl Leases {
         let free = if idle { [0, 0] } else { s.free() };
         // A share is carved only when it runs short: a request did not fit, or less than half
         // of what the lease is sized for is left. Otherwise the call only pays.
-        let short = free[0] < want_tokens / 2 || free[1] < want_requests.div_ceil(2);
+        s.top_up = [want_tokens / 2, want_requests.div_ceil(2)];
+        let short = free[0] < s.top_up[0] || free[1] < s.top_up[1];
         let ask = if exact || !(urgent || short) {
             [0, 0]
         } else {
@@ -486,8 +542,9 @@ impl Leases {
             items.extend(by.map(|v| v.to_string()));
         }
         let mut args: Vec<String> = Vec::with_capacity(20 + items.len());
-        s.chunks
-            .retain(|_, c| now - c.last_used <= IDLE_MS || c.granted != [0; 3]);
+        s.chunks.retain(|_, c| {
+            now - c.last_used <= IDLE_MS || c.granted != [0; 3] || c.ahead != [0; 3]
+        });
         let mut scopes = Vec::new();
         let mut scope_args: Vec<String> = Vec::new();
         let need = s.need;
@@ -495,8 +552,22 @@ impl Leases {
         // A chunk sized for the account's traffic until the minute ends (it is of no use after).
         let rest_s = (WINDOW_MS - now.rem_euclid(WINDOW_MS)) as f64 / 1000.0;
         let chunk_requests = (s.rate_per_s * rest_s).max(s.want).min(MAX_REQUESTS);
+        // The next minute's chunk, asked for ahead: the account's traffic for a whole minute.
+        let ahead_requests = (s.rate_per_s * 60.0).max(s.want).min(MAX_REQUESTS);
+        let sized = |requests: f64, need: Dims| -> Dims {
+            [
+                requests.ceil() as u64,
+                ((requests * avg[0]).ceil() as u64).max(need[1]).max(1),
+                ((requests * avg[1]).ceil() as u64).max(need[2]),
+            ]
+        };
+        let capped = |caps: Dims, v: Dims| -> Vec<String> {
+            (0..3)
+                .map(|d| if caps[d] > 0 { v[d] } else { 0 }.to_string())
+                .collect()
+        };
         for (scope, c) in s.chunks.iter_mut() {
-            if c.minute != minute {
+            if c.minute != minute && !c.roll(minute) {
                 // A past minute's chunk can no longer be used: dropped here, its unused part
                 // left counted in its window (the count errs high, never low).
                 *c = Chunk {
@@ -513,7 +584,15 @@ impl Leases {
                     && (0..3).all(|d| c.caps[d] == 0 || c.used[d] + needed[d] <= c.granted[d]));
             let give_back = current && (exact || chunk_idle || short);
             let take = !exact && !chunk_idle && short;
-            if !(give_back || take) {
+            let ahead_back = c.minute == minute && c.ahead != [0; 3] && (exact || chunk_idle);
+            let ask_ahead = !exact
+                && !chunk_idle
+                && (c.wants_ahead(now)
+                    || (take
+                        && c.ahead == [0; 3]
+                        && !c.ahead_asked
+                        && now.rem_euclid(WINDOW_MS) >= WINDOW_MS / 2));
+            if !(give_back || take || ahead_back || ask_ahead) {
                 continue;
             }
             let back = if give_back {
@@ -523,14 +602,13 @@ impl Leases {
             };
             let prev = index(rate_key(prefix, user_id, scope, minute - 1));
             let curr = index(rate_key(prefix, user_id, scope, minute));
+            let next = if ahead_back || ask_ahead {
+                index(rate_key(prefix, user_id, scope, minute + 1))
+            } else {
+                0
+            };
             let asked: Dims = if take {
-                [
-                    chunk_requests.ceil() as u64,
-                    ((chunk_requests * avg[0]).ceil() as u64)
-                        .max(need[1])
-                        .max(1),
-                    ((chunk_requests * avg[1]).ceil() as u64).max(need[2]),
-                ]
+                sized(chunk_requests, need)
             } else {
                 [0; 3]
             };
@@ -548,19 +626,37 @@ impl Leases {
             }
             let whole = if give_back { c.granted } else { [0; 3] };
             scope_args.extend(whole.map(|v| v.to_string()));
-            for (cap, asked) in c.caps.iter().zip(asked) {
-                scope_args.push(if *cap > 0 { asked } else { 0 }.to_string());
-            }
-            for (cap, least) in c.caps.iter().zip(least) {
-                scope_args.push(if *cap > 0 { least } else { 0 }.to_string());
-            }
-            *c = Chunk {
-                minute,
-                caps: c.caps,
-                last_used: c.last_used,
-                ..Chunk::default()
+            scope_args.extend(capped(c.caps, asked));
+            scope_args.extend(capped(c.caps, least));
+            scope_args.push(next.to_string());
+            let ahead_whole = if ahead_back { c.ahead } else { [0; 3] };
+            scope_args.extend(ahead_whole.map(|v| v.to_string()));
+            let ahead_asked = if ask_ahead {
+                sized(ahead_requests, [0; 3])
+            } else {
+                [0; 3]
             };
-            scopes.push(scope.clone());
+            scope_args.extend(capped(c.caps, ahead_asked));
+            if give_back || take {
+                *c = Chunk {
+                    minute,
+                    caps: c.caps,
+                    last_used: c.last_used,
+                    ahead: c.ahead,
+                    ahead_counted: c.ahead_counted,
+                    ahead_asked: c.ahead_asked,
+                    ..Chunk::default()
+                };
+            }
+            if ahead_back {
+                c.ahead = [0; 3];
+            }
+            c.ahead_asked |= ask_ahead;
+            scopes.push(ScopeCall {
+                scope: scope.clone(),
+                renewed: give_back || take,
+                ahead: ask_ahead,
+            });
         }
         s.need = [0; 3];
         args.extend([
@@ -634,17 +730,25 @@ impl Leases {
         }
         if let Some(r) = answer {
             s.aside = r.aside;
-            for (scope, (granted, counted)) in call.scopes.iter().zip(&r.chunks) {
-                if let Some(c) = s.chunks.get_mut(scope) {
-                    c.granted = *granted;
-                    c.counted = *counted;
+            for (sc, answer) in call.scopes.iter().zip(&r.chunks) {
+                let Some(c) = s.chunks.get_mut(&sc.scope) else {
+                    continue;
+                };
+                if sc.renewed {
+                    c.granted = answer.granted;
+                    c.counted = answer.counted;
+                }
+                if sc.ahead {
+                    c.ahead = answer.ahead;
+                    c.ahead_counted = answer.ahead_counted;
                 }
             }
         }
         s.last_renewal = now;
         s.renewing = false;
-        s.chunks
-            .retain(|_, c| c.granted != [0; 3] || now - c.last_used <= IDLE_MS);
+        s.chunks.retain(|_, c| {
+            c.granted != [0; 3] || c.ahead != [0; 3] || now - c.last_used <= IDLE_MS
+        });
         let gone = call.idle && s.held == [0, 0] && s.pending.is_empty() && s.chunks.is_empty();
         drop(guard);
         cell.renewed.notify_waiters();
@@ -683,10 +787,10 @@ impl Leases {
         if let Some(cell) = self.cells.get(user_id) {
             let mut s = cell.slot.lock();
             let minute = now_ms().div_euclid(WINDOW_MS);
-            let chunk = s
-                .chunks
-                .values()
-                .any(|c| c.minute == minute && (0..3).any(|d| c.granted[d] > c.used[d]));
+            let chunk = s.chunks.values().any(|c| {
+                c.minute == minute
+                    && ((0..3).any(|d| c.granted[d] > c.used[d]) || c.ahead != [0; 3])
+            });
             if s.free() != [0, 0] || chunk {
                 s.wake = true;
             }
@@ -739,6 +843,16 @@ fn add_fix(fixes: &mut Vec<Fix>, scope: &str, minute: i64, by: [i64; 2]) {
     }
 }
 
+/// What a renewal answered for one scope: the chunk granted for this minute and its window's
+/// count before it, the same for the next minute's chunk asked ahead.
+#[derive(Default)]
+struct ChunkAnswer {
+    granted: Dims,
+    counted: Dims,
+    ahead: Dims,
+    ahead_counted: Dims,
+}
+
 /// A renewal's answer.
 pub(super) struct Renewed {
     exact: bool,
@@ -750,7 +864,7 @@ pub(super) struct Renewed {
     pub(super) top: Option<Option<Tier>>,
     pub(super) first: bool,
     pub(super) paid: Paid,
-    chunks: Vec<(Dims, Dims)>,
+    chunks: Vec<ChunkAnswer>,
 }
 
 pub(super) fn parse(reply: &[RedisValue]) -> Option<Renewed> {
@@ -764,10 +878,15 @@ pub(super) fn parse(reply: &[RedisValue]) -> Option<Renewed> {
         .iter()
         .map(|v| {
             let RedisValue::Array(a) = v else {
-                return ([0; 3], [0; 3]);
+                return ChunkAnswer::default();
             };
             let n = |i: usize| a.get(i).and_then(as_i64).unwrap_or(0).max(0) as u64;
-            ([n(0), n(1), n(2)], [n(3), n(4), n(5)])
+            ChunkAnswer {
+                granted: [n(0), n(1), n(2)],
+                counted: [n(3), n(4), n(5)],
+                ahead: [n(6), n(7), n(8)],
+                ahead_counted: [n(9), n(10), n(11)],
+            }
         })
         .collect();
     Some(Renewed {

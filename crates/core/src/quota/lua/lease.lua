@@ -33,7 +33,9 @@
 --       then s scopes: previous-minute window index, current-minute window index, caps (r, i, o),
 --         index of the window a chunk is given back to (0: none), its unused part (r, i, o), the
 --         whole chunk (r, i, o), the chunk asked for (r, i, o), the least chunk worth taking
---         (r, i, o): less than that drains the account
+--         (r, i, o): less than that drains the account, the next minute's window index (0:
+--         none), the next minute's chunk given back (r, i, o), the next minute's chunk asked for
+--         (r, i, o)
 --
 -- Cost: the work is what changed. Stale reservations are left to reserve.lua and the sweep;
 -- the lots are read only when the allowance alone cannot pay or grant (or flag 2); a scope's
@@ -45,7 +47,8 @@
 -- admitted requests hold); first = 1 when the account held nothing before; settled =
 -- {allowance tokens, allowance requests, uncovered tokens, uncovered requests (booked on the
 -- allowance too), lot_id, kind, amount, ...}; scopes = for each,
--- {chunk r, i, o, sliding count r, i, o before the chunk}. max_lot_tier is -2 when the lots
+-- {chunk r, i, o, sliding count r, i, o before the chunk, next minute's chunk r, i, o, the
+-- next minute's window count r, i, o before it}. max_lot_tier is -2 when the lots
 -- were not read (the caller keeps what it knew). aside = 1 when the lease is now set aside.
 -- A window's field L counts the chunks leases hold in it (all three dimensions together), so
 -- reserve.lua knows whether waiting for the leases can help.
@@ -154,6 +157,10 @@ end
 
 -- Windows first: a window too full for the least useful chunk drains the account as a spent
 -- balance does; otherwise a chunk takes at most 1/K of what the window has left.
+-- A chunk asked for the next minute, ahead of it, is counted in that minute's window and in
+-- this one's: whatever this minute admits besides, the sliding window over both never holds
+-- more than its cap of real requests. It is granted whole and only while both windows stay
+-- within half their cap (a busy window asks for chunks in its own minute).
 local fields = {'r', 'i', 'o'}
 local elapsed = now % 60000
 local scopes = {}
@@ -168,14 +175,31 @@ for s = 1, n_scopes do
     end
     correct(KEYS[W + ridx], 'L', -whole)
   end
-  local out = {0, 0, 0, 0, 0, 0}
-  local asked = false
+  local nidx = tonumber(ARGV[a + 18])
+  local nkey = nil
+  if nidx > 0 then
+    nkey = KEYS[W + nidx]
+    local whole = 0
+    for d = 1, 3 do
+      local v = tonumber(ARGV[a + 18 + d])
+      if v > 0 then
+        correct(nkey, fields[d], -v)
+        whole = whole + v
+      end
+    end
+    correct(nkey, 'L', -whole)
+  end
+  local out = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+  local asked, ahead_asked = false, false
   for d = 1, 3 do
-    if tonumber(ARGV[a + 1 + d]) > 0 and tonumber(ARGV[a + 11 + d]) > 0 then asked = true end
+    if tonumber(ARGV[a + 1 + d]) > 0 then
+      if tonumber(ARGV[a + 11 + d]) > 0 then asked = true end
+      if tonumber(ARGV[a + 21 + d]) > 0 then ahead_asked = true end
+    end
   end
   local fits = true
   local new_key = false
-  if asked then
+  if asked or ahead_asked then
     local prev = redis.call('HMGET', KEYS[W + tonumber(ARGV[a])], 'r', 'i', 'o')
     local curr = redis.call('HMGET', ckey, 'r', 'i', 'o')
     new_key = not curr[1] and not curr[2] and not curr[3]
@@ -191,9 +215,25 @@ for s = 1, n_scopes do
       end
     end
   end
+  local new_next = false
+  if ahead_asked and fits and not drained then
+    local nxt = redis.call('HMGET', nkey, 'r', 'i', 'o')
+    new_next = not nxt[1] and not nxt[2] and not nxt[3]
+    local roomy = true
+    for d = 1, 3 do
+      local n = tonumber(nxt[d] or '0') or 0
+      out[9 + d] = n
+      local cap, ask = tonumber(ARGV[a + 1 + d]), tonumber(ARGV[a + 21 + d])
+      if cap > 0 and ask > 0 then
+        if 2 * (out[3 + d] + out[d] + ask) > cap or 2 * (n + ask) > cap then roomy = false end
+        out[6 + d] = ask
+      end
+    end
+    if not roomy then out[7], out[8], out[9] = 0, 0, 0 end
+  end
   if not fits then drain() end
-  scopes[s] = {out = out, key = ckey, new_key = new_key}
-  a = a + 18
+  scopes[s] = {out = out, key = ckey, new_key = new_key, nkey = nkey, new_next = new_next}
+  a = a + 25
 end
 
 local grant_t, grant_r = 0, 0
@@ -237,19 +277,32 @@ for s = 1, n_scopes do
   local sc = scopes[s]
   local out = sc.out
   if mode == 'lease' then
-    local whole = 0
+    local whole, wrote = 0, false
     for d = 1, 3 do
-      if out[d] > 0 then
-        redis.call('HINCRBY', sc.key, fields[d], out[d])
-        whole = whole + out[d]
+      local v = out[d] + out[6 + d]
+      if v > 0 then
+        redis.call('HINCRBY', sc.key, fields[d], v)
+        wrote = true
+      end
+      whole = whole + out[d]
+    end
+    if whole > 0 then redis.call('HINCRBY', sc.key, 'L', whole) end
+    if wrote and sc.new_key then redis.call('EXPIRE', sc.key, 150) end
+    local ahead = 0
+    for d = 1, 3 do
+      if out[6 + d] > 0 then
+        redis.call('HINCRBY', sc.nkey, fields[d], out[6 + d])
+        ahead = ahead + out[6 + d]
       end
     end
-    if whole > 0 then
-      redis.call('HINCRBY', sc.key, 'L', whole)
-      if sc.new_key then redis.call('EXPIRE', sc.key, 150) end
+    if ahead > 0 then
+      redis.call('HINCRBY', sc.nkey, 'L', ahead)
+      if sc.new_next then redis.call('EXPIRE', sc.nkey, 150) end
     end
   else
-    out[1], out[2], out[3] = 0, 0, 0
+    for d = 1, 3 do
+      out[d], out[6 + d] = 0, 0
+    end
   end
   scope_out[s] = out
 end
