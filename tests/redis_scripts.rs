@@ -142,6 +142,15 @@ impl Account {
         text(&reply[1]).parse().unwrap()
     }
 
+    /// Gives the account a token lot of `tokens` expiring at `expires` (ms).
+    async fn add_lot(&mut self, id: &str, tokens: i64, expires: i64) {
+        let _: () = self
+            .conn
+            .hset(&self.keys[3], id, format!("t,{tokens},{expires},-1"))
+            .await
+            .unwrap();
+    }
+
     async fn meta(&mut self, field: &str) -> Option<i64> {
         let v: Option<i64> = self.conn.hget(&self.keys[0], field).await.unwrap();
         v
@@ -489,19 +498,7 @@ async fn lease_flagged(
     settled: &[i64],
     flags: i64,
 ) -> Vec<Value> {
-    let script = Script::new(gateway_core::quota::shared::LEASE_LUA);
-    let mut inv = script.prepare_invoke();
-    for k in &a.keys {
-        inv.key(k);
-    }
-    inv.arg(now).arg("L:test").arg(1000).arg(0).arg("0");
-    inv.arg(NO_TIMEOUT).arg(3600).arg(4);
-    inv.arg(kept.0).arg(0).arg(kept.1).arg(0);
-    inv.arg(ask).arg(i64::from(ask > 0)).arg(10);
-    inv.arg(settled.iter().sum::<i64>()).arg(settled.len());
-    // No window corrections, no scopes, nothing settled out of a set-aside share.
-    inv.arg(0).arg(0).arg(flags).arg(0).arg(0);
-    inv.invoke_async(&mut a.conn).await.unwrap()
+    lease_call(a, now, kept, ask, (settled, &[]), flags).await
 }
 
 /// `lease` for an instance whose lease was set aside: `aside` tokens settled within it (one
@@ -513,6 +510,19 @@ async fn lease_aside(
     ask: i64,
     aside: &[i64],
 ) -> Vec<Value> {
+    lease_call(a, now, kept, ask, (&[], aside), 0).await
+}
+
+/// One lease.lua call with no per-minute windows: `settled` = (settlements to split, those
+/// settled within a set-aside share).
+async fn lease_call(
+    a: &mut Account,
+    now: i64,
+    kept: (i64, i64),
+    ask: i64,
+    settled: (&[i64], &[i64]),
+    flags: i64,
+) -> Vec<Value> {
     let script = Script::new(gateway_core::quota::shared::LEASE_LUA);
     let mut inv = script.prepare_invoke();
     for k in &a.keys {
@@ -522,7 +532,10 @@ async fn lease_aside(
     inv.arg(NO_TIMEOUT).arg(3600).arg(4);
     inv.arg(kept.0).arg(0).arg(kept.1).arg(0);
     inv.arg(ask).arg(i64::from(ask > 0)).arg(10);
-    inv.arg(0).arg(0).arg(0).arg(0).arg(0);
+    let (split, aside) = settled;
+    inv.arg(split.iter().sum::<i64>()).arg(split.len());
+    // No window corrections, no scopes.
+    inv.arg(0).arg(0).arg(flags);
     inv.arg(aside.iter().sum::<i64>()).arg(aside.len());
     inv.invoke_async(&mut a.conn).await.unwrap()
 }
@@ -582,11 +595,7 @@ async fn a_lease_pays_its_settlements_as_one_sum_allowance_then_lots_then_the_re
     let now = H * HOUR + 1_000;
     a.load(&[]).await;
     let expires = now + HOUR;
-    let _: () = a
-        .conn
-        .hset(&a.keys[3], "lot_a", format!("t,50,{expires},-1"))
-        .await
-        .unwrap();
+    a.add_lot("lot_a", 50, expires).await;
     // 1,100 tokens settled against 1,000 of allowance and a 50-token lot: the allowance's
     // room, then the lot, then 50 that nothing covers (booked on the allowance all the same).
     let r = lease(&mut a, now, (0, 0), 0, &[900, 200]).await;
@@ -674,11 +683,7 @@ async fn a_set_aside_share_is_out_of_every_other_requests_reach() {
     let now = H * HOUR + 1_000;
     a.load(&[]).await;
     let expires = now + HOUR;
-    let _: () = a
-        .conn
-        .hset(&a.keys[3], "lot_a", format!("t,100,{expires},-1"))
-        .await
-        .unwrap();
+    a.add_lot("lot_a", 100, expires).await;
     // 1,000 tokens of allowance: a lease takes 250 of it (a quarter of 1,000 + the lot's 100,
     // capped at what it asked), set aside.
     let r = lease(&mut a, now, (0, 0), 250, &[]).await;

@@ -182,6 +182,10 @@ pub(super) struct Slot {
     /// requests) waits here for the next renewal, which books the sum.
     aside: bool,
     aside_paid: [u64; 2],
+    /// The weekly limits (tokens, requests; 0 requests: unlimited) the renewal that set the
+    /// lease aside was made with: a settlement is the allowance's only while the account's
+    /// limits are still at least those (a config reload or a tier change may lower them).
+    aside_limits: (u64, u64),
     /// Window corrections of set-aside settlements that their chunk could not take.
     late_fixes: Vec<Fix>,
     /// Below this much unused (tokens, requests) the share is topped up at the next round, if
@@ -222,13 +226,25 @@ impl Slot {
 
     /// Whether the periodic renewal has something to do for this account (see the module's
     /// doc): nothing on a clock but the reservation timeout.
-    fn due(&self, now: i64, timeout_ms: i64, closing: bool) -> bool {
+    /// `booking`: Redis answers, so what only waits to be booked in Redis is due too.
+    fn due(&self, now: i64, timeout_ms: i64, closing: bool, booking: bool) -> bool {
         if self.renewing {
             return false;
         }
+        let chunks_held = || {
+            self.chunks
+                .values()
+                .any(|c| c.granted != [0; 3] || c.ahead != [0; 3])
+        };
         if closing {
-            return self.held != [0, 0] || !self.chunks.is_empty() || !self.pending.is_empty();
+            return self.held != [0, 0]
+                || !self.pending.is_empty()
+                || self.aside_paid != [0, 0]
+                || chunks_held();
         }
+        // Set-aside settlements that a failed renewal gave back (the lease is no longer set
+        // aside): sent again at once.
+        let unbooked = !self.aside && self.aside_paid != [0, 0];
         let minute = now.div_euclid(WINDOW_MS);
         let chunk = self
             .chunks
@@ -241,7 +257,7 @@ impl Slot {
             && self.held != [0, 0]
             && (free[0] < self.top_up[0] || free[1] < self.top_up[1]);
         !self.pending.is_empty()
-            || !self.late_fixes.is_empty()
+            || (booking && (!self.late_fixes.is_empty() || unbooked))
             || running_short
             || (!idle && self.chunks.values().any(|c| c.wants_ahead(now)))
             || (holds && (self.wake || idle))
@@ -290,6 +306,12 @@ pub(super) struct Call {
     kept: [u64; 2],
     scopes: Vec<ScopeCall>,
     idle: bool,
+    /// What it books of set-aside settlements, and the window corrections those left: given
+    /// back to the slot when the call fails.
+    aside_paid: [u64; 2],
+    late_fixes: Vec<Fix>,
+    /// The weekly limits it was made with (see `Slot::aside_limits`).
+    limits: (u64, u64),
 }
 
 impl Leases {
@@ -422,7 +444,10 @@ impl Leases {
         let charge = t.charge(used);
         // Within a set-aside share (and not while a renewal may be changing its kind) the
         // allowance pays: recorded now, booked in Redis at the next renewal.
-        if s.aside && !s.renewing && charge <= t.tokens {
+        let limits = (t.limits.weekly_tokens, t.limits.weekly_requests);
+        let as_generous = limits.0 >= s.aside_limits.0
+            && (limits.1 == 0 || (s.aside_limits.1 != 0 && limits.1 >= s.aside_limits.1));
+        if s.aside && !s.renewing && charge <= t.tokens && as_generous {
             s.aside_paid[0] += charge;
             s.aside_paid[1] += t.requests;
             let by = window_fix(&mut s.chunks, &t, used);
@@ -526,7 +551,8 @@ impl Leases {
         // `Paid`), and their token windows corrected once per window: the script's work does
         // not grow with the traffic.
         let mut settled = [0u64; 2];
-        let mut fixes: Vec<Fix> = std::mem::take(&mut s.late_fixes);
+        let late_fixes: Vec<Fix> = std::mem::take(&mut s.late_fixes);
+        let mut fixes = late_fixes.clone();
         for p in &pending {
             let t = &p.ticket;
             settled[0] += t.charge(p.used);
@@ -691,6 +717,9 @@ impl Leases {
             args,
             scopes,
             idle,
+            aside_paid,
+            late_fixes,
+            limits: (s.limits.weekly_tokens, s.limits.weekly_requests),
         };
         Some((call, pending))
     }
@@ -726,10 +755,23 @@ impl Leases {
                 s.aside = false;
                 s.exact_until = now + EXACT_MS;
                 s.chunks.clear();
+                // The call may not have run: what it booked is sent again with the next one
+                // (booked twice if it did run, so Redis's sums err high, never low), and so are
+                // the window corrections that take room.
+                for i in 0..2 {
+                    s.aside_paid[i] += call.aside_paid[i];
+                }
+                for (scope, minute, by) in &call.late_fixes {
+                    let by = by.map(|v| v.max(0));
+                    if by != [0, 0] {
+                        add_fix(&mut s.late_fixes, scope, *minute, by);
+                    }
+                }
             }
         }
         if let Some(r) = answer {
             s.aside = r.aside;
+            s.aside_limits = call.limits;
             for (sc, answer) in call.scopes.iter().zip(&r.chunks) {
                 let Some(c) = s.chunks.get_mut(&sc.scope) else {
                     continue;
@@ -749,23 +791,32 @@ impl Leases {
         s.chunks.retain(|_, c| {
             c.granted != [0; 3] || c.ahead != [0; 3] || now - c.last_used <= IDLE_MS
         });
-        let gone = call.idle && s.held == [0, 0] && s.pending.is_empty() && s.chunks.is_empty();
+        let gone = call.idle
+            && s.held == [0, 0]
+            && s.pending.is_empty()
+            && s.chunks.is_empty()
+            && s.aside_paid == [0, 0]
+            && s.late_fixes.is_empty();
         drop(guard);
         cell.renewed.notify_waiters();
         if gone {
             self.cells.remove_if(user_id, |_, c| {
                 let s = c.slot.lock();
-                !s.renewing && s.held == [0, 0] && s.inflight == [0, 0] && s.pending.is_empty()
+                !s.renewing
+                    && s.held == [0, 0]
+                    && s.inflight == [0, 0]
+                    && s.pending.is_empty()
+                    && s.aside_paid == [0, 0]
             });
         }
         newly_exact
     }
 
-    pub(super) fn due(&self, now: i64, timeout_ms: i64) -> Vec<String> {
+    pub(super) fn due(&self, now: i64, timeout_ms: i64, booking: bool) -> Vec<String> {
         let closing = self.closing.load(std::sync::atomic::Ordering::Relaxed);
         self.cells
             .iter()
-            .filter(|e| e.value().slot.lock().due(now, timeout_ms, closing))
+            .filter(|e| e.value().slot.lock().due(now, timeout_ms, closing, booking))
             .map(|e| e.key().clone())
             .collect()
     }
@@ -774,6 +825,16 @@ impl Leases {
     pub(super) fn close(&self) {
         self.closing
             .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether any lease still holds something or has something to book (a graceful stop
+    /// waits until none does).
+    pub(super) fn holding(&self) -> bool {
+        let closing = self.closing.load(std::sync::atomic::Ordering::Relaxed);
+        self.cells.iter().any(|e| {
+            let s = e.value().slot.lock();
+            s.renewing || s.due(now_ms(), i64::MAX, closing, true)
+        })
     }
 
     /// Whether this instance holds any lease (the drain poll is skipped otherwise).
@@ -1001,8 +1062,108 @@ impl Paid {
 
 #[cfg(test)]
 mod tests {
-    use super::Paid;
-    use crate::domain::LotKind;
+    use std::sync::{Arc, Mutex};
+
+    use super::{Cell, Leases, Paid};
+    use crate::config::TierLimits;
+    use crate::domain::{Breakdown, LotKind};
+    use crate::quota::{RatePlan, Ticket, Used};
+
+    /// A lease on account `u` set aside with weekly limits (10,000 tokens, unlimited requests),
+    /// holding 1,000 tokens and 10 requests, one request of 100 tokens admitted.
+    fn set_aside_lease() -> Leases {
+        let leases = Leases::new("test");
+        let cell = Arc::new(Cell::default());
+        {
+            let mut s = cell.slot.lock();
+            s.aside = true;
+            s.aside_limits = (10_000, 0);
+            s.held = [1_000, 10];
+            s.inflight = [100, 1];
+            s.last_used = crate::util::now_ms();
+            s.refreshed = s.last_used;
+        }
+        leases.cells.insert("u".into(), cell);
+        leases
+    }
+
+    fn ticket(weekly_tokens: u64) -> Ticket {
+        Ticket {
+            id: "r1".into(),
+            user_id: "u".into(),
+            tokens: 100,
+            requests: 1,
+            input_cost: 40,
+            output_cost: 60,
+            weights: Default::default(),
+            minute: 0,
+            plan: RatePlan {
+                scope: "acct:u".into(),
+                rpm: 0,
+                itpm: 0,
+                otpm: 0,
+            },
+            limits: TierLimits {
+                weekly_tokens,
+                ..TierLimits::default()
+            },
+            unlimited: false,
+            in_process: false,
+            leased: true,
+        }
+    }
+
+    /// Settles `ticket(weekly_tokens)` into the lease; the breakdown if it was paid at once.
+    fn settle(leases: &Leases, weekly_tokens: u64) -> Option<Breakdown> {
+        let paid = Arc::new(Mutex::new(None));
+        let sink = paid.clone();
+        let used = Used {
+            input_tokens: 40,
+            output_tokens: 20,
+            cached_input_tokens: 0,
+        };
+        let on_paid = Box::new(move |b: Breakdown| *sink.lock().unwrap() = Some(b));
+        assert!(leases.settle(ticket(weekly_tokens), used, on_paid).is_ok());
+        let b = paid.lock().unwrap().take();
+        b
+    }
+
+    #[test]
+    fn a_set_aside_settlement_is_the_allowances_at_once_unless_the_limits_fell() {
+        let leases = set_aside_lease();
+        let b = settle(&leases, 10_000).expect("paid at once");
+        assert_eq!((b.allowance_tokens, b.allowance_requests), (60, 1));
+        assert!(b.lots.is_empty());
+        // A config reload lowered the weekly allowance: the next renewal splits it.
+        let leases = set_aside_lease();
+        assert!(settle(&leases, 5_000).is_none());
+        assert_eq!(leases.cells.get("u").unwrap().slot.lock().pending.len(), 1);
+    }
+
+    #[test]
+    fn a_failed_renewal_gives_its_set_aside_settlements_back_to_be_booked() {
+        let leases = set_aside_lease();
+        settle(&leases, 10_000).expect("paid at once");
+        let now = crate::util::now_ms();
+        {
+            let cell = leases.cells.get("u").unwrap().clone();
+            let s = cell.slot.lock();
+            assert_eq!(s.aside_paid, [60, 1]);
+            assert!(!s.due(now, 900_000, false, true), "set-aside cost waits");
+        }
+        let (call, pending) = leases.begin("p:", "u", 900_000, now).expect("renewal");
+        assert!(pending.is_empty());
+        assert_eq!(call.aside_paid, [60, 1]);
+        assert_eq!(call.args[20..22], ["60".to_string(), "1".to_string()]);
+        // Redis did not answer: the cost comes back, due at once while Redis answers.
+        leases.finish("u", &call, None, now);
+        let cell = leases.cells.get("u").unwrap().clone();
+        let s = cell.slot.lock();
+        assert_eq!(s.aside_paid, [60, 1]);
+        assert!(!s.aside);
+        assert!(s.due(now, 900_000, false, true));
+        assert!(!s.due(now, 900_000, false, false), "not during an outage");
+    }
 
     fn lot(id: &str, kind: LotKind, n: u64) -> (String, LotKind, u64) {
         (id.to_string(), kind, n)

@@ -452,7 +452,15 @@ impl Engine {
             return;
         };
         s.leases.close();
-        s.renew_leases(&self.db, timeout.as_millis() as i64).await;
+        // A renewal under way when the stop began is waited for, and given back at the next
+        // round; two seconds at most.
+        for _ in 0..20 {
+            s.renew_leases(&self.db, timeout.as_millis() as i64).await;
+            if s.is_down() || !s.leases.holding() {
+                break;
+            }
+            tokio::time::sleep(lease::FLUSH_EVERY).await;
+        }
     }
 
     /// Pays what was settled against this instance's leases and renews them, every

@@ -103,7 +103,7 @@ impl Shared {
         if self.leases.any() && !self.breaker.is_open() {
             self.poll_drains(now).await;
         }
-        let due = self.leases.due(now, timeout_ms);
+        let due = self.leases.due(now, timeout_ms, !self.breaker.is_open());
         if due.is_empty() {
             return;
         }
@@ -292,6 +292,17 @@ impl Shared {
                     None => self.hints.get(user_id).and_then(|h| h.1),
                 };
                 self.hints.insert(user_id.to_string(), (r.weekly, top));
+                // The lease is live again: a failed renewal's note to release it after an
+                // outage is void.
+                {
+                    let mut orphans = self.orphans.lock();
+                    if let Some(ids) = orphans.get_mut(user_id) {
+                        ids.retain(|id| *id != self.leases.id);
+                        if ids.is_empty() {
+                            orphans.remove(user_id);
+                        }
+                    }
+                }
                 let newly_exact = self.leases.finish(user_id, call, Some(&r), now_ms());
                 for (p, b) in pending.into_iter().zip(shares) {
                     p.paid(b);
