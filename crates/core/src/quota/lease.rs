@@ -62,8 +62,9 @@ use crate::util::{now_ms, FastHash};
 /// How often settlements are paid, leases with something to do renewed, and drains polled.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 /// A lease unused this long (ms) is given back: long enough that an account sending a request
-/// every few seconds keeps its lease (taking one is a call on the request path).
-const IDLE_MS: i64 = 60_000;
+/// every minute or so keeps its lease (taking one is a call on the request path), while a held
+/// lease costs Redis nothing.
+const IDLE_MS: i64 = 300_000;
 /// How often (ms) a renewal reads the lots even when the allowance covers everything, so the
 /// tier hint follows lots that expired.
 const LOTS_EVERY_MS: i64 = 300_000;
@@ -509,8 +510,17 @@ impl Leases {
         }
         s.want = want.min(MAX_REQUESTS);
         let want_requests = s.want.ceil() as u64;
-        let avg = [s.avg_in.max(1.0), s.avg_out.max(0.0)];
-        let avg_tokens = s.avg_tokens.max(1.0);
+        // Before the lease's first admission its averages are unknown: the request that did
+        // not fit stands for them (else the first share and chunk fit that one request only,
+        // and each following request renews them on the request path).
+        let fresh = s.avg_in == 0.0 && s.avg_out == 0.0 && s.avg_tokens == 0.0;
+        let (avg_in, avg_out, avg_tokens) = if fresh {
+            (s.need[1] as f64, s.need[2] as f64, s.need[0] as f64)
+        } else {
+            (s.avg_in, s.avg_out, s.avg_tokens)
+        };
+        let avg = [avg_in.max(1.0), avg_out.max(0.0)];
+        let avg_tokens = avg_tokens.max(1.0);
         let want_tokens = ((s.want * avg_tokens).ceil() as u64).max(s.need[0]);
         let free = if idle { [0, 0] } else { s.free() };
         // A share is carved only when it runs short: a request did not fit, or less than half
@@ -657,8 +667,10 @@ impl Leases {
             scope_args.push(next.to_string());
             let ahead_whole = if ahead_back { c.ahead } else { [0; 3] };
             scope_args.extend(ahead_whole.map(|v| v.to_string()));
+            // At least what the request that did not fit needs: a lease renewed before its
+            // first admission has no averages yet.
             let ahead_asked = if ask_ahead {
-                sized(ahead_requests, [0; 3])
+                sized(ahead_requests, need)
             } else {
                 [0; 3]
             };
@@ -1126,6 +1138,33 @@ mod tests {
         assert!(leases.settle(ticket(weekly_tokens), used, on_paid).is_ok());
         let b = paid.lock().unwrap().take();
         b
+    }
+
+    #[test]
+    fn a_first_share_and_chunk_are_sized_from_the_request_that_did_not_fit() {
+        // No admission yet (no averages); the request that did not fit needs 79 quota tokens,
+        // 15 input and 64 output tokens: the share and the chunk cover 32 such requests.
+        let leases = Leases::new("test");
+        let cell = Arc::new(Cell::default());
+        let now = crate::util::now_ms();
+        {
+            let mut s = cell.slot.lock();
+            s.need = [79, 15, 64];
+            s.last_used = now;
+            s.chunks.insert(
+                "acct:u".into(),
+                super::Chunk {
+                    caps: [100, 10_000, 10_000],
+                    last_used: now,
+                    ..Default::default()
+                },
+            );
+        }
+        leases.cells.insert("u".into(), cell);
+        let (call, _) = leases.begin("p:", "u", 900_000, now).expect("renewal");
+        assert_eq!(call.args[12..14], ["2528".to_string(), "32".to_string()]);
+        // The scope's arguments follow the 22 fixed ones; the chunk asked for is at 12..15.
+        assert_eq!(call.args[34..37], ["32", "480", "2048"].map(String::from));
     }
 
     #[test]
