@@ -590,11 +590,16 @@ impl Leases {
         let chunk_requests = (s.rate_per_s * rest_s).max(s.want).min(MAX_REQUESTS);
         // The next minute's chunk, asked for ahead: the account's traffic for a whole minute.
         let ahead_requests = (s.rate_per_s * 60.0).max(s.want).min(MAX_REQUESTS);
+        // Tokens at twice the average estimate: a request's real use moves its chunk's count
+        // (`window_fix`), and a chunk whose tokens ran out before its requests is renewed on
+        // the request path.
         let sized = |requests: f64, need: Dims| -> Dims {
             [
                 requests.ceil() as u64,
-                ((requests * avg[0]).ceil() as u64).max(need[1]).max(1),
-                ((requests * avg[1]).ceil() as u64).max(need[2]),
+                ((2.0 * requests * avg[0]).ceil() as u64)
+                    .max(need[1])
+                    .max(1),
+                ((2.0 * requests * avg[1]).ceil() as u64).max(need[2]),
             ]
         };
         let capped = |caps: Dims, v: Dims| -> Vec<String> {
@@ -1163,8 +1168,9 @@ mod tests {
         leases.cells.insert("u".into(), cell);
         let (call, _) = leases.begin("p:", "u", 900_000, now).expect("renewal");
         assert_eq!(call.args[12..14], ["2528".to_string(), "32".to_string()]);
-        // The scope's arguments follow the 22 fixed ones; the chunk asked for is at 12..15.
-        assert_eq!(call.args[34..37], ["32", "480", "2048"].map(String::from));
+        // The scope's arguments follow the 22 fixed ones; the chunk asked for is at 12..15
+        // (its tokens at twice the estimate: real use moves the chunk's count).
+        assert_eq!(call.args[34..37], ["32", "960", "4096"].map(String::from));
     }
 
     #[test]
