@@ -513,6 +513,10 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
             b"not http at all\r\n\r\n",
             b"HTTP/1.1 200 OK\r\nContent-Le",
+            // A sign before the length, a chunk size with no hex digit, a protocol switch.
+            b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\nok",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n;x\r\nok\r\n0\r\n\r\n",
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
         ] {
             assert!(
                 read(wire, 3).await.is_err(),
@@ -529,7 +533,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn ambiguous_framing_is_refused_or_not_reused() {
+    async fn ambiguous_framing_is_not_reused() {
         // Both framings: chunked wins, the connection is not reused.
         let (_, _, body, reusable) = read(
             b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n\
@@ -549,17 +553,6 @@ mod tests {
         .unwrap();
         assert_eq!(headers["transfer-encoding"], "gzip,   chunked");
         assert_eq!((body.as_slice(), reusable), (&b"ok"[..], true));
-        for wire in [
-            &b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\nok"[..],
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n;x\r\nok\r\n0\r\n\r\n",
-            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
-        ] {
-            assert!(
-                read(wire, 3).await.is_err(),
-                "{}",
-                String::from_utf8_lossy(wire)
-            );
-        }
     }
 
     #[tokio::test]

@@ -128,12 +128,12 @@ impl Chunk {
     }
 
     /// Whether to ask for the next minute's chunk: in the second half of the minute, once,
-    /// for a chunk that admitted a request this minute.
-    fn wants_ahead(&self, now: i64) -> bool {
-        self.minute == now.div_euclid(WINDOW_MS)
-            && now.rem_euclid(WINDOW_MS) >= WINDOW_MS / 2
-            && self.granted != [0; 3]
-            && self.used[0] > 0
+    /// for a chunk that admitted a request this minute or is `taking` this minute's chunk.
+    fn wants_ahead(&self, now: i64, taking: bool) -> bool {
+        let active =
+            self.minute == now.div_euclid(WINDOW_MS) && self.granted != [0; 3] && self.used[0] > 0;
+        now.rem_euclid(WINDOW_MS) >= WINDOW_MS / 2
+            && (taking || active)
             && self.ahead == [0; 3]
             && !self.ahead_asked
     }
@@ -260,7 +260,7 @@ impl Slot {
         !self.pending.is_empty()
             || (booking && (!self.late_fixes.is_empty() || unbooked))
             || running_short
-            || (!idle && self.chunks.values().any(|c| c.wants_ahead(now)))
+            || (!idle && self.chunks.values().any(|c| c.wants_ahead(now, false)))
             || (holds && (self.wake || idle))
             || (self.held != [0, 0] && now - self.refreshed >= timeout_ms / 3)
     }
@@ -626,13 +626,7 @@ impl Leases {
             let give_back = current && (exact || chunk_idle || short);
             let take = !exact && !chunk_idle && short;
             let ahead_back = c.minute == minute && c.ahead != [0; 3] && (exact || chunk_idle);
-            let ask_ahead = !exact
-                && !chunk_idle
-                && (c.wants_ahead(now)
-                    || (take
-                        && c.ahead == [0; 3]
-                        && !c.ahead_asked
-                        && now.rem_euclid(WINDOW_MS) >= WINDOW_MS / 2));
+            let ask_ahead = !exact && !chunk_idle && c.wants_ahead(now, take);
             if !(give_back || take || ahead_back || ask_ahead) {
                 continue;
             }

@@ -163,31 +163,27 @@ end
 -- within half their cap (a busy window asks for chunks in its own minute).
 local fields = {'r', 'i', 'o'}
 local elapsed = now % 60000
+-- Gives a chunk back to the window `key`: its unused part (r, i, o) from ARGV[unused_at + 1..3]
+-- off the counts, the whole chunk (ARGV[whole_at + 1..3]) off the leases' count L.
+local function give_back(key, unused_at, whole_at)
+  local whole = 0
+  for d = 1, 3 do
+    correct(key, fields[d], -tonumber(ARGV[unused_at + d]))
+    whole = whole + tonumber(ARGV[whole_at + d])
+  end
+  correct(key, 'L', -whole)
+end
 local scopes = {}
 for s = 1, n_scopes do
   local ckey = KEYS[W + tonumber(ARGV[a + 1])]
   local ridx = tonumber(ARGV[a + 5])
-  if ridx > 0 then
-    local whole = 0
-    for d = 1, 3 do
-      correct(KEYS[W + ridx], fields[d], -tonumber(ARGV[a + 5 + d]))
-      whole = whole + tonumber(ARGV[a + 8 + d])
-    end
-    correct(KEYS[W + ridx], 'L', -whole)
-  end
+  if ridx > 0 then give_back(KEYS[W + ridx], a + 5, a + 8) end
   local nidx = tonumber(ARGV[a + 18])
   local nkey = nil
   if nidx > 0 then
     nkey = KEYS[W + nidx]
-    local whole = 0
-    for d = 1, 3 do
-      local v = tonumber(ARGV[a + 18 + d])
-      if v > 0 then
-        correct(nkey, fields[d], -v)
-        whole = whole + v
-      end
-    end
-    correct(nkey, 'L', -whole)
+    -- The next minute's chunk: nothing of it used yet, so all of it comes back.
+    give_back(nkey, a + 18, a + 18)
   end
   local out = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
   local asked, ahead_asked = false, false
