@@ -77,6 +77,10 @@ pub const SHARE: u64 = 4;
 /// `MIN_REQUESTS` requests.
 const HORIZON_MS: f64 = 2_000.0;
 const MIN_REQUESTS: f64 = 32.0;
+/// The weekly share covers at least this many requests: an account at a request every few
+/// seconds then tops its share up every few minutes, not every few dozen seconds (each top-up
+/// is a renewal). The share stays at most 1/`SHARE` of what is left, and a drain gives it back.
+const SHARE_MIN_REQUESTS: f64 = 128.0;
 /// The most requests one lease covers.
 const MAX_REQUESTS: f64 = 100_000.0;
 /// How long a request waits for a renewal in progress before it is reserved exactly.
@@ -509,7 +513,8 @@ impl Leases {
             want = want.max(s.want * 2.0);
         }
         s.want = want.min(MAX_REQUESTS);
-        let want_requests = s.want.ceil() as u64;
+        let share = s.want.max(SHARE_MIN_REQUESTS);
+        let want_requests = share.ceil() as u64;
         // Before the lease's first admission its averages are unknown: the request that did
         // not fit stands for them (else the first share and chunk fit that one request only,
         // and each following request renews them on the request path).
@@ -521,7 +526,7 @@ impl Leases {
         };
         let avg = [avg_in.max(1.0), avg_out.max(0.0)];
         let avg_tokens = avg_tokens.max(1.0);
-        let want_tokens = ((s.want * avg_tokens).ceil() as u64).max(s.need[0]);
+        let want_tokens = ((share * avg_tokens).ceil() as u64).max(s.need[0]);
         let free = if idle { [0, 0] } else { s.free() };
         // A share is carved only when it runs short: a request did not fit, or less than half
         // of what the lease is sized for is left. Otherwise the call only pays.
