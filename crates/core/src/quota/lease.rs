@@ -73,8 +73,8 @@ const LOTS_EVERY_MS: i64 = 300_000;
 const EXACT_MS: i64 = 1_000;
 /// A lease takes at most 1/SHARE of what is left.
 pub const SHARE: u64 = 4;
-/// A lease covers this much (ms) of the account's traffic on this instance, and at least
-/// `MIN_REQUESTS` requests.
+/// A lease covers this much (ms) of the account's traffic on this instance; its window chunks
+/// at least `MIN_REQUESTS` requests, its weekly share at least `SHARE_MIN_REQUESTS`.
 const HORIZON_MS: f64 = 2_000.0;
 const MIN_REQUESTS: f64 = 32.0;
 /// The weekly share covers at least this many requests: an account at a request every few
