@@ -1147,7 +1147,8 @@ mod tests {
     #[test]
     fn a_first_share_and_chunk_are_sized_from_the_request_that_did_not_fit() {
         // No admission yet (no averages); the request that did not fit needs 79 quota tokens,
-        // 15 input and 64 output tokens: the share and the chunk cover 32 such requests.
+        // 15 input and 64 output tokens: the weekly share covers 128 such requests, the chunk
+        // 32.
         let leases = Leases::new("test");
         let cell = Arc::new(Cell::default());
         let now = crate::util::now_ms();
@@ -1166,7 +1167,7 @@ mod tests {
         }
         leases.cells.insert("u".into(), cell);
         let (call, _) = leases.begin("p:", "u", 900_000, now).expect("renewal");
-        assert_eq!(call.args[12..14], ["2528".to_string(), "32".to_string()]);
+        assert_eq!(call.args[12..14], ["10112".to_string(), "128".to_string()]);
         // The scope's arguments follow the 22 fixed ones; the chunk asked for is at 12..15
         // (its tokens at twice the estimate: real use moves the chunk's count).
         assert_eq!(call.args[34..37], ["32", "960", "4096"].map(String::from));
