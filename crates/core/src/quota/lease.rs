@@ -115,18 +115,30 @@ struct Chunk {
 }
 
 impl Chunk {
+    /// The same scope's chunk for `minute`, holding nothing yet.
+    fn bare(&self, minute: i64) -> Chunk {
+        Chunk {
+            minute,
+            caps: self.caps,
+            last_used: self.last_used,
+            ..Chunk::default()
+        }
+    }
+
+    /// Whether it holds part of a window, this minute's or the next's.
+    fn holds(&self) -> bool {
+        self.granted != [0; 3] || self.ahead != [0; 3]
+    }
+
     /// In the minute after the chunk's, its ahead part becomes the chunk. True when it did.
     fn roll(&mut self, minute: i64) -> bool {
         if self.minute + 1 != minute || self.ahead == [0; 3] {
             return false;
         }
         *self = Chunk {
-            minute,
-            caps: self.caps,
             granted: self.ahead,
             counted: self.ahead_counted,
-            last_used: self.last_used,
-            ..Chunk::default()
+            ..self.bare(minute)
         };
         true
     }
@@ -236,16 +248,11 @@ impl Slot {
         if self.renewing {
             return false;
         }
-        let chunks_held = || {
-            self.chunks
-                .values()
-                .any(|c| c.granted != [0; 3] || c.ahead != [0; 3])
-        };
         if closing {
             return self.held != [0, 0]
                 || !self.pending.is_empty()
                 || self.aside_paid != [0, 0]
-                || chunks_held();
+                || self.chunks.values().any(Chunk::holds);
         }
         // Set-aside settlements that a failed renewal gave back (the lease is no longer set
         // aside): sent again at once.
@@ -254,7 +261,7 @@ impl Slot {
         let chunk = self
             .chunks
             .values()
-            .any(|c| c.minute == minute && (c.granted != [0; 3] || c.ahead != [0; 3]));
+            .any(|c| c.minute == minute && c.holds());
         let holds = self.held != [0, 0] || chunk;
         let idle = now - self.last_used > IDLE_MS && self.inflight == [0, 0];
         let free = self.free();
@@ -583,9 +590,8 @@ impl Leases {
             items.extend(by.map(|v| v.to_string()));
         }
         let mut args: Vec<String> = Vec::with_capacity(20 + items.len());
-        s.chunks.retain(|_, c| {
-            now - c.last_used <= IDLE_MS || c.granted != [0; 3] || c.ahead != [0; 3]
-        });
+        s.chunks
+            .retain(|_, c| c.holds() || now - c.last_used <= IDLE_MS);
         let mut scopes = Vec::new();
         let mut scope_args: Vec<String> = Vec::new();
         let need = s.need;
@@ -616,12 +622,7 @@ impl Leases {
             if c.minute != minute && !c.roll(minute) {
                 // A past minute's chunk can no longer be used: dropped here, its unused part
                 // left counted in its window (the count errs high, never low).
-                *c = Chunk {
-                    minute: c.minute,
-                    caps: c.caps,
-                    last_used: c.last_used,
-                    ..Chunk::default()
-                };
+                *c = c.bare(c.minute);
             }
             let current = c.minute == minute && c.granted != [0; 3];
             let chunk_idle = now - c.last_used > IDLE_MS;
@@ -680,15 +681,11 @@ impl Leases {
             };
             scope_args.extend(capped(c.caps, ahead_asked));
             if give_back || take {
-                *c = Chunk {
-                    minute,
-                    caps: c.caps,
-                    last_used: c.last_used,
-                    ahead: c.ahead,
-                    ahead_counted: c.ahead_counted,
-                    ahead_asked: c.ahead_asked,
-                    ..Chunk::default()
-                };
+                // This minute's chunk starts again; the next minute's stays.
+                c.minute = minute;
+                c.granted = [0; 3];
+                c.used = [0; 3];
+                c.counted = [0; 3];
             }
             if ahead_back {
                 c.ahead = [0; 3];
@@ -804,9 +801,8 @@ impl Leases {
         }
         s.last_renewal = now;
         s.renewing = false;
-        s.chunks.retain(|_, c| {
-            c.granted != [0; 3] || c.ahead != [0; 3] || now - c.last_used <= IDLE_MS
-        });
+        s.chunks
+            .retain(|_, c| c.holds() || now - c.last_used <= IDLE_MS);
         let gone = call.idle
             && s.held == [0, 0]
             && s.pending.is_empty()

@@ -219,21 +219,19 @@ for s = 1, n_scopes do
     -- The part of the ask that keeps both windows within half their cap, the same part in
     -- every dimension.
     local part = 1
+    local asks = {0, 0, 0}
     for d = 1, 3 do
       local n = tonumber(nxt[d] or '0') or 0
       out[9 + d] = n
-      local cap, ask = tonumber(ARGV[a + 1 + d]), tonumber(ARGV[a + 21 + d])
-      if cap > 0 and ask > 0 then
-        local room = math.floor(cap / 2) - math.max(out[3 + d] + out[d], n)
-        part = math.min(part, math.max(0, room) / ask)
+      if tonumber(ARGV[a + 1 + d]) > 0 then asks[d] = tonumber(ARGV[a + 21 + d]) end
+      if asks[d] > 0 then
+        local room = math.floor(tonumber(ARGV[a + 1 + d]) / 2) - math.max(out[3 + d] + out[d], n)
+        part = math.min(part, math.max(0, room) / asks[d])
       end
     end
     for d = 1, 3 do
-      local cap, ask = tonumber(ARGV[a + 1 + d]), tonumber(ARGV[a + 21 + d])
-      if cap > 0 and ask > 0 then
-        out[6 + d] = math.floor(ask * part)
-        if out[6 + d] < 1 then part = 0 end
-      end
+      out[6 + d] = math.floor(asks[d] * part)
+      if asks[d] > 0 and out[6 + d] < 1 then part = 0 end
     end
     if part == 0 then out[7], out[8], out[9] = 0, 0, 0 end
   end
