@@ -159,9 +159,8 @@ end
 -- balance does; otherwise a chunk takes at most 1/K of what the window has left.
 -- A chunk asked for the next minute, ahead of it, is counted in that minute's window and in
 -- this one's: whatever this minute admits besides, the sliding window over both never holds
--- more than its cap of real requests. It is granted as far as both windows stay within half
--- their cap (a busy window asks for chunks in its own minute): the same part of the ask in every
--- dimension, and nothing when that part holds less than one of each.
+-- more than its cap of real requests. It is granted whole and only while both windows stay
+-- within half their cap (a busy window asks for chunks in its own minute).
 local fields = {'r', 'i', 'o'}
 local elapsed = now % 60000
 -- Gives a chunk back to the window `key`: its unused part (r, i, o) from ARGV[unused_at + 1..3]
@@ -216,24 +215,17 @@ for s = 1, n_scopes do
   if ahead_asked and fits and not drained then
     local nxt = redis.call('HMGET', nkey, 'r', 'i', 'o')
     new_next = not nxt[1] and not nxt[2] and not nxt[3]
-    -- The part of the ask that keeps both windows within half their cap, the same part in
-    -- every dimension.
-    local part = 1
-    local asks = {0, 0, 0}
+    local roomy = true
     for d = 1, 3 do
       local n = tonumber(nxt[d] or '0') or 0
       out[9 + d] = n
-      if tonumber(ARGV[a + 1 + d]) > 0 then asks[d] = tonumber(ARGV[a + 21 + d]) end
-      if asks[d] > 0 then
-        local room = math.floor(tonumber(ARGV[a + 1 + d]) / 2) - math.max(out[3 + d] + out[d], n)
-        part = math.min(part, math.max(0, room) / asks[d])
+      local cap, ask = tonumber(ARGV[a + 1 + d]), tonumber(ARGV[a + 21 + d])
+      if cap > 0 and ask > 0 then
+        if 2 * (out[3 + d] + out[d] + ask) > cap or 2 * (n + ask) > cap then roomy = false end
+        out[6 + d] = ask
       end
     end
-    for d = 1, 3 do
-      out[6 + d] = math.floor(asks[d] * part)
-      if asks[d] > 0 and out[6 + d] < 1 then part = 0 end
-    end
-    if part == 0 then out[7], out[8], out[9] = 0, 0, 0 end
+    if not roomy then out[7], out[8], out[9] = 0, 0, 0 end
   end
   if not fits then drain() end
   scopes[s] = {out = out, key = ckey, new_key = new_key, nkey = nkey, new_next = new_next}
