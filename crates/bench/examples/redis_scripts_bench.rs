@@ -1,12 +1,16 @@
 //! Redis server time of the quota scripts against the shape of an account: how many hourly
 //! spend buckets it has in the rolling week (up to 168) and how many reservations are open.
 //! Reads `usec_per_call` of `evalsha` from `INFO commandstats`, so it counts the scripts' time
-//! inside Redis only (no round trip), averaged over reserve and settle.
+//! inside Redis only (no round trip), averaged over reserve and settle. Then the two lease
+//! renewals a steady account sends (`lease_time`): paying a set-aside share's settlements, and
+//! that plus the next minute's window chunk.
 //!
 //! Run: `cargo run --release --example redis_scripts_bench [N]` (Redis at 127.0.0.1:6379, or
 //! `REDIS_URL`). It resets Redis's command statistics.
 
-use gateway_core::quota::shared::{account_keys, LOAD_LUA, RESERVE_LUA, SETTLE_LUA};
+use gateway_core::quota::shared::{
+    account_keys, rate_key, LEASE_LUA, LOAD_LUA, RESERVE_LUA, SETTLE_LUA,
+};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, Script, Value};
 
@@ -82,14 +86,94 @@ async fn server_time(
         inv.arg(0).arg(0).arg(0).arg(3600);
         let _: Vec<Value> = inv.invoke_async(conn).await.expect("settle");
     }
+    let us = evalsha_usec(conn).await;
+    let mut all: Vec<String> = keys.to_vec();
+    all.extend(rate);
+    let _: i64 = conn.del(all).await.expect("cleanup");
+    us
+}
+
+/// Server time of one lease renewal (`lease.lua` with pay.lua's light path first), µs per
+/// call: an account whose set-aside share pays a few settlements each call, with the next
+/// minute's window chunk asked for (`ahead`) or not. Caps too large to refuse, as in
+/// `scripts/bench --redis --accounts`.
+async fn lease_time(conn: &mut MultiplexedConnection, ahead: bool, n: usize) -> f64 {
+    let prefix = format!("bench:{}:", gateway_core::util::random_base62(8));
+    let keys = account_keys(&prefix, "usr_bench");
+    let now = gateway_core::util::now_ms();
+    let minute = now / 60_000;
+    let windows = [minute - 1, minute, minute + 1]
+        .map(|m| rate_key(&prefix, "usr_bench", "acct:usr_bench", m));
+    let load = Script::new(LOAD_LUA);
+    let mut inv = load.prepare_invoke();
+    for k in &keys {
+        inv.key(k);
+    }
+    inv.arg(3600).arg(0);
+    let _: i64 = inv.invoke_async(conn).await.expect("load");
+    let lease = Script::new(LEASE_LUA);
+    // (unused share kept, share asked for, set-aside settlements, next minute's chunk asked)
+    let call = |free: [i64; 2], ask: [i64; 2], aside: [i64; 2], chunk: bool| {
+        let mut inv = lease.prepare_invoke();
+        for k in keys.iter().chain(&windows) {
+            inv.key(k);
+        }
+        inv.arg(now)
+            .arg("L:bench")
+            .arg(1_000_000_000_000i64)
+            .arg(0)
+            .arg("0");
+        inv.arg(900_000).arg(3600).arg(4);
+        inv.arg(0).arg(0).arg(free[0]).arg(free[1]);
+        inv.arg(ask[0]).arg(ask[1]).arg(79);
+        inv.arg(0).arg(0);
+        inv.arg(0).arg(i64::from(chunk)).arg(0);
+        inv.arg(aside[0]).arg(aside[1]);
+        if chunk {
+            // Windows 1 (previous) and 2 (this minute), caps, nothing of this minute's given
+            // back or asked for; the next minute's window 3, its chunk asked for.
+            inv.arg(1).arg(2);
+            inv.arg(100_000_000)
+                .arg(1_000_000_000_000i64)
+                .arg(1_000_000_000_000i64);
+            for _ in 0..10 {
+                inv.arg(0);
+            }
+            inv.arg(1).arg(15).arg(64);
+            inv.arg(3).arg(0).arg(0).arg(0).arg(32).arg(960).arg(4096);
+        }
+        inv
+    };
+    // The share, taken once: set aside from an allowance far larger than it.
+    let _: Vec<Value> = call([0, 0], [10_112, 128], [0, 0], false)
+        .invoke_async(conn)
+        .await
+        .expect("lease");
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .expect("resetstat");
+    for _ in 0..n {
+        let _: Vec<Value> = call([9_769, 121], [0, 0], [343, 7], ahead)
+            .invoke_async(conn)
+            .await
+            .expect("lease");
+    }
+    let us = evalsha_usec(conn).await;
+    let mut all: Vec<String> = keys.to_vec();
+    all.extend(windows);
+    let _: i64 = conn.del(all).await.expect("cleanup");
+    us
+}
+
+/// `usec_per_call` of `evalsha` since the last `CONFIG RESETSTAT`.
+async fn evalsha_usec(conn: &mut MultiplexedConnection) -> f64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
         .await
         .expect("info");
-    let mut all: Vec<String> = keys.to_vec();
-    all.extend(rate);
-    let _: i64 = conn.del(all).await.expect("cleanup");
     info.lines()
         .find(|l| l.starts_with("cmdstat_evalsha:"))
         .and_then(|l| l.split("usec_per_call=").nth(1))
@@ -115,5 +199,15 @@ async fn main() {
     for (buckets, held) in [(1, 0), (1, 16), (1, 64), (168, 0), (168, 16)] {
         let us = server_time(&mut conn, buckets, held, n).await;
         println!("| {buckets} | {held} | {us:.1} |");
+    }
+    println!();
+    println!("| lease renewal | evalsha µs per call (server) |");
+    println!("|---|---:|");
+    for (what, ahead) in [
+        ("set-aside settlements paid", false),
+        ("the same and the next minute's chunk", true),
+    ] {
+        let us = lease_time(&mut conn, ahead, n).await;
+        println!("| {what} | {us:.1} |");
     }
 }
