@@ -62,11 +62,7 @@ async fn server_time(
             .await
             .expect("reserve");
     }
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(conn)
-        .await
-        .expect("resetstat");
+    reset_stats(conn).await;
     for i in 0..n {
         let id = format!("r{i}");
         let _: Vec<Value> = reserve_one(id.clone())
@@ -149,11 +145,7 @@ async fn lease_time(conn: &mut MultiplexedConnection, ahead: bool, n: usize) -> 
         .invoke_async(conn)
         .await
         .expect("lease");
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(conn)
-        .await
-        .expect("resetstat");
+    reset_stats(conn).await;
     for _ in 0..n {
         let _: Vec<Value> = call([9_769, 121], [0, 0], [343, 7], ahead)
             .invoke_async(conn)
@@ -167,7 +159,16 @@ async fn lease_time(conn: &mut MultiplexedConnection, ahead: bool, n: usize) -> 
     us
 }
 
-/// `usec_per_call` of `evalsha` since the last `CONFIG RESETSTAT`.
+/// Starts Redis's command statistics afresh, so `evalsha_usec` counts only what follows.
+async fn reset_stats(conn: &mut MultiplexedConnection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .expect("resetstat");
+}
+
+/// `usec_per_call` of `evalsha` since the last `reset_stats`.
 async fn evalsha_usec(conn: &mut MultiplexedConnection) -> f64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
