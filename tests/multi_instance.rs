@@ -476,6 +476,79 @@ async fn next_minutes_chunk_taken_ahead(store: Store) {
     assert_eq!(p.mock.served().await, 10);
 }
 
+/// The next minute's chunk of a key far below its cap is counted with plain commands (on one
+/// Redis) and given back when a window is past half its cap: the window is left as it was.
+async fn next_minutes_chunk_refused_past_half_the_cap(store: Store) {
+    let p = pair(&store, &roomy());
+    let email = "ahead-full@example.com";
+    let user = p.a.admin_json(&["user", "create", "--email", email]);
+    let user_id = user["id"].as_str().expect("user id").to_string();
+    let mut keys = Vec::new();
+    for _ in 0..2 {
+        let created =
+            p.a.admin_json(&["key", "create", "--email", email, "--rpm", "100000"]);
+        keys.push((
+            created["secret"].as_str().expect("secret").to_string(),
+            created["id"].as_str().expect("key id").to_string(),
+        ));
+    }
+    // Into the second half of a minute, with time to spare before the next.
+    let into = gateway_core::util::now_ms().rem_euclid(60_000);
+    let wait = if into < 32_000 {
+        32_000 - into
+    } else if into < 45_000 {
+        0
+    } else {
+        92_000 - into
+    };
+    tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+    let minute = gateway_core::util::now_ms().div_euclid(60_000);
+    // The first key's next window already counts 60,000 of its 100,000.
+    let full = gateway_core::quota::shared::rate_key(
+        &p.prefix,
+        &user_id,
+        &format!("key:{}", keys[0].1),
+        minute + 1,
+    );
+    let mut c = store.conn().await;
+    let _: () = redis::cmd("HSET")
+        .arg(&full)
+        .arg("r")
+        .arg(60_000)
+        .query_async(&mut c)
+        .await
+        .expect("hset");
+    for (secret, _) in &keys {
+        for _ in 0..3 {
+            assert_eq!(send(&p.a, secret).await.0, 200);
+        }
+    }
+    // A renewal round (every 100 ms) has passed.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let counts = |key: String| {
+        let mut c = c.clone();
+        async move {
+            let v: (Option<i64>, Option<i64>) = redis::cmd("HMGET")
+                .arg(key)
+                .arg("r")
+                .arg("L")
+                .query_async(&mut c)
+                .await
+                .expect("hmget");
+            (v.0.unwrap_or(0), v.1.unwrap_or(0))
+        }
+    };
+    assert_eq!(counts(full).await, (60_000, 0), "refused, and given back");
+    let roomy_next = gateway_core::quota::shared::rate_key(
+        &p.prefix,
+        &user_id,
+        &format!("key:{}", keys[1].1),
+        minute + 1,
+    );
+    let (r, l) = counts(roomy_next).await;
+    assert!(r > 0 && r == l, "the other key's chunk, ahead: r {r} L {l}");
+}
+
 /// One test per store: `<name>` on one Redis, `<name>_on_a_cluster` on a Redis Cluster.
 macro_rules! on_both_stores {
     ($($name:ident => $body:ident),* $(,)?) => {
@@ -510,4 +583,5 @@ on_both_stores! {
     redis_is_reconciled_with_the_database_after_losing_its_state => reconciled_after_redis_loses_its_state,
     set_aside_leases_are_recorded_at_once_and_booked_on_a_graceful_stop => set_aside_leases_are_booked_and_given_back_on_stop,
     the_next_minutes_chunk_is_taken_ahead_in_the_second_half_of_a_minute => next_minutes_chunk_taken_ahead,
+    a_next_minutes_chunk_past_half_the_cap_is_given_back => next_minutes_chunk_refused_past_half_the_cap,
 }

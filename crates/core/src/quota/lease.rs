@@ -83,6 +83,10 @@ const MIN_REQUESTS: f64 = 32.0;
 const SHARE_MIN_REQUESTS: f64 = 128.0;
 /// The most requests one lease covers.
 const MAX_REQUESTS: f64 = 100_000.0;
+/// A next-minute chunk is taken with plain commands (counted first, given back if a window
+/// passed half its cap) only where each cap is at least this many times the chunk: far from
+/// the cap, the count it adds for a moment cannot refuse anyone's request.
+const PLAIN_CAP_RATIO: u64 = 4;
 /// How long a request waits for a renewal in progress before it is reserved exactly.
 pub(super) const WAIT_FOR_RENEWAL: Duration = Duration::from_millis(500);
 /// How long a reservation refused while leases hold unused shares waits before asking again,
@@ -324,6 +328,29 @@ pub(super) struct Call {
     late_fixes: Vec<Fix>,
     /// The weekly limits it was made with (see `Slot::aside_limits`).
     limits: (u64, u64),
+    /// Set when all it asks for is the next minute's chunks: taken with plain commands, not
+    /// `lease.lua` (`Shared::take_ahead`, answered by `Leases::finish_ahead`).
+    pub(super) ahead_only: Option<AheadOnly>,
+    /// When it was made (the windows' minute and the sliding count's weight).
+    pub(super) now: i64,
+}
+
+/// A renewal that only asks for the next minute's window chunks (see `Call::ahead_only`).
+pub(super) struct AheadOnly {
+    /// The account's meta hash: its drain mark is read with the windows.
+    pub(super) meta: String,
+    pub(super) asks: Vec<AheadAsk>,
+}
+
+/// One scope's next-minute chunk asked for with plain commands.
+pub(super) struct AheadAsk {
+    /// Its place among the call's scopes.
+    scope: usize,
+    pub(super) prev: String,
+    pub(super) curr: String,
+    pub(super) next: String,
+    pub(super) caps: Dims,
+    pub(super) asked: Dims,
 }
 
 impl Leases {
@@ -501,6 +528,7 @@ impl Leases {
         let pending = std::mem::take(&mut s.pending);
         let paid = std::mem::take(&mut s.pending_cost);
         let aside_paid = std::mem::take(&mut s.aside_paid);
+        let held_before = s.held;
         s.held = [0, 1].map(|i| s.held[i].saturating_sub(paid[i] + aside_paid[i]));
 
         let elapsed = (now - s.last_renewal).max(1) as f64;
@@ -618,6 +646,8 @@ impl Leases {
                 .map(|d| if caps[d] > 0 { v[d] } else { 0 }.to_string())
                 .collect()
         };
+        let mut plain_asks: Vec<AheadAsk> = Vec::new();
+        let mut all_plain = true;
         for (scope, c) in s.chunks.iter_mut() {
             if c.minute != minute && !c.roll(minute) {
                 // A past minute's chunk can no longer be used: dropped here, its unused part
@@ -680,6 +710,24 @@ impl Leases {
                 [0; 3]
             };
             scope_args.extend(capped(c.caps, ahead_asked));
+            let asked_dims: Dims =
+                std::array::from_fn(|d| if c.caps[d] > 0 { ahead_asked[d] } else { 0 });
+            if ask_ahead
+                && !(give_back || take || ahead_back)
+                && (0..3)
+                    .all(|d| asked_dims[d] == 0 || c.caps[d] >= PLAIN_CAP_RATIO * asked_dims[d])
+            {
+                plain_asks.push(AheadAsk {
+                    scope: scopes.len(),
+                    prev: rate_key(prefix, user_id, scope, minute - 1),
+                    curr: rate_key(prefix, user_id, scope, minute),
+                    next: rate_key(prefix, user_id, scope, minute + 1),
+                    caps: c.caps,
+                    asked: asked_dims,
+                });
+            } else {
+                all_plain = false;
+            }
             if give_back || take {
                 // This minute's chunk starts again; the next minute's stays.
                 c.minute = minute;
@@ -697,6 +745,33 @@ impl Leases {
                 ahead: ask_ahead,
             });
         }
+        // Only the next minute's chunks, far below their caps, and nothing to pay or book but
+        // set-aside settlements: plain commands do it (`Shared::take_ahead`), and the
+        // set-aside settlements wait for the next renewal that needs the script (the share
+        // stays set aside in full until then, so the allowance errs high, never low).
+        let ahead_only = (all_plain
+            && !plain_asks.is_empty()
+            && pending.is_empty()
+            && paid == [0, 0]
+            && settled == [0, 0]
+            && late_fixes.is_empty()
+            && items.is_empty()
+            && ask == [0, 0]
+            && flags == 0
+            && !urgent)
+            .then(|| {
+                s.held = held_before;
+                s.aside_paid = aside_paid;
+                AheadOnly {
+                    meta: keys[0].clone(),
+                    asks: plain_asks,
+                }
+            });
+        let aside_paid = if ahead_only.is_some() {
+            [0, 0]
+        } else {
+            aside_paid
+        };
         s.need = [0; 3];
         args.extend([
             now.to_string(),
@@ -733,6 +808,8 @@ impl Leases {
             aside_paid,
             late_fixes,
             limits: (s.limits.weekly_tokens, s.limits.weekly_requests),
+            ahead_only,
+            now,
         };
         Some((call, pending))
     }
@@ -822,6 +899,30 @@ impl Leases {
             });
         }
         newly_exact
+    }
+
+    /// Applies what `Shared::take_ahead` took for an `ahead_only` call: for each ask, the
+    /// next minute's chunk (zero when not taken) and that window's count before it. Nothing
+    /// else of the lease changes (it paid and booked nothing).
+    pub(super) fn finish_ahead(&self, user_id: &str, call: &Call, taken: &[(Dims, Dims)]) {
+        let Some(cell) = self.cells.get(user_id).map(|c| c.clone()) else {
+            return;
+        };
+        let mut guard = cell.slot.lock();
+        let s = &mut *guard;
+        if let Some(only) = &call.ahead_only {
+            for (ask, (ahead, counted)) in only.asks.iter().zip(taken) {
+                let scope = &call.scopes[ask.scope].scope;
+                if let Some(c) = s.chunks.get_mut(scope) {
+                    c.ahead = *ahead;
+                    c.ahead_counted = *counted;
+                }
+            }
+        }
+        s.last_renewal = call.now;
+        s.renewing = false;
+        drop(guard);
+        cell.renewed.notify_waiters();
     }
 
     pub(super) fn due(&self, now: i64, timeout_ms: i64, booking: bool) -> Vec<String> {
@@ -1076,7 +1177,7 @@ impl Paid {
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use super::{Cell, Leases, Paid};
+    use super::{rate_key, Call, Cell, Chunk, Leases, Paid, WINDOW_MS};
     use crate::config::TierLimits;
     use crate::domain::{Breakdown, LotKind};
     use crate::quota::{RatePlan, Ticket, Used};
@@ -1262,5 +1363,69 @@ mod tests {
     #[test]
     fn nothing_settled_splits_into_nothing() {
         assert!(Paid::default().split("u", &[], 0).is_empty());
+    }
+
+    /// A set-aside lease in the second half of a minute, its chunk of `rpm` used once and one
+    /// settlement made within the share: its renewal asks only for the next minute's chunk.
+    fn renewal_ahead(rpm: u64) -> (Leases, Call, i64) {
+        let leases = set_aside_lease();
+        let minute = 29_000_000;
+        let now = minute * WINDOW_MS + 40_000;
+        {
+            let cell = leases.cells.get("u").unwrap().clone();
+            let mut s = cell.slot.lock();
+            s.held = [1_000_000, 1_000];
+            s.last_used = now;
+            s.refreshed = now;
+            s.lots_read = now;
+            s.aside_paid = [79, 1];
+            s.chunks.insert(
+                "acct:u".into(),
+                Chunk {
+                    minute,
+                    caps: [rpm, 0, 0],
+                    granted: [32, 0, 0],
+                    used: [1, 0, 0],
+                    last_used: now,
+                    ..Chunk::default()
+                },
+            );
+        }
+        let (call, pending) = leases.begin("p:", "u", 900_000, now).unwrap();
+        assert!(pending.is_empty());
+        (leases, call, now)
+    }
+
+    #[test]
+    fn a_renewal_that_only_takes_the_next_minutes_chunk_books_nothing() {
+        let (leases, call, now) = renewal_ahead(600);
+        let only = call.ahead_only.as_ref().expect("plain commands");
+        assert_eq!(only.asks.len(), 1);
+        assert_eq!(only.asks[0].asked, [32, 0, 0]);
+        let minute = now.div_euclid(WINDOW_MS);
+        assert_eq!(only.asks[0].next, rate_key("p:", "u", "acct:u", minute + 1));
+        assert_eq!(call.aside_paid, [0, 0]);
+        {
+            // The set-aside settlement waits for the next script call; the share is unchanged.
+            let cell = leases.cells.get("u").unwrap().clone();
+            let s = cell.slot.lock();
+            assert_eq!(s.aside_paid, [79, 1]);
+            assert_eq!(s.held, [1_000_000, 1_000]);
+        }
+        leases.finish_ahead("u", &call, &[([32, 0, 0], [5, 0, 0])]);
+        let cell = leases.cells.get("u").unwrap().clone();
+        let s = cell.slot.lock();
+        assert!(!s.renewing);
+        let c = &s.chunks["acct:u"];
+        assert_eq!((c.ahead, c.ahead_counted), ([32, 0, 0], [5, 0, 0]));
+    }
+
+    #[test]
+    fn a_next_minutes_chunk_near_its_cap_goes_through_the_script() {
+        let (leases, call, _) = renewal_ahead(100);
+        assert!(call.ahead_only.is_none());
+        assert_eq!(call.aside_paid, [79, 1], "booked by this call");
+        let cell = leases.cells.get("u").unwrap().clone();
+        assert_eq!(cell.slot.lock().aside_paid, [0, 0]);
     }
 }

@@ -13,6 +13,7 @@
 //! `storage.redis_outage`: serve from an in-process engine or refuse (docs/operations.md, "Redis and database outages").
 
 pub mod account;
+mod ahead;
 pub mod breaker;
 pub mod lease;
 pub mod limits;

@@ -132,6 +132,13 @@ impl Shared {
                 Some((u, call, pending))
             })
             .collect();
+        let (plain, begun): (Vec<_>, Vec<_>) = begun
+            .into_iter()
+            .partition(|(_, call, _)| call.ahead_only.is_some());
+        if !plain.is_empty() {
+            let calls: Vec<(&str, &Call)> = plain.iter().map(|(u, c, _)| (u.as_str(), c)).collect();
+            self.take_ahead(&calls).await;
+        }
         if begun.is_empty() {
             return;
         }
@@ -261,6 +268,10 @@ impl Shared {
         else {
             return Ok(());
         };
+        if call.ahead_only.is_some() && !self.connector.is_cluster() {
+            self.take_ahead(&[(user_id, &call)]).await;
+            return Ok(());
+        }
         let mut outcome = Err(Unreachable("redis is down".into()));
         if !self.breaker.is_open() {
             outcome = self.call_lease(db, user_id, &call).await;

@@ -1,0 +1,155 @@
+//! The next minute's window chunks of accounts far below their per-minute caps, taken with
+//! plain commands instead of `lease.lua`.
+//!
+//! The common renewal of an account sending a request every few seconds asks for nothing but
+//! its next minute's chunk (`lease::Call::ahead_only`). In a script that renewal costs Redis
+//! several times what its commands do (its Lua reads and writes the account too), and it comes
+//! once a minute for every such account. Here the chunk is counted first, in this minute's
+//! window and the next one's, all the accounts of a round in one pipeline; then the counts it
+//! returned are checked against the rule `lease.lua` applies (whole, and only while both
+//! windows stay within half their cap, and not while the account is drained), and a chunk that
+//! broke it is taken back off both windows. A window therefore never counts less than what was
+//! admitted in it: for a moment it may count a chunk that is then given back, which is why
+//! only chunks far below their caps come this way (`PLAIN_CAP_RATIO`).
+
+use redis::Value as RedisValue;
+
+use super::lease::{AheadAsk, Call};
+use super::scripts::as_i64;
+use super::shared::{Shared, Unreachable};
+
+/// How long (s) a window key lives: as `lease.lua` and `reserve.lua` give it.
+const WINDOW_TTL_S: i64 = 150;
+const FIELDS: [&str; 3] = ["r", "i", "o"];
+
+impl Shared {
+    /// Takes the next minute's chunks of `calls` (all `ahead_only`) and hands each account its
+    /// answer. When Redis does not answer, no chunk is taken (a count that did land errs high).
+    pub(super) async fn take_ahead(&self, calls: &[(&str, &Call)]) {
+        let taken = if self.breaker.is_open() {
+            Err(Unreachable("redis is down".into()))
+        } else {
+            self.count_ahead(calls).await
+        };
+        let taken = taken.unwrap_or_else(|Unreachable(e)| {
+            log::warn!("{e}; next-minute chunks of {} accounts", calls.len());
+            calls
+                .iter()
+                .map(|(_, call)| vec![([0; 3], [0; 3]); asks(call).len()])
+                .collect()
+        });
+        for ((user_id, call), taken) in calls.iter().zip(taken) {
+            self.leases.finish_ahead(user_id, call, &taken);
+        }
+    }
+
+    /// One pipeline counting every chunk, then one giving back those the rule refuses. For each
+    /// call, for each ask: (the chunk taken, the next window's count before it).
+    async fn count_ahead(
+        &self,
+        calls: &[(&str, &Call)],
+    ) -> Result<Vec<Vec<([u64; 3], [u64; 3])>>, Unreachable> {
+        let mut pipe = redis::pipe();
+        for (_, call) in calls {
+            if let Some(only) = &call.ahead_only {
+                pipe.cmd("HGET").arg(&only.meta).arg("dr");
+            }
+            for ask in asks(call) {
+                pipe.cmd("HMGET").arg(&ask.prev).arg(&FIELDS);
+                let mut whole = 0;
+                for (d, field) in FIELDS.iter().enumerate() {
+                    if ask.asked[d] > 0 {
+                        pipe.cmd("HINCRBY")
+                            .arg(&ask.curr)
+                            .arg(field)
+                            .arg(ask.asked[d]);
+                        pipe.cmd("HINCRBY")
+                            .arg(&ask.next)
+                            .arg(field)
+                            .arg(ask.asked[d]);
+                        whole += ask.asked[d];
+                    }
+                }
+                pipe.cmd("HINCRBY").arg(&ask.next).arg("L").arg(whole);
+                for key in [&ask.curr, &ask.next] {
+                    pipe.cmd("EXPIRE").arg(key).arg(WINDOW_TTL_S).ignore();
+                }
+            }
+        }
+        let mut conn = self.conn();
+        let replies: Vec<RedisValue> = self.guarded("ahead", pipe.query_async(&mut conn)).await?;
+        let mut replies = replies.into_iter();
+        let mut next = || replies.next().unwrap_or(RedisValue::Nil);
+        let num = |v: &RedisValue| as_i64(v).unwrap_or(0).max(0) as u64;
+        let mut undo = redis::pipe();
+        let mut any_undone = false;
+        let mut out = Vec::with_capacity(calls.len());
+        for (_, call) in calls {
+            let drained = call.ahead_only.is_some() && num(&next()) as i64 > call.now;
+            let elapsed = call.now.rem_euclid(60_000) as u64;
+            let mut per_call = Vec::new();
+            for ask in asks(call) {
+                let prev: Vec<u64> = match next() {
+                    RedisValue::Array(a) => a.iter().map(num).collect(),
+                    _ => vec![0; 3],
+                };
+                let mut ok = !drained;
+                let mut counted = [0u64; 3];
+                for (d, counted) in counted.iter_mut().enumerate() {
+                    if ask.asked[d] == 0 {
+                        continue;
+                    }
+                    let curr_after = num(&next());
+                    let next_after = num(&next());
+                    let sliding = prev.get(d).copied().unwrap_or(0) * (60_000 - elapsed) / 60_000
+                        + curr_after;
+                    if 2 * sliding > ask.caps[d] || 2 * next_after > ask.caps[d] {
+                        ok = false;
+                    }
+                    *counted = next_after.saturating_sub(ask.asked[d]);
+                }
+                next(); // L
+                if ok {
+                    per_call.push((ask.asked, counted));
+                    continue;
+                }
+                any_undone = true;
+                let mut whole = 0;
+                for (d, field) in FIELDS.iter().enumerate() {
+                    if ask.asked[d] > 0 {
+                        let back = -(ask.asked[d] as i64);
+                        undo.cmd("HINCRBY")
+                            .arg(&ask.curr)
+                            .arg(field)
+                            .arg(back)
+                            .ignore();
+                        undo.cmd("HINCRBY")
+                            .arg(&ask.next)
+                            .arg(field)
+                            .arg(back)
+                            .ignore();
+                        whole += ask.asked[d] as i64;
+                    }
+                }
+                undo.cmd("HINCRBY")
+                    .arg(&ask.next)
+                    .arg("L")
+                    .arg(-whole)
+                    .ignore();
+                per_call.push(([0; 3], counted));
+            }
+            out.push(per_call);
+        }
+        if any_undone {
+            // Not given back when Redis fails now: the windows then err high, never low.
+            let _ = self
+                .guarded("ahead", undo.query_async::<()>(&mut conn))
+                .await;
+        }
+        Ok(out)
+    }
+}
+
+fn asks(call: &Call) -> &[AheadAsk] {
+    call.ahead_only.as_ref().map_or(&[], |o| &o.asks[..])
+}
