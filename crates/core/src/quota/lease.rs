@@ -33,7 +33,8 @@
 //!   hold unused shares waits for them to come back (`DRAIN_WAIT`) before it is refused, so the
 //!   last tokens are neither overspent nor stranded;
 //! - a window chunk is counted in the window before any of it is used, so a per-minute limit
-//!   counts at least what was admitted; output tokens are corrected to the real amount when the
+//!   counts at least what was admitted (a next minute's chunk far below its cap is counted
+//!   with plain commands first and given back if the rule refuses it, `ahead`); output tokens are corrected to the real amount when the
 //!   settlement is paid (within `FLUSH_EVERY`, as one instance corrects at settlement);
 //! - a set-aside share counts as spent for every other request and lease, and is set aside only
 //!   while the allowance alone covers it beyond everything held, so what is settled within it
@@ -509,13 +510,16 @@ impl Leases {
 
     /// Prepares one renewal of `user_id`'s lease, with the settlements it pays; `None` when one
     /// is under way or there is no lease. Admission waits until `finish` (the lease changes
-    /// size in between).
+    /// size in between). With `plain_ahead`, a renewal that only takes the next minute's
+    /// chunks far below their caps is marked `ahead_only` (the caller must then take them with
+    /// `Shared::take_ahead`, not the script: its set-aside settlements are left to book later).
     pub(super) fn begin(
         &self,
         prefix: &str,
         user_id: &str,
         timeout_ms: i64,
         now: i64,
+        plain_ahead: bool,
     ) -> Option<(Call, Vec<Pending>)> {
         let cell = self.cells.get(user_id)?.clone();
         let mut guard = cell.slot.lock();
@@ -749,7 +753,8 @@ impl Leases {
         // set-aside settlements: plain commands do it (`Shared::take_ahead`), and the
         // set-aside settlements wait for the next renewal that needs the script (the share
         // stays set aside in full until then, so the allowance errs high, never low).
-        let ahead_only = (all_plain
+        let ahead_only = (plain_ahead
+            && all_plain
             && !plain_asks.is_empty()
             && pending.is_empty()
             && paid == [0, 0]
@@ -1263,7 +1268,9 @@ mod tests {
             );
         }
         leases.cells.insert("u".into(), cell);
-        let (call, _) = leases.begin("p:", "u", 900_000, now).expect("renewal");
+        let (call, _) = leases
+            .begin("p:", "u", 900_000, now, true)
+            .expect("renewal");
         assert_eq!(call.args[12..14], ["10112".to_string(), "128".to_string()]);
         // The scope's arguments follow the 22 fixed ones; the chunk asked for is at 12..15
         // (its tokens at twice the estimate: real use moves the chunk's count).
@@ -1293,7 +1300,9 @@ mod tests {
             assert_eq!(s.aside_paid, [60, 1]);
             assert!(!s.due(now, 900_000, false, true), "set-aside cost waits");
         }
-        let (call, pending) = leases.begin("p:", "u", 900_000, now).expect("renewal");
+        let (call, pending) = leases
+            .begin("p:", "u", 900_000, now, true)
+            .expect("renewal");
         assert!(pending.is_empty());
         assert_eq!(call.aside_paid, [60, 1]);
         assert_eq!(call.args[20..22], ["60".to_string(), "1".to_string()]);
@@ -1367,7 +1376,7 @@ mod tests {
 
     /// A set-aside lease in the second half of a minute, its chunk of `rpm` used once and one
     /// settlement made within the share: its renewal asks only for the next minute's chunk.
-    fn renewal_ahead(rpm: u64) -> (Leases, Call, i64) {
+    fn renewal_ahead(rpm: u64, plain_ahead: bool) -> (Leases, Call, i64) {
         let leases = set_aside_lease();
         let minute = 29_000_000;
         let now = minute * WINDOW_MS + 40_000;
@@ -1391,14 +1400,14 @@ mod tests {
                 },
             );
         }
-        let (call, pending) = leases.begin("p:", "u", 900_000, now).unwrap();
+        let (call, pending) = leases.begin("p:", "u", 900_000, now, plain_ahead).unwrap();
         assert!(pending.is_empty());
         (leases, call, now)
     }
 
     #[test]
     fn a_renewal_that_only_takes_the_next_minutes_chunk_books_nothing() {
-        let (leases, call, now) = renewal_ahead(600);
+        let (leases, call, now) = renewal_ahead(600, true);
         let only = call.ahead_only.as_ref().expect("plain commands");
         assert_eq!(only.asks.len(), 1);
         assert_eq!(only.asks[0].asked, [32, 0, 0]);
@@ -1421,11 +1430,14 @@ mod tests {
     }
 
     #[test]
-    fn a_next_minutes_chunk_near_its_cap_goes_through_the_script() {
-        let (leases, call, _) = renewal_ahead(100);
-        assert!(call.ahead_only.is_none());
-        assert_eq!(call.aside_paid, [79, 1], "booked by this call");
-        let cell = leases.cells.get("u").unwrap().clone();
-        assert_eq!(cell.slot.lock().aside_paid, [0, 0]);
+    fn a_next_minutes_chunk_near_its_cap_or_on_a_cluster_goes_through_the_script() {
+        // Near its cap, or where the caller runs every renewal as a script (a Redis Cluster).
+        for (rpm, plain_ahead) in [(100, true), (600, false)] {
+            let (leases, call, _) = renewal_ahead(rpm, plain_ahead);
+            assert!(call.ahead_only.is_none());
+            assert_eq!(call.aside_paid, [79, 1], "booked by this call");
+            let cell = leases.cells.get("u").unwrap().clone();
+            assert_eq!(cell.slot.lock().aside_paid, [0, 0]);
+        }
     }
 }

@@ -128,7 +128,7 @@ impl Shared {
         let begun: Vec<(&String, Call, Vec<super::lease::Pending>)> = users
             .iter()
             .filter_map(|u| {
-                let (call, pending) = self.leases.begin(&self.prefix, u, timeout_ms, now)?;
+                let (call, pending) = self.leases.begin(&self.prefix, u, timeout_ms, now, true)?;
                 Some((u, call, pending))
             })
             .collect();
@@ -264,11 +264,16 @@ impl Shared {
     /// account's requests are reserved on their own for a while.
     async fn renew(&self, db: &Db, user_id: &str, timeout_ms: i64) -> Result<(), Unreachable> {
         let now = now_ms();
-        let Some((call, pending)) = self.leases.begin(&self.prefix, user_id, timeout_ms, now)
+        // On a Redis Cluster an account's windows and meta share a slot, but the script keeps
+        // doing it all (one call per account either way).
+        let plain = !self.connector.is_cluster();
+        let Some((call, pending)) =
+            self.leases
+                .begin(&self.prefix, user_id, timeout_ms, now, plain)
         else {
             return Ok(());
         };
-        if call.ahead_only.is_some() && !self.connector.is_cluster() {
+        if call.ahead_only.is_some() {
             self.take_ahead(&[(user_id, &call)]).await;
             return Ok(());
         }
