@@ -85,8 +85,10 @@ const SHARE_MIN_REQUESTS: f64 = 128.0;
 /// The most requests one lease covers.
 const MAX_REQUESTS: f64 = 100_000.0;
 /// A next-minute chunk is taken with plain commands (counted first, given back if a window
-/// passed half its cap) only where each cap is at least this many times the chunk: far from
-/// the cap, the count it adds for a moment cannot refuse anyone's request.
+/// passed half its cap) only far from every cap: this minute's window as last known, with this
+/// instance's chunk and the one asked for, at most 1/`PLAIN_CAP_RATIO` of it. The count the
+/// chunk adds for a moment then leaves the window far below its cap, so it refuses no request
+/// and drains no account.
 const PLAIN_CAP_RATIO: u64 = 4;
 /// How long a request waits for a renewal in progress before it is reserved exactly.
 pub(super) const WAIT_FOR_RENEWAL: Duration = Duration::from_millis(500);
@@ -528,7 +530,9 @@ impl Leases {
             return None;
         }
         s.renewing = true;
-        s.wake = false;
+        // Woken by another instance's drain: the script answers it (exact mode, the drain
+        // passed on), never the plain commands.
+        let woken = std::mem::take(&mut s.wake);
         let pending = std::mem::take(&mut s.pending);
         let paid = std::mem::take(&mut s.pending_cost);
         let aside_paid = std::mem::take(&mut s.aside_paid);
@@ -716,11 +720,13 @@ impl Leases {
             scope_args.extend(capped(c.caps, ahead_asked));
             let asked_dims: Dims =
                 std::array::from_fn(|d| if c.caps[d] > 0 { ahead_asked[d] } else { 0 });
-            if ask_ahead
-                && !(give_back || take || ahead_back)
-                && (0..3)
-                    .all(|d| asked_dims[d] == 0 || c.caps[d] >= PLAIN_CAP_RATIO * asked_dims[d])
-            {
+            let far = (0..3).all(|d| {
+                c.caps[d] == 0
+                    || (asked_dims[d] > 0
+                        && PLAIN_CAP_RATIO * (c.counted[d] + c.granted[d] + asked_dims[d])
+                            <= c.caps[d])
+            });
+            if ask_ahead && !(give_back || take || ahead_back) && far {
                 plain_asks.push(AheadAsk {
                     scope: scopes.len(),
                     prev: rate_key(prefix, user_id, scope, minute - 1),
@@ -754,6 +760,7 @@ impl Leases {
         // set-aside settlements wait for the next renewal that needs the script (the share
         // stays set aside in full until then, so the allowance errs high, never low).
         let ahead_only = (plain_ahead
+            && !woken
             && all_plain
             && !plain_asks.is_empty()
             && pending.is_empty()
