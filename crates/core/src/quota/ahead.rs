@@ -23,7 +23,7 @@ const WINDOW_TTL_S: i64 = 150;
 const FIELDS: [&str; 3] = ["r", "i", "o"];
 
 impl Shared {
-    /// Takes the next minute's chunks of `calls` (all `ahead_only`) and hands each account its
+    /// Takes the next minute's chunks of `calls` (each `ahead_only`) and hands each account its
     /// answer. When Redis does not answer, no chunk is taken (a count that did land errs high).
     pub(super) async fn take_ahead(&self, calls: &[(&str, &Call)]) {
         let taken = if self.breaker.is_open() {
@@ -51,27 +51,12 @@ impl Shared {
     ) -> Result<Vec<Vec<([u64; 3], [u64; 3])>>, Unreachable> {
         let mut pipe = redis::pipe();
         for (_, call) in calls {
-            if let Some(only) = &call.ahead_only {
-                pipe.cmd("HGET").arg(&only.meta).arg("dr");
-            }
+            pipe.cmd("HGET").arg(call.meta()).arg("dr");
             for ask in asks(call) {
-                pipe.cmd("HMGET").arg(&ask.prev).arg(&FIELDS);
-                let mut whole = 0;
-                for (d, field) in FIELDS.iter().enumerate() {
-                    if ask.asked[d] > 0 {
-                        pipe.cmd("HINCRBY")
-                            .arg(&ask.curr)
-                            .arg(field)
-                            .arg(ask.asked[d]);
-                        pipe.cmd("HINCRBY")
-                            .arg(&ask.next)
-                            .arg(field)
-                            .arg(ask.asked[d]);
-                        whole += ask.asked[d];
-                    }
-                }
-                pipe.cmd("HINCRBY").arg(&ask.next).arg("L").arg(whole);
-                for key in [&ask.curr, &ask.next] {
+                let [prev, curr, next] = ask.windows.map(|i| call.window(i));
+                pipe.cmd("HMGET").arg(prev).arg(&FIELDS);
+                add_chunk(&mut pipe, [curr, next], ask, 1, false);
+                for key in [curr, next] {
                     pipe.cmd("EXPIRE").arg(key).arg(WINDOW_TTL_S).ignore();
                 }
             }
@@ -85,7 +70,7 @@ impl Shared {
         let mut any_undone = false;
         let mut out = Vec::with_capacity(calls.len());
         for (_, call) in calls {
-            let drained = call.ahead_only.is_some() && num(&next()) as i64 > call.now;
+            let drained = num(&next()) as i64 > call.now;
             let elapsed = call.now.rem_euclid(60_000) as u64;
             let mut per_call = Vec::new();
             for ask in asks(call) {
@@ -114,28 +99,8 @@ impl Shared {
                     continue;
                 }
                 any_undone = true;
-                let mut whole = 0;
-                for (d, field) in FIELDS.iter().enumerate() {
-                    if ask.asked[d] > 0 {
-                        let back = -(ask.asked[d] as i64);
-                        undo.cmd("HINCRBY")
-                            .arg(&ask.curr)
-                            .arg(field)
-                            .arg(back)
-                            .ignore();
-                        undo.cmd("HINCRBY")
-                            .arg(&ask.next)
-                            .arg(field)
-                            .arg(back)
-                            .ignore();
-                        whole += ask.asked[d] as i64;
-                    }
-                }
-                undo.cmd("HINCRBY")
-                    .arg(&ask.next)
-                    .arg("L")
-                    .arg(-whole)
-                    .ignore();
+                let [_, curr, next] = ask.windows.map(|i| call.window(i));
+                add_chunk(&mut undo, [curr, next], ask, -1, true);
                 per_call.push(([0; 3], counted));
             }
             out.push(per_call);
@@ -147,6 +112,34 @@ impl Shared {
                 .await;
         }
         Ok(out)
+    }
+}
+
+/// Adds `sign` × the chunk `ask` to this minute's window and the next one's (`windows`), and to
+/// the next one's leases' count L: one `HINCRBY` per dimension asked for and window, then L's.
+fn add_chunk(
+    pipe: &mut redis::Pipeline,
+    windows: [&str; 2],
+    ask: &AheadAsk,
+    sign: i64,
+    ignore: bool,
+) {
+    let mut whole = 0;
+    for (d, field) in FIELDS.iter().enumerate() {
+        if ask.asked[d] > 0 {
+            let by = sign * ask.asked[d] as i64;
+            for key in windows {
+                pipe.cmd("HINCRBY").arg(key).arg(field).arg(by);
+                if ignore {
+                    pipe.ignore();
+                }
+            }
+            whole += by;
+        }
+    }
+    pipe.cmd("HINCRBY").arg(windows[1]).arg("L").arg(whole);
+    if ignore {
+        pipe.ignore();
     }
 }
 

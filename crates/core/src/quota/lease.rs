@@ -34,8 +34,9 @@
 //!   last tokens are neither overspent nor stranded;
 //! - a window chunk is counted in the window before any of it is used, so a per-minute limit
 //!   counts at least what was admitted (a next minute's chunk far below its cap is counted
-//!   with plain commands first and given back if the rule refuses it, `ahead`); output tokens are corrected to the real amount when the
-//!   settlement is paid (within `FLUSH_EVERY`, as one instance corrects at settlement);
+//!   with plain commands first and given back if the rule refuses it, `ahead`); output tokens
+//!   are corrected to the real amount when the settlement is paid (within `FLUSH_EVERY`, as
+//!   one instance corrects at settlement);
 //! - a set-aside share counts as spent for every other request and lease, and is set aside only
 //!   while the allowance alone covers it beyond everything held, so what is settled within it
 //!   is the allowance's whatever else happens before the renewal books it.
@@ -340,8 +341,6 @@ pub(super) struct Call {
 
 /// A renewal that only asks for the next minute's window chunks (see `Call::ahead_only`).
 pub(super) struct AheadOnly {
-    /// The account's meta hash: its drain mark is read with the windows.
-    pub(super) meta: String,
     pub(super) asks: Vec<AheadAsk>,
 }
 
@@ -349,11 +348,23 @@ pub(super) struct AheadOnly {
 pub(super) struct AheadAsk {
     /// Its place among the call's scopes.
     scope: usize,
-    pub(super) prev: String,
-    pub(super) curr: String,
-    pub(super) next: String,
+    /// The previous, this and the next minute's windows, as `lease.lua`'s window indices
+    /// (`Call::window`).
+    pub(super) windows: [usize; 3],
     pub(super) caps: Dims,
     pub(super) asked: Dims,
+}
+
+impl Call {
+    /// The account's meta hash (its drain mark is read with the windows).
+    pub(super) fn meta(&self) -> &str {
+        &self.keys[0]
+    }
+
+    /// The window key of `lease.lua`'s window index `i` (1: the first after the account's).
+    pub(super) fn window(&self, i: usize) -> &str {
+        &self.keys[4 + i]
+    }
 }
 
 impl Leases {
@@ -729,9 +740,7 @@ impl Leases {
             if ask_ahead && !(give_back || take || ahead_back) && far {
                 plain_asks.push(AheadAsk {
                     scope: scopes.len(),
-                    prev: rate_key(prefix, user_id, scope, minute - 1),
-                    curr: rate_key(prefix, user_id, scope, minute),
-                    next: rate_key(prefix, user_id, scope, minute + 1),
+                    windows: [prev, curr, next],
                     caps: c.caps,
                     asked: asked_dims,
                 });
@@ -774,10 +783,7 @@ impl Leases {
             .then(|| {
                 s.held = held_before;
                 s.aside_paid = aside_paid;
-                AheadOnly {
-                    meta: keys[0].clone(),
-                    asks: plain_asks,
-                }
+                AheadOnly { asks: plain_asks }
             });
         let aside_paid = if ahead_only.is_some() {
             [0, 0]
@@ -1419,7 +1425,8 @@ mod tests {
         assert_eq!(only.asks.len(), 1);
         assert_eq!(only.asks[0].asked, [32, 0, 0]);
         let minute = now.div_euclid(WINDOW_MS);
-        assert_eq!(only.asks[0].next, rate_key("p:", "u", "acct:u", minute + 1));
+        let next = call.window(only.asks[0].windows[2]);
+        assert_eq!(next, rate_key("p:", "u", "acct:u", minute + 1));
         assert_eq!(call.aside_paid, [0, 0]);
         {
             // The set-aside settlement waits for the next script call; the share is unchanged.
