@@ -15,7 +15,9 @@
 //! - a key sending requests in the second half of a minute gets the next minute's chunk ahead,
 //!   and the next minute's first requests are admitted against it;
 //! - leases set aside from the allowance: every request is recorded at once, and a graceful
-//!   stop books what was settled within them and gives them back.
+//!   stop books what was settled within them and gives them back;
+//! - a drain is published to the other instance, which then polls `q:drains` once a second,
+//!   not every round, while it holds leases (one Redis: watched with `MONITOR`).
 
 mod common;
 
@@ -410,6 +412,63 @@ async fn set_aside_leases_are_booked_and_given_back_on_stop(store: Store) {
     assert!(held.is_empty(), "{held:?}");
 }
 
+/// How many of the commands Redis runs during `span` have a `MONITOR` line `wanted`.
+async fn monitored(url: &str, wanted: impl Fn(&str) -> bool, span: Duration) -> usize {
+    use futures::StreamExt;
+    let client = redis::Client::open(url).expect("redis url");
+    let monitor = client.get_async_monitor().await.expect("monitor");
+    let mut lines = monitor.into_on_message::<String>();
+    let until = tokio::time::Instant::now() + span;
+    let mut n = 0;
+    while let Ok(Some(line)) = tokio::time::timeout_at(until, lines.next()).await {
+        n += usize::from(wanted(&line));
+    }
+    n
+}
+
+async fn drains_published_and_polled_slowly(store: Store) {
+    let Store::Single(url) = &store else {
+        // MONITOR sees one node; the cluster's drains are covered by the other tests.
+        return;
+    };
+    // Both instances hold a lease on an account with plenty left (taken by its second
+    // request on each).
+    let roomy = pair(&store, &roomy());
+    let key = roomy.a.user_with_key("leased@example.com", &[]);
+    for gw in [&roomy.a, &roomy.b, &roomy.a, &roomy.b] {
+        assert_eq!(send(gw, &key).await.0, 200);
+    }
+    let poll = format!("\"ZRANGEBYSCORE\" \"{}q:drains\"", roomy.prefix);
+    let polls = monitored(url, |l| l.contains(&poll), Duration::from_secs(3)).await;
+    // Two instances listening: about one poll a second each (every round would be 60).
+    assert!(
+        (1..=10).contains(&polls),
+        "{polls} polls of q:drains in 3 s"
+    );
+    // An account with ten requests a week is drained at once: the drain is published, and
+    // exactly its allowance is served over both instances.
+    let p = pair(&store, &ten_requests());
+    let key = p.a.user_with_key("notice@example.com", &[]);
+    let watch = tokio::spawn({
+        let (url, publish) = (url.clone(), format!("\"PUBLISH\" \"{}q:drains\"", p.prefix));
+        async move { monitored(&url, |l| l.contains(&publish), Duration::from_secs(8)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut served = 0;
+    for i in 0..20 {
+        let gw = if i % 2 == 0 { &p.a } else { &p.b };
+        match send(gw, &key).await {
+            (200, _) => served += 1,
+            (status, code) => assert_eq!((status, code.as_str()), (429, "insufficient_quota")),
+        }
+    }
+    assert_eq!(served, 10);
+    assert!(
+        watch.await.expect("monitor task") >= 1,
+        "no drain published"
+    );
+}
+
 /// The per-minute window counts of a key's scope (per key or pooled on the account) in `minute`:
 /// requests counted, and requests counted for leases' chunks (`L`).
 async fn window(store: &Store, p: &Pair, user_id: &str, key_id: &str, minute: i64) -> (i64, i64) {
@@ -525,40 +584,48 @@ async fn next_minutes_chunk_refused_past_half_the_cap(store: Store) {
         into < 18_000,
         "the requests took until {into} ms into the minute"
     );
+    // On one Redis, `MONITOR` tells the plain commands (a client's) from the script's
+    // (`[0 lua]`) from 29 s into the minute until the rounds after the second half began.
+    let plain = match &store {
+        Store::Single(url) => {
+            let next = format!("\"HINCRBY\" \"{}\"", window(1, minute + 1));
+            let url = url.clone();
+            Some(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis((29_000 - into) as u64)).await;
+                let plain = |l: &str| l.contains(&next) && !l.contains("lua]");
+                monitored(&url, plain, Duration::from_millis(2_500)).await
+            }))
+        }
+        Store::Cluster(_) => None,
+    };
     // Into the second half, and a few renewal rounds (every 100 ms) after.
     tokio::time::sleep(Duration::from_millis((31_500 - into) as u64)).await;
     let counts = |key: String| {
         let mut c = c.clone();
         async move {
-            let v: (Option<i64>, Option<i64>, i64) = redis::pipe()
+            let v: (Option<i64>, Option<i64>) = redis::pipe()
                 .cmd("HGET")
                 .arg(&key)
                 .arg("r")
                 .cmd("HGET")
                 .arg(&key)
                 .arg("L")
-                .cmd("TTL")
-                .arg(&key)
                 .query_async(&mut c)
                 .await
                 .expect("hget");
-            (v.0.unwrap_or(0), v.1.unwrap_or(0), v.2)
+            (v.0.unwrap_or(0), v.1.unwrap_or(0))
         }
     };
-    let (r, l, _) = counts(window(0, minute + 1)).await;
+    let (r, l) = counts(window(0, minute + 1)).await;
     assert_eq!((r, l), (60_000, 0), "refused, and given back");
-    let (r, l, _) = counts(window(1, minute + 1)).await;
+    let (r, l) = counts(window(1, minute + 1)).await;
     assert!(r > 0 && r == l, "the other key's chunk, ahead: r {r} L {l}");
-    if matches!(store, Store::Single(_)) {
-        // This minute's windows were created by the first requests, 13 s or more ago; the
-        // plain commands, not the script, push their expiry back to 150 s when they count.
-        for i in 0..2 {
-            let (_, _, ttl) = counts(window(i, minute)).await;
-            assert!(
-                ttl > 140,
-                "key {i}: this minute's window expires in {ttl} s"
-            );
-        }
+    if let Some(plain) = plain {
+        let n = plain.await.expect("monitor task");
+        assert!(
+            n >= 2,
+            "{n} plain HINCRBYs of the next window: the script took the chunk"
+        );
     }
 }
 
@@ -597,4 +664,5 @@ on_both_stores! {
     set_aside_leases_are_recorded_at_once_and_booked_on_a_graceful_stop => set_aside_leases_are_booked_and_given_back_on_stop,
     the_next_minutes_chunk_is_taken_ahead_in_the_second_half_of_a_minute => next_minutes_chunk_taken_ahead,
     a_next_minutes_chunk_past_half_the_cap_is_given_back => next_minutes_chunk_refused_past_half_the_cap,
+    a_drain_is_published_and_drains_are_polled_once_a_second => drains_published_and_polled_slowly,
 }

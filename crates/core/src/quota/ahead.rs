@@ -56,9 +56,9 @@ impl Shared {
                 let [prev, curr, next] = ask.windows.map(|i| call.window(i));
                 pipe.cmd("HMGET").arg(prev).arg(&FIELDS);
                 add_chunk(&mut pipe, [curr, next], ask, 1, false);
-                for key in [curr, next] {
-                    pipe.cmd("EXPIRE").arg(key).arg(WINDOW_TTL_S).ignore();
-                }
+                // The next window is new as a rule; this minute's has its expiry from whoever
+                // made it (every writer that makes a window gives it one).
+                pipe.cmd("EXPIRE").arg(next).arg(WINDOW_TTL_S).ignore();
             }
         }
         let mut conn = self.conn();

@@ -21,8 +21,8 @@
 //! settlements outside a set-aside share wait to be paid, when it is short (a request did not fit, or fewer than half the
 //! requests it is sized for are left), when it has been idle `IDLE_MS` (given back), when it
 //! nears the reservation timeout (its start time is pushed back, or the sweep would release
-//! it), and when another instance drained the account (`q:drains`, polled every
-//! `FLUSH_EVERY`). A lease nothing changed costs Redis nothing.
+//! it), and when another instance drained the account (`q:drains`, heard within a
+//! `FLUSH_EVERY`: `drains`). A lease nothing changed costs Redis nothing.
 //!
 //! Exactness:
 //! - the lease is a reservation, so what all instances admit never exceeds the balance;

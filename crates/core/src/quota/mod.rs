@@ -15,6 +15,7 @@
 pub mod account;
 mod ahead;
 pub mod breaker;
+mod drains;
 pub mod lease;
 pub mod limits;
 mod loading;
@@ -428,6 +429,7 @@ impl Engine {
             return;
         };
         tokio::spawn(self.clone().run_lease_renewals(timeout));
+        tokio::spawn(self.clone().run_drain_listener());
         let mut tick = tokio::time::interval(shared::PROBE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_sweep = 0;
@@ -461,6 +463,13 @@ impl Engine {
                 break;
             }
             tokio::time::sleep(lease::FLUSH_EVERY).await;
+        }
+    }
+
+    /// Listens for other instances' drains (`drains`) until the process ends.
+    async fn run_drain_listener(self: Arc<Self>) {
+        if let Backend::Shared(s) = &self.backend {
+            s.listen_for_drains().await;
         }
     }
 

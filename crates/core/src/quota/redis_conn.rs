@@ -68,7 +68,9 @@ impl ConnectionLike for Conn {
 #[derive(Clone)]
 pub enum Connector {
     Single(redis::Client, ConnectionManagerConfig),
-    Cluster(ClusterClient),
+    /// The cluster's client, and a client of its first seed node for pub/sub (a cluster
+    /// carries a `PUBLISH` to every node).
+    Cluster(ClusterClient, redis::Client),
 }
 
 impl Connector {
@@ -102,7 +104,10 @@ impl Connector {
                     .response_timeout(timeout)
                     .build()
                     .map_err(|e| format!("redis cluster nodes: {e}"))?;
-                Ok(Connector::Cluster(client))
+                let seed = nodes.first().ok_or("redis cluster nodes: none given")?;
+                let seed = redis::Client::open(seed.as_str())
+                    .map_err(|e| format!("redis cluster node {seed}: {e}"))?;
+                Ok(Connector::Cluster(client, seed))
             }
         }
     }
@@ -114,11 +119,18 @@ impl Connector {
                     .await
                     .map(Conn::Single)
             }
-            Connector::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
+            Connector::Cluster(client, _) => client.get_async_connection().await.map(Conn::Cluster),
+        }
+    }
+
+    /// A client to open a pub/sub connection with.
+    pub fn pubsub_client(&self) -> &redis::Client {
+        match self {
+            Connector::Single(client, _) | Connector::Cluster(_, client) => client,
         }
     }
 
     pub fn is_cluster(&self) -> bool {
-        matches!(self, Connector::Cluster(_))
+        matches!(self, Connector::Cluster(..))
     }
 }

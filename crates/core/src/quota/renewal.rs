@@ -12,8 +12,6 @@ use super::lease::{Admit, Call, Renewed, WAIT_FOR_RENEWAL};
 /// Accounts renewed in one script call at most (one Redis): bounds how long one call holds
 /// Redis.
 const BATCH: usize = 256;
-/// How long (ms) a drain is looked at by the other instances' polls.
-const DRAIN_SEEN_MS: i64 = 3_000;
 use super::scripts::{as_string, on_allowance};
 use super::shared::{LoadError, Shared, Unreachable};
 use super::{Later, OnPaid, RatePlan, Reservation, Ticket, Used};
@@ -101,7 +99,7 @@ impl Shared {
     pub async fn renew_leases(&self, db: &Db, timeout_ms: i64) {
         let now = now_ms();
         if self.leases.any() && !self.breaker.is_open() {
-            self.poll_drains(now).await;
+            self.apply_drains(now).await;
         }
         let due = self.leases.due(now, timeout_ms, !self.breaker.is_open());
         if due.is_empty() {
@@ -205,57 +203,6 @@ impl Shared {
                         .await;
                 }
             }
-        }
-    }
-
-    /// Reads which accounts were drained lately (`q:drains`: an instance found one too short
-    /// for leases): those this instance holds a lease on give it back at this round.
-    async fn poll_drains(&self, now: i64) {
-        let mut conn = self.conn();
-        let mut pipe = redis::pipe();
-        pipe.cmd("ZRANGEBYSCORE")
-            .arg(&self.drains_key)
-            .arg(format!("({}", now - DRAIN_SEEN_MS))
-            .arg("+inf");
-        let drained: Vec<String> = match self
-            .guarded("drains", pipe.query_async::<(Vec<String>,)>(&mut conn))
-            .await
-        {
-            Ok((d,)) => d,
-            Err(Unreachable(e)) => {
-                log::warn!("{e}");
-                return;
-            }
-        };
-        for user_id in drained {
-            self.leases.drained(&user_id);
-        }
-    }
-
-    /// Tells every instance that `user_id` is drained (their leases come back at their next
-    /// round), and forgets drains long past.
-    pub(super) async fn signal_drain(&self, user_id: &str, now: i64) {
-        let mut pipe = redis::pipe();
-        pipe.cmd("ZADD")
-            .arg(&self.drains_key)
-            .arg(now)
-            .arg(user_id)
-            .ignore()
-            .cmd("ZREMRANGEBYSCORE")
-            .arg(&self.drains_key)
-            .arg("-inf")
-            .arg(format!("({}", now - 10 * DRAIN_SEEN_MS))
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(&self.drains_key)
-            .arg(10 * DRAIN_SEEN_MS)
-            .ignore();
-        let mut conn = self.conn();
-        if let Err(Unreachable(e)) = self
-            .guarded("drains", pipe.query_async::<()>(&mut conn))
-            .await
-        {
-            log::warn!("{e}");
         }
     }
 

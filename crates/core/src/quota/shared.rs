@@ -116,9 +116,11 @@ pub struct Shared {
     pub(super) prefix: String,
     /// The sorted set of accounts holding reservations (`sweep.lua`).
     pub(super) due_key: String,
-    /// The sorted set of accounts drained lately, by when (`lease`): polled by every
-    /// instance holding leases.
+    /// The sorted set of accounts drained lately, by when (`lease`), and the channel their
+    /// notices go out on (`drains`).
     pub(super) drains_key: String,
+    /// Drains heard from other instances.
+    pub(super) drains: super::drains::DrainNotices,
     /// The sorted set of live instances (by last sign of life): how many share the accounts,
     /// which sets the outage engine's share (`Local::set_share`).
     pub(super) instances_key: String,
@@ -166,6 +168,7 @@ impl Shared {
             prefix: prefix.to_string(),
             due_key: format!("{prefix}q:due"),
             drains_key: format!("{prefix}q:drains"),
+            drains: Default::default(),
             instances_key: format!("{prefix}instances"),
             instance,
             hints: dashmap::DashMap::default(),

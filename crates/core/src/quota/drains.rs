@@ -1,0 +1,234 @@
+//! Drains between instances: how an instance holding a lease learns, within a round, that
+//! another instance drained the account.
+//!
+//! The instance that finds an account too short for leases records it in `q:drains` (by when)
+//! and publishes the account on the channel of the same name. Every instance listens on that
+//! channel over a connection of its own and polls `q:drains` only while it is not listening (at
+//! start, after a lost connection: every round, as before it listened) and otherwise once every
+//! `SLOW_POLL_MS`, for a notice lost with a connection that died quietly. A poll every round
+//! would cost Redis a round trip ten times a second per instance whatever the traffic, which at
+//! a few hundred requests a second is more than the requests' own Redis work.
+//!
+//! Every drain heard, by notice or by poll, is applied to this instance's leases again at each
+//! round for `DRAIN_SEEN_MS`, as when each round polled that span: a renewal in flight when the
+//! notice came may still bring back a share, which a later round then gives back.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use parking_lot::Mutex;
+
+use super::shared::{Shared, Unreachable, MIN_CONNECT};
+use crate::util::now_ms;
+
+/// How long (ms) a drain is applied to the leases after it was made.
+const DRAIN_SEEN_MS: i64 = 3_000;
+/// How often (ms) `q:drains` is polled while the listener is connected.
+const SLOW_POLL_MS: i64 = 1_000;
+/// How often the listener's connection is checked (a `PING` on it).
+const PING_EVERY: Duration = Duration::from_secs(5);
+/// How long after a lost listener connection it is opened again.
+const RELISTEN_AFTER: Duration = Duration::from_secs(1);
+
+/// What this instance knows of drains made anywhere.
+#[derive(Default)]
+pub(super) struct DrainNotices {
+    /// The listener is subscribed: `q:drains` is polled slowly.
+    listening: AtomicBool,
+    /// When `q:drains` was last polled (ms; 0: poll at the next round).
+    last_poll: AtomicI64,
+    /// Drains heard: account → when the drain was made (ms).
+    heard: Mutex<HashMap<String, i64>>,
+}
+
+impl DrainNotices {
+    /// Whether this round polls `q:drains` (and, if so, counts it as polled now).
+    fn poll_due(&self, now: i64) -> bool {
+        let every = if self.listening.load(Ordering::Relaxed) {
+            SLOW_POLL_MS
+        } else {
+            0
+        };
+        let last = self.last_poll.load(Ordering::Relaxed);
+        if now - last < every {
+            return false;
+        }
+        self.last_poll.store(now, Ordering::Relaxed);
+        true
+    }
+
+    fn set_listening(&self, on: bool) {
+        self.listening.store(on, Ordering::Relaxed);
+        if on {
+            // Drains made before the subscription: read once at the next round.
+            self.last_poll.store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn hear(&self, user_id: String, at: i64) {
+        let mut heard = self.heard.lock();
+        let seen = heard.entry(user_id).or_insert(at);
+        *seen = (*seen).max(at);
+    }
+
+    /// The accounts drained within `DRAIN_SEEN_MS` of `now`; older drains are forgotten.
+    fn recent(&self, now: i64) -> Vec<String> {
+        let mut heard = self.heard.lock();
+        heard.retain(|_, at| now - *at < DRAIN_SEEN_MS);
+        heard.keys().cloned().collect()
+    }
+}
+
+impl Shared {
+    /// The round's part: polls `q:drains` when due and wakes the leases of every account
+    /// drained lately (`Leases::drained`).
+    pub(super) async fn apply_drains(&self, now: i64) {
+        if self.drains.poll_due(now) {
+            self.poll_drains(now).await;
+        }
+        for user_id in self.drains.recent(now) {
+            self.leases.drained(&user_id);
+        }
+    }
+
+    /// Reads which accounts were drained lately (`q:drains`).
+    async fn poll_drains(&self, now: i64) {
+        let mut conn = self.conn();
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZRANGEBYSCORE")
+            .arg(&self.drains_key)
+            .arg(format!("({}", now - DRAIN_SEEN_MS))
+            .arg("+inf")
+            .arg("WITHSCORES");
+        match self
+            .guarded(
+                "drains",
+                pipe.query_async::<(Vec<(String, i64)>,)>(&mut conn),
+            )
+            .await
+        {
+            Ok((drained,)) => {
+                for (user_id, at) in drained {
+                    self.drains.hear(user_id, at);
+                }
+            }
+            Err(Unreachable(e)) => log::warn!("{e}"),
+        }
+    }
+
+    /// Tells every instance that `user_id` is drained (their leases come back at their next
+    /// round), and forgets drains long past.
+    pub(super) async fn signal_drain(&self, user_id: &str, now: i64) {
+        self.drains.hear(user_id.to_string(), now);
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZADD")
+            .arg(&self.drains_key)
+            .arg(now)
+            .arg(user_id)
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&self.drains_key)
+            .arg("-inf")
+            .arg(format!("({}", now - 10 * DRAIN_SEEN_MS))
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&self.drains_key)
+            .arg(10 * DRAIN_SEEN_MS)
+            .ignore()
+            // The channel is named as the key: a cluster routes the pipeline by it.
+            .cmd("PUBLISH")
+            .arg(&self.drains_key)
+            .arg(format!("{now} {user_id}"))
+            .ignore();
+        let mut conn = self.conn();
+        if let Err(Unreachable(e)) = self
+            .guarded("drains", pipe.query_async::<()>(&mut conn))
+            .await
+        {
+            log::warn!("{e}");
+        }
+    }
+
+    /// Listens for drain notices until the process ends, opening the connection again
+    /// `RELISTEN_AFTER` it is lost; the rounds poll every time while it is not listening.
+    pub async fn listen_for_drains(&self) {
+        let client = self.connector.pubsub_client();
+        loop {
+            if let Err(e) = self.listen(client).await {
+                log::debug!("drain notices: {e}; polling every round until listening again");
+            }
+            self.drains.set_listening(false);
+            tokio::time::sleep(RELISTEN_AFTER).await;
+        }
+    }
+
+    async fn listen(&self, client: &redis::Client) -> Result<(), String> {
+        let bound = self.settings.timeout.max(MIN_CONNECT);
+        let within = |what: &'static str| move |_| format!("{what}: no answer within {bound:?}");
+        let pubsub = tokio::time::timeout(bound, client.get_async_pubsub())
+            .await
+            .map_err(within("connect"))?
+            .map_err(|e| e.to_string())?;
+        let (mut sink, mut stream) = pubsub.split();
+        tokio::time::timeout(bound, sink.subscribe(&self.drains_key))
+            .await
+            .map_err(within("subscribe"))?
+            .map_err(|e| e.to_string())?;
+        self.drains.set_listening(true);
+        let mut ping = tokio::time::interval(PING_EVERY);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ping.tick().await;
+        loop {
+            tokio::select! {
+                msg = stream.next() => {
+                    let Some(msg) = msg else { return Err("connection closed".into()) };
+                    let Ok(payload) = msg.get_payload::<String>() else { continue };
+                    if let Some((at, user_id)) = payload.split_once(' ') {
+                        let at = at.parse().unwrap_or_else(|_| now_ms());
+                        self.drains.hear(user_id.to_string(), at);
+                    }
+                }
+                _ = ping.tick() => {
+                    tokio::time::timeout(bound, sink.ping::<redis::Value>())
+                        .await
+                        .map_err(within("ping"))?
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drains_are_polled_every_round_until_the_listener_is_subscribed_then_slowly() {
+        let n = DrainNotices::default();
+        assert!(n.poll_due(10_000));
+        assert!(n.poll_due(10_100), "not listening: every round");
+        n.set_listening(true);
+        assert!(n.poll_due(10_200), "subscribing reads what came before it");
+        assert!(!n.poll_due(10_300));
+        assert!(!n.poll_due(10_200 + SLOW_POLL_MS - 1));
+        assert!(n.poll_due(10_200 + SLOW_POLL_MS));
+        n.set_listening(false);
+        assert!(n.poll_due(10_200 + SLOW_POLL_MS + 100));
+    }
+
+    #[test]
+    fn a_drain_heard_is_applied_for_its_span_then_forgotten() {
+        let n = DrainNotices::default();
+        n.hear("u1".into(), 1_000);
+        n.hear("u1".into(), 500);
+        n.hear("u2".into(), 2_000);
+        let mut recent = n.recent(1_000 + DRAIN_SEEN_MS - 1);
+        recent.sort();
+        assert_eq!(recent, ["u1", "u2"]);
+        assert_eq!(n.recent(1_000 + DRAIN_SEEN_MS), ["u2"]);
+        assert!(n.recent(2_000 + DRAIN_SEEN_MS).is_empty());
+    }
+}
