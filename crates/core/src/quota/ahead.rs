@@ -57,7 +57,8 @@ impl Shared {
                 pipe.cmd("HMGET").arg(prev).arg(&FIELDS);
                 add_chunk(&mut pipe, [curr, next], ask, 1, false);
                 // The next window is new as a rule; this minute's has its expiry from whoever
-                // made it (every writer that makes a window gives it one).
+                // made it (every writer that makes a window gives it one), unless it was lost
+                // since: then the follow-up gives it one.
                 pipe.cmd("EXPIRE").arg(next).arg(WINDOW_TTL_S).ignore();
             }
         }
@@ -66,8 +67,9 @@ impl Shared {
         let mut replies = replies.into_iter();
         let mut next = || replies.next().unwrap_or(RedisValue::Nil);
         let num = |v: &RedisValue| as_i64(v).unwrap_or(0).max(0) as u64;
-        let mut undo = redis::pipe();
-        let mut any_undone = false;
+        // Chunks given back, and expiries for windows the chunk made anew.
+        let mut follow_up = redis::pipe();
+        let mut any_follow_up = false;
         let mut out = Vec::with_capacity(calls.len());
         for (_, call) in calls {
             let drained = num(&next()) as i64 > call.now;
@@ -79,6 +81,7 @@ impl Shared {
                     _ => vec![0; 3],
                 };
                 let mut ok = !drained;
+                let mut made_curr = false;
                 let mut counted = [0u64; 3];
                 for (d, counted) in counted.iter_mut().enumerate() {
                     if ask.asked[d] == 0 {
@@ -86,6 +89,7 @@ impl Shared {
                     }
                     let curr_after = num(&next());
                     let next_after = num(&next());
+                    made_curr |= curr_after == ask.asked[d];
                     let sliding = prev.get(d).copied().unwrap_or(0) * (60_000 - elapsed) / 60_000
                         + curr_after;
                     if 2 * sliding > ask.caps[d] || 2 * next_after > ask.caps[d] {
@@ -94,21 +98,25 @@ impl Shared {
                     *counted = next_after.saturating_sub(ask.asked[d]);
                 }
                 next(); // L
+                let [_, curr, next] = ask.windows.map(|i| call.window(i));
+                if made_curr {
+                    follow_up.cmd("EXPIRE").arg(curr).arg(WINDOW_TTL_S).ignore();
+                    any_follow_up = true;
+                }
                 if ok {
                     per_call.push((ask.asked, counted));
                     continue;
                 }
-                any_undone = true;
-                let [_, curr, next] = ask.windows.map(|i| call.window(i));
-                add_chunk(&mut undo, [curr, next], ask, -1, true);
+                any_follow_up = true;
+                add_chunk(&mut follow_up, [curr, next], ask, -1, true);
                 per_call.push(([0; 3], counted));
             }
             out.push(per_call);
         }
-        if any_undone {
+        if any_follow_up {
             // Not given back when Redis fails now: the windows then err high, never low.
             let _ = self
-                .guarded("ahead", undo.query_async::<()>(&mut conn))
+                .guarded("ahead", follow_up.query_async::<()>(&mut conn))
                 .await;
         }
         Ok(out)

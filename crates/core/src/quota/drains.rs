@@ -3,11 +3,13 @@
 //!
 //! The instance that finds an account too short for leases records it in `q:drains` (by when)
 //! and publishes the account on the channel of the same name. Every instance listens on that
-//! channel over a connection of its own and polls `q:drains` only while it is not listening (at
-//! start, after a lost connection: every round, as before it listened) and otherwise once every
-//! `SLOW_POLL_MS`, for a notice lost with a connection that died quietly. A poll every round
-//! would cost Redis a round trip ten times a second per instance whatever the traffic, which at
-//! a few hundred requests a second is more than the requests' own Redis work.
+//! channel over a connection of its own and polls `q:drains` every round only while it is not
+//! listening (at start, after a lost connection); otherwise every `SLOW_POLL_MS`, for a notice
+//! lost with a connection that died quietly or a node that no longer hears the cluster's
+//! publications: soon enough that a request refused while shares are held still sees them
+//! given back (`DRAIN_WAIT` × `DRAIN_TRIES`). A poll every round would cost Redis a round trip
+//! ten times a second per instance whatever the traffic, which at a few hundred requests a
+//! second is more than the requests' own Redis work.
 //!
 //! Every drain heard, by notice or by poll, is applied to this instance's leases again at each
 //! round for `DRAIN_SEEN_MS`, as when each round polled that span: a renewal in flight when the
@@ -25,8 +27,10 @@ use crate::util::now_ms;
 
 /// How long (ms) a drain is applied to the leases after it was made.
 const DRAIN_SEEN_MS: i64 = 3_000;
-/// How often (ms) `q:drains` is polled while the listener is connected.
-const SLOW_POLL_MS: i64 = 1_000;
+/// How often (ms) `q:drains` is polled while the listener is connected: a drain it reads is
+/// applied at the next round and given back by the one after, within the 810 ms a refused
+/// request waits for shares (`lease::DRAIN_WAIT` × `lease::DRAIN_TRIES`).
+const SLOW_POLL_MS: i64 = 500;
 /// How often the listener's connection is checked (a `PING` on it).
 const PING_EVERY: Duration = Duration::from_secs(5);
 /// How long after a lost listener connection it is opened again.
@@ -67,8 +71,13 @@ impl DrainNotices {
         }
     }
 
-    fn hear(&self, user_id: String, at: i64) {
+    /// A drain made at `at` (by its instance's clock; never later than `now`), heard at `now`.
+    /// Drains past their span are forgotten here too, so an instance holding no lease (whose
+    /// rounds never ask for `recent`) keeps none.
+    fn hear(&self, user_id: String, at: i64, now: i64) {
+        let at = at.min(now);
         let mut heard = self.heard.lock();
+        heard.retain(|_, seen| now - *seen < DRAIN_SEEN_MS);
         let seen = heard.entry(user_id).or_insert(at);
         *seen = (*seen).max(at);
     }
@@ -111,7 +120,7 @@ impl Shared {
         {
             Ok((drained,)) => {
                 for (user_id, at) in drained {
-                    self.drains.hear(user_id, at);
+                    self.drains.hear(user_id, at, now);
                 }
             }
             Err(Unreachable(e)) => log::warn!("{e}"),
@@ -119,9 +128,11 @@ impl Shared {
     }
 
     /// Tells every instance that `user_id` is drained (their leases come back at their next
-    /// round), and forgets drains long past.
+    /// round), and forgets drains long past. The notice is a call of its own, bounded and
+    /// unguarded: a Redis that refuses `PUBLISH` (an ACL without channels, a proxy) must not
+    /// fail the drain or count against the breaker; the others then hear it by their polls.
     pub(super) async fn signal_drain(&self, user_id: &str, now: i64) {
-        self.drains.hear(user_id.to_string(), now);
+        self.drains.hear(user_id.to_string(), now, now);
         let mut pipe = redis::pipe();
         pipe.cmd("ZADD")
             .arg(&self.drains_key)
@@ -136,11 +147,6 @@ impl Shared {
             .cmd("PEXPIRE")
             .arg(&self.drains_key)
             .arg(10 * DRAIN_SEEN_MS)
-            .ignore()
-            // The channel is named as the key: a cluster routes the pipeline by it.
-            .cmd("PUBLISH")
-            .arg(&self.drains_key)
-            .arg(format!("{now} {user_id}"))
             .ignore();
         let mut conn = self.conn();
         if let Err(Unreachable(e)) = self
@@ -148,6 +154,16 @@ impl Shared {
             .await
         {
             log::warn!("{e}");
+            return;
+        }
+        // The channel is named as the key: a cluster routes it to the key's node.
+        let mut notice = redis::cmd("PUBLISH");
+        notice.arg(&self.drains_key).arg(format!("{now} {user_id}"));
+        let sent = notice.query_async::<()>(&mut conn);
+        match tokio::time::timeout(self.settings.timeout, sent).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => log::debug!("drain notice not published: {e}"),
+            Err(_) => log::debug!("drain notice not published within the timeout"),
         }
     }
 
@@ -155,9 +171,16 @@ impl Shared {
     /// `RELISTEN_AFTER` it is lost; the rounds poll every time while it is not listening.
     pub async fn listen_for_drains(&self) {
         let client = self.connector.pubsub_client();
+        // Said at the first failure and when listening is lost, not at every retry.
+        let mut told = false;
         loop {
             if let Err(e) = self.listen(client).await {
-                log::debug!("drain notices: {e}; polling every round until listening again");
+                if self.drains.listening.load(Ordering::Relaxed) || !told {
+                    log::warn!(
+                        "drain notices: {e}; polling q:drains every round until listening again"
+                    );
+                }
+                told = true;
             }
             self.drains.set_listening(false);
             tokio::time::sleep(RELISTEN_AFTER).await;
@@ -186,8 +209,8 @@ impl Shared {
                     let Some(msg) = msg else { return Err("connection closed".into()) };
                     let Ok(payload) = msg.get_payload::<String>() else { continue };
                     if let Some((at, user_id)) = payload.split_once(' ') {
-                        let at = at.parse().unwrap_or_else(|_| now_ms());
-                        self.drains.hear(user_id.to_string(), at);
+                        let now = now_ms();
+                        self.drains.hear(user_id.to_string(), at.parse().unwrap_or(now), now);
                     }
                 }
                 _ = ping.tick() => {
@@ -222,13 +245,17 @@ mod tests {
     #[test]
     fn a_drain_heard_is_applied_for_its_span_then_forgotten() {
         let n = DrainNotices::default();
-        n.hear("u1".into(), 1_000);
-        n.hear("u1".into(), 500);
-        n.hear("u2".into(), 2_000);
+        n.hear("u1".into(), 1_000, 1_000);
+        n.hear("u1".into(), 500, 1_000);
+        n.hear("u2".into(), 2_500, 2_000);
         let mut recent = n.recent(1_000 + DRAIN_SEEN_MS - 1);
         recent.sort();
         assert_eq!(recent, ["u1", "u2"]);
         assert_eq!(n.recent(1_000 + DRAIN_SEEN_MS), ["u2"]);
         assert!(n.recent(2_000 + DRAIN_SEEN_MS).is_empty());
+        // Hearing a drain forgets those past their span, recent asked for or not.
+        n.hear("u1".into(), 10_000, 10_000);
+        n.hear("u3".into(), 20_000, 20_000);
+        assert_eq!(n.heard.lock().len(), 1);
     }
 }

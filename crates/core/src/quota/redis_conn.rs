@@ -106,7 +106,7 @@ impl Connector {
                     .map_err(|e| format!("redis cluster nodes: {e}"))?;
                 let seed = nodes.first().ok_or("redis cluster nodes: none given")?;
                 let seed = redis::Client::open(seed.as_str())
-                    .map_err(|e| format!("redis cluster node {seed}: {e}"))?;
+                    .map_err(|e| format!("redis cluster node: {e}"))?;
                 Ok(Connector::Cluster(client, seed))
             }
         }
