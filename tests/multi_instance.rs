@@ -664,5 +664,5 @@ on_both_stores! {
     set_aside_leases_are_recorded_at_once_and_booked_on_a_graceful_stop => set_aside_leases_are_booked_and_given_back_on_stop,
     the_next_minutes_chunk_is_taken_ahead_in_the_second_half_of_a_minute => next_minutes_chunk_taken_ahead,
     a_next_minutes_chunk_past_half_the_cap_is_given_back => next_minutes_chunk_refused_past_half_the_cap,
-    a_drain_is_published_and_drains_are_polled_once_a_second => drains_published_and_polled_slowly,
+    a_drain_is_published_and_drains_are_polled_twice_a_second => drains_published_and_polled_slowly,
 }
