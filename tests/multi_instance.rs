@@ -17,7 +17,8 @@
 //! - leases set aside from the allowance: every request is recorded at once, and a graceful
 //!   stop books what was settled within them and gives them back;
 //! - a drain is published to the other instance, which then polls `q:drains` twice a second,
-//!   not every round, while it holds leases (one Redis: watched with `MONITOR`).
+//!   not every round, while it holds leases (one Redis: watched with `MONITOR`); a Redis user
+//!   without channel rights makes them poll every round instead, and say so once.
 
 mod common;
 
@@ -469,6 +470,49 @@ async fn drains_published_and_polled_slowly(store: Store) {
     );
 }
 
+/// A Redis user without channel rights: the instances cannot hear drains, say so once, and poll
+/// `q:drains` every round instead.
+async fn drains_polled_every_round_without_pub_sub(store: Store) {
+    let Store::Single(url) = &store else {
+        // The cluster's nodes would each need the user.
+        return;
+    };
+    let user = format!("gw-nochannels-{}", gateway_core::util::random_base62(8));
+    let mut admin = store.conn().await;
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            &user,
+            "on",
+            ">pw",
+            "~*",
+            "+@all",
+            "resetchannels",
+        ])
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    let restricted = Store::Single(url.replacen("redis://", &format!("redis://{user}:pw@"), 1));
+    let p = pair(&restricted, &roomy());
+    let key = p.a.user_with_key("deaf@example.com", &[]);
+    for gw in [&p.a, &p.b, &p.a, &p.b] {
+        assert_eq!(send(gw, &key).await.0, 200);
+    }
+    let poll = format!("\"ZRANGEBYSCORE\" \"{}q:drains\"", p.prefix);
+    let polls = monitored(url, |l| l.contains(&poll), Duration::from_secs(2)).await;
+    let _: () = redis::cmd("ACL")
+        .arg(&["DELUSER", &user])
+        .query_async(&mut admin)
+        .await
+        .expect("ACL DELUSER");
+    // Two instances, a round every 100 ms each: about 40.
+    assert!(polls >= 20, "{polls} polls of q:drains in 2 s");
+    for gw in [&p.a, &p.b] {
+        let said = gw.log().matches("drain notices:").count();
+        assert_eq!(said, 1, "{}", gw.log());
+    }
+}
+
 /// The per-minute window counts of a key's scope (per key or pooled on the account) in `minute`:
 /// requests counted, and requests counted for leases' chunks (`L`).
 async fn window(store: &Store, p: &Pair, user_id: &str, key_id: &str, minute: i64) -> (i64, i64) {
@@ -665,4 +709,5 @@ on_both_stores! {
     the_next_minutes_chunk_is_taken_ahead_in_the_second_half_of_a_minute => next_minutes_chunk_taken_ahead,
     a_next_minutes_chunk_past_half_the_cap_is_given_back => next_minutes_chunk_refused_past_half_the_cap,
     a_drain_is_published_and_drains_are_polled_twice_a_second => drains_published_and_polled_slowly,
+    without_pub_sub_drains_are_polled_every_round => drains_polled_every_round_without_pub_sub,
 }

@@ -31,8 +31,11 @@ const DRAIN_SEEN_MS: i64 = 3_000;
 /// applied at the next round and given back by the one after, within the 810 ms a refused
 /// request waits for shares (`lease::DRAIN_WAIT` × `lease::DRAIN_TRIES`).
 const SLOW_POLL_MS: i64 = 500;
-/// How often the listener's connection is checked (a `PING` on it).
-const PING_EVERY: Duration = Duration::from_secs(5);
+/// How often the listener checks that it hears the channel: it publishes a probe of its own
+/// there and expects it back within the call deadline. A probe, not a `PING`: a connection can
+/// answer while it hears nothing (a subscription refused by an ACL but not failed by the
+/// client, a cluster node cut off from the others' publications).
+const PROBE_EVERY: Duration = Duration::from_secs(5);
 /// How long after a lost listener connection it is opened again.
 const RELISTEN_AFTER: Duration = Duration::from_secs(1);
 
@@ -64,8 +67,8 @@ impl DrainNotices {
     }
 
     fn set_listening(&self, on: bool) {
-        self.listening.store(on, Ordering::Relaxed);
-        if on {
+        let was = self.listening.swap(on, Ordering::Relaxed);
+        if on && !was {
             // Drains made before the subscription: read once at the next round.
             self.last_poll.store(0, Ordering::Relaxed);
         }
@@ -156,14 +159,20 @@ impl Shared {
             log::warn!("{e}");
             return;
         }
-        // The channel is named as the key: a cluster routes it to the key's node.
-        let mut notice = redis::cmd("PUBLISH");
-        notice.arg(&self.drains_key).arg(format!("{now} {user_id}"));
-        let sent = notice.query_async::<()>(&mut conn);
-        match tokio::time::timeout(self.settings.timeout, sent).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => log::debug!("drain notice not published: {e}"),
-            Err(_) => log::debug!("drain notice not published within the timeout"),
+        if let Err(e) = self.publish(&format!("{now} {user_id}")).await {
+            log::debug!("drain notice not published: {e}");
+        }
+    }
+
+    /// Publishes `payload` on the drains' channel, bounded by the call deadline and apart from
+    /// the breaker. The channel is named as the key: a cluster routes it to the key's node.
+    async fn publish(&self, payload: &str) -> Result<(), String> {
+        let mut conn = self.conn();
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(&self.drains_key).arg(payload);
+        match tokio::time::timeout(self.settings.timeout, cmd.query_async::<()>(&mut conn)).await {
+            Ok(sent) => sent.map_err(|e| e.to_string()),
+            Err(_) => Err("no answer within the timeout".into()),
         }
     }
 
@@ -199,25 +208,34 @@ impl Shared {
             .await
             .map_err(within("subscribe"))?
             .map_err(|e| e.to_string())?;
-        self.drains.set_listening(true);
-        let mut ping = tokio::time::interval(PING_EVERY);
-        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        ping.tick().await;
+        // Listening once the first probe comes back (the first tick is at once).
+        let probe = format!("probe {}", self.instance);
+        let mut check = tokio::time::interval(PROBE_EVERY);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut awaiting: Option<tokio::time::Instant> = None;
         loop {
+            let deadline = awaiting.unwrap_or_else(tokio::time::Instant::now);
             tokio::select! {
                 msg = stream.next() => {
                     let Some(msg) = msg else { return Err("connection closed".into()) };
                     let Ok(payload) = msg.get_payload::<String>() else { continue };
-                    if let Some((at, user_id)) = payload.split_once(' ') {
-                        let now = now_ms();
-                        self.drains.hear(user_id.to_string(), at.parse().unwrap_or(now), now);
+                    if payload == probe {
+                        awaiting = None;
+                        self.drains.set_listening(true);
+                    } else if let Some((at, user_id)) = payload.split_once(' ') {
+                        // Another instance's probe has no time: not a drain.
+                        if let Ok(at) = at.parse::<i64>() {
+                            let now = now_ms();
+                            self.drains.hear(user_id.to_string(), at, now);
+                        }
                     }
                 }
-                _ = ping.tick() => {
-                    tokio::time::timeout(bound, sink.ping::<redis::Value>())
-                        .await
-                        .map_err(within("ping"))?
-                        .map_err(|e| e.to_string())?;
+                _ = check.tick(), if awaiting.is_none() => {
+                    self.publish(&probe).await.map_err(|e| format!("probe: {e}"))?;
+                    awaiting = Some(tokio::time::Instant::now() + bound);
+                }
+                _ = tokio::time::sleep_until(deadline), if awaiting.is_some() => {
+                    return Err(format!("a probe published was not heard within {bound:?}"));
                 }
             }
         }
