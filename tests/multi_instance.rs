@@ -427,20 +427,24 @@ async fn monitored(url: &str, wanted: impl Fn(&str) -> bool, span: Duration) -> 
     n
 }
 
+/// Gives both instances of `p` a lease on a new account with plenty left (its second request
+/// on each takes it), then counts the polls of `q:drains` that Redis (`url`) runs in `secs`.
+async fn drain_polls_with_leases(url: &str, p: &Pair, email: &str, secs: u64) -> usize {
+    let key = p.a.user_with_key(email, &[]);
+    for gw in [&p.a, &p.b, &p.a, &p.b] {
+        assert_eq!(send(gw, &key).await.0, 200);
+    }
+    let poll = format!("\"ZRANGEBYSCORE\" \"{}q:drains\"", p.prefix);
+    monitored(url, |l| l.contains(&poll), Duration::from_secs(secs)).await
+}
+
 async fn drains_published_and_polled_slowly(store: Store) {
     let Store::Single(url) = &store else {
         // MONITOR sees one node; the cluster's drains are covered by the other tests.
         return;
     };
-    // Both instances hold a lease on an account with plenty left (taken by its second
-    // request on each).
-    let roomy = pair(&store, &roomy());
-    let key = roomy.a.user_with_key("leased@example.com", &[]);
-    for gw in [&roomy.a, &roomy.b, &roomy.a, &roomy.b] {
-        assert_eq!(send(gw, &key).await.0, 200);
-    }
-    let poll = format!("\"ZRANGEBYSCORE\" \"{}q:drains\"", roomy.prefix);
-    let polls = monitored(url, |l| l.contains(&poll), Duration::from_secs(3)).await;
+    let leased = pair(&store, &roomy());
+    let polls = drain_polls_with_leases(url, &leased, "leased@example.com", 3).await;
     // Two instances listening: about two polls a second each (every round would be 60).
     assert!(
         (1..=16).contains(&polls),
@@ -494,12 +498,7 @@ async fn drains_polled_every_round_without_pub_sub(store: Store) {
         .expect("ACL SETUSER");
     let restricted = Store::Single(url.replacen("redis://", &format!("redis://{user}:pw@"), 1));
     let p = pair(&restricted, &roomy());
-    let key = p.a.user_with_key("deaf@example.com", &[]);
-    for gw in [&p.a, &p.b, &p.a, &p.b] {
-        assert_eq!(send(gw, &key).await.0, 200);
-    }
-    let poll = format!("\"ZRANGEBYSCORE\" \"{}q:drains\"", p.prefix);
-    let polls = monitored(url, |l| l.contains(&poll), Duration::from_secs(2)).await;
+    let polls = drain_polls_with_leases(url, &p, "deaf@example.com", 2).await;
     let _: () = redis::cmd("ACL")
         .arg(&["DELUSER", &user])
         .query_async(&mut admin)
