@@ -43,8 +43,9 @@ impl Shared {
         }
     }
 
-    /// One pipeline counting every chunk, then one giving back those the rule refuses. For each
-    /// call, for each ask: (the chunk taken, the next window's count before it).
+    /// One pipeline counting every chunk, then, when needed, one giving back those the rule
+    /// refuses and giving an expiry to a window the count made anew. For each call, for each
+    /// ask: (the chunk taken, the next window's count before it).
     async fn count_ahead(
         &self,
         calls: &[(&str, &Call)],

@@ -131,7 +131,8 @@ impl Shared {
     }
 
     /// Tells every instance that `user_id` is drained (their leases come back at their next
-    /// round), and forgets drains long past. The notice is a call of its own, bounded and
+    /// round), and forgets drains long past. The notice is a call of its own, sent apart (the
+    /// request that drained the account waits for the shares, not for the notice), bounded and
     /// unguarded: a Redis that refuses `PUBLISH` (an ACL without channels, a proxy) must not
     /// fail the drain or count against the breaker; the others then hear it by their polls.
     pub(super) async fn signal_drain(&self, user_id: &str, now: i64) {
@@ -159,20 +160,29 @@ impl Shared {
             log::warn!("{e}");
             return;
         }
-        if let Err(e) = self.publish(&format!("{now} {user_id}")).await {
-            log::debug!("drain notice not published: {e}");
-        }
+        let notice = self.publish(format!("{now} {user_id}"));
+        tokio::spawn(async move {
+            if let Err(e) = notice.await {
+                log::debug!("drain notice not published: {e}");
+            }
+        });
     }
 
     /// Publishes `payload` on the drains' channel, bounded by the call deadline and apart from
-    /// the breaker. The channel is named as the key: a cluster routes it to the key's node.
-    async fn publish(&self, payload: &str) -> Result<(), String> {
-        let mut conn = self.conn();
+    /// the breaker. The channel is named as the key: a cluster routes it to the key's node. The
+    /// future owns what it needs, so it can be sent apart.
+    fn publish(
+        &self,
+        payload: String,
+    ) -> impl std::future::Future<Output = Result<(), String>> + Send + 'static {
+        let (mut conn, bound) = (self.conn(), self.settings.timeout);
         let mut cmd = redis::cmd("PUBLISH");
         cmd.arg(&self.drains_key).arg(payload);
-        match tokio::time::timeout(self.settings.timeout, cmd.query_async::<()>(&mut conn)).await {
-            Ok(sent) => sent.map_err(|e| e.to_string()),
-            Err(_) => Err("no answer within the timeout".into()),
+        async move {
+            match tokio::time::timeout(bound, cmd.query_async::<()>(&mut conn)).await {
+                Ok(sent) => sent.map_err(|e| e.to_string()),
+                Err(_) => Err("no answer within the timeout".into()),
+            }
         }
     }
 
@@ -231,7 +241,9 @@ impl Shared {
                     }
                 }
                 _ = check.tick(), if awaiting.is_none() => {
-                    self.publish(&probe).await.map_err(|e| format!("probe: {e}"))?;
+                    self.publish(probe.clone())
+                        .await
+                        .map_err(|e| format!("probe: {e}"))?;
                     awaiting = Some(tokio::time::Instant::now() + bound);
                 }
                 _ = tokio::time::sleep_until(deadline), if awaiting.is_some() => {

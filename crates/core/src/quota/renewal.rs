@@ -123,10 +123,11 @@ impl Shared {
     /// more (`load`) is loaded and renewed on its own.
     async fn renew_batch(&self, db: &Db, users: &[String], timeout_ms: i64) {
         let now = now_ms();
+        let plain = !self.connector.is_cluster();
         let begun: Vec<(&String, Call, Vec<super::lease::Pending>)> = users
             .iter()
             .filter_map(|u| {
-                let (call, pending) = self.leases.begin(&self.prefix, u, timeout_ms, now, true)?;
+                let (call, pending) = self.leases.begin(&self.prefix, u, timeout_ms, now, plain)?;
                 Some((u, call, pending))
             })
             .collect();
