@@ -182,9 +182,8 @@ impl HttpServerApp for DevApi {
         self.serve(&mut session, &mut ctx).await;
         let mut settings = HttpPersistentSettings::for_session(&session);
         settings.set_user_context(ctx.key_memo);
-        // Boxed: `finish`'s state is larger than the rest of this future, which is itself
-        // boxed (and so copied) once per request.
-        Box::pin(session.finish())
+        session
+            .finish()
             .await
             .ok()
             .flatten()

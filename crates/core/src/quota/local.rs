@@ -103,23 +103,6 @@ impl Local {
     async fn account(&self, db: &Db, user_id: &str, now: i64) -> Result<Cell, Denied> {
         // Looked up before `entry`, which needs an owned key: no allocation once loaded.
         let known = self.accounts.get(user_id).map(|c| c.clone());
-        match known {
-            Some(cell) if cell.initialized() => Ok(cell),
-            // Boxed: the loading's state is large, and every request's future would carry
-            // (and copy) it inline though only an account's first request loads.
-            known => Box::pin(self.load_account(db, user_id, now, known)).await,
-        }
-    }
-
-    /// The account's cell, loaded from the database on its first use (`known`: the cell if
-    /// one exists already).
-    async fn load_account(
-        &self,
-        db: &Db,
-        user_id: &str,
-        now: i64,
-        known: Option<Cell>,
-    ) -> Result<Cell, Denied> {
         let cell = match known {
             Some(cell) => cell,
             None => self

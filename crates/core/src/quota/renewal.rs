@@ -58,8 +58,7 @@ impl Shared {
                 }
                 Admit::Renew => {
                     let timeout_ms = cfg.reservation_timeout.as_millis() as i64;
-                    // Boxed: a renewal's state is large and rare on the request path.
-                    if let Err(e) = Box::pin(self.renew(db, &who.user.id, timeout_ms)).await {
+                    if let Err(e) = self.renew(db, &who.user.id, timeout_ms).await {
                         return Some(Err(e));
                     }
                 }

@@ -315,27 +315,23 @@ impl Shared {
                 id
             }
             None if self.breaker.is_open() => id,
-            // Boxed, as the fallback below: a leased reservation's future would otherwise
-            // carry (and copy) their large states on every request.
-            None => {
-                let exact = self.reserve_in_redis(db, cfg, who, id, input, output, weights, now);
-                match Box::pin(exact).await {
-                    Ok(answer) => return answer,
-                    Err((id, Unreachable(e))) => {
-                        log::warn!("{e}");
-                        id
-                    }
+            None => match self
+                .reserve_in_redis(db, cfg, who, id, input, output, weights, now)
+                .await
+            {
+                Ok(answer) => return answer,
+                Err((id, Unreachable(e))) => {
+                    log::warn!("{e}");
+                    id
                 }
-            }
+            },
         };
         match self.settings.outage {
             RedisOutage::Refuse => Err((Denied::Unavailable, RateView::default())),
             RedisOutage::Local => {
-                Box::pin(
-                    self.fallback
-                        .reserve(db, cfg, who, id, input, output, weights, now),
-                )
-                .await
+                self.fallback
+                    .reserve(db, cfg, who, id, input, output, weights, now)
+                    .await
             }
         }
     }
