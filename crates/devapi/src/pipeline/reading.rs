@@ -113,7 +113,9 @@ impl<'a> PlainBody<'a> {
         if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
             return None;
         }
-        let plain: PlainBody = serde_json::from_slice(body).ok()?;
+        // Checked as UTF-8 once, then read as text: read from bytes, serde checks every string
+        // and key on its own, each check costing more than its few bytes.
+        let plain: PlainBody = serde_json::from_str(std::str::from_utf8(body).ok()?).ok()?;
         let other_text = plain.system.is_some()
             || plain.tools.is_some()
             || plain.functions.is_some()
@@ -575,6 +577,23 @@ mod tests {
                 PlainBody::read(body.as_bytes()).is_none(),
                 "read as plain: {body}"
             );
+        }
+    }
+
+    /// The body is checked as UTF-8 as a whole before it is read as text: a byte that is not
+    /// UTF-8, in a string or a key, leaves it to the tree (which refuses it), and text that is
+    /// (multi-byte characters included) reads as before.
+    #[test]
+    fn a_body_that_is_not_utf8_is_not_read_as_plain() {
+        let good = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"héllo ✓\"}]}";
+        let plain = PlainBody::read(good.as_bytes()).expect("plain");
+        assert_eq!(plain.messages.expect("messages")[0].content, "héllo ✓");
+        for bad in [
+            &b"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"h\xffi\"}]}"[..],
+            b"{\"model\":\"m\",\"mess\xc3ages\":[]}",
+        ] {
+            assert!(PlainBody::read(bad).is_none());
+            assert!(serde_json::from_slice::<Value>(bad).is_err());
         }
     }
 }

@@ -129,7 +129,11 @@ fn usage_of_raw(kind: StreamKind, raw: &RawValue) -> Option<Usage> {
 /// end (serde's `RawValue` through a stream reader would read it twice).
 fn trailing_usage(kind: StreamKind, body: &[u8]) -> Option<Option<Usage>> {
     let object = trailing_usage_text(body)?;
-    if let Ok(fields) = serde_json::from_slice::<UsageFields>(object) {
+    // Checked as UTF-8 once, as a request body is (`PlainBody::read`).
+    let fields = std::str::from_utf8(object)
+        .ok()
+        .and_then(|text| serde_json::from_str::<UsageFields>(text).ok());
+    if let Some(fields) = fields {
         return Some(usage_of(kind, &fields));
     }
     // Duplicate keys (the tree keeps the last, as the general path does); text that is not
@@ -218,6 +222,18 @@ mod tests {
             let (usage, issued) = responses_answer(junk);
             assert!(usage.is_none() && issued.is_empty());
         }
+    }
+
+    /// A trailing usage object is checked as UTF-8 before it is read as text: one that is not
+    /// counts nothing, and one that is reads as before.
+    #[test]
+    fn a_trailing_usage_that_is_not_utf8_counts_nothing() {
+        let kind = StreamKind::OpenAiChat;
+        let good = b"{\"id\":\"c\",\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}";
+        let usage = usage_from_body(kind, good).expect("usage");
+        assert_eq!((usage.input_tokens, usage.output_tokens), (3, 4));
+        let bad = b"{\"id\":\"c\",\"usage\":{\"prompt_tokens\":3,\"x\xff\":1}}";
+        assert!(usage_from_body(kind, bad).is_none());
     }
 
     /// Every answer, read field by field, gives what the general path (the whole tree) gives:
