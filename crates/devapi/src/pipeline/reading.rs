@@ -108,14 +108,13 @@ pub(super) struct PlainBody<'a> {
 }
 
 impl<'a> PlainBody<'a> {
-    fn read(body: &'a [u8]) -> Option<Self> {
+    /// Reads `text`, the body checked as UTF-8 ([`inline_text`]).
+    fn read(text: &'a str) -> Option<Self> {
         // Only an object: serde would also read a struct from an array, by position.
-        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        if text.bytes().find(|b| !b.is_ascii_whitespace()) != Some(b'{') {
             return None;
         }
-        // Checked as UTF-8 once, then read as text: read from bytes, serde checks every string
-        // and key on its own, each check costing more than its few bytes.
-        let plain: PlainBody = serde_json::from_str(std::str::from_utf8(body).ok()?).ok()?;
+        let plain: PlainBody = serde_json::from_str(text).ok()?;
         let other_text = plain.system.is_some()
             || plain.tools.is_some()
             || plain.functions.is_some()
@@ -333,6 +332,14 @@ impl<'de> serde::Deserialize<'de> for TopFields<'de> {
     }
 }
 
+/// A body read in the request (not large, not a GET) as text, checked as UTF-8 once for both
+/// readings of it (plain, then the tree): read from bytes, serde checks every string and key on
+/// its own, each check costing more than its few bytes. `None` when it is not UTF-8: the tree
+/// then reads the bytes, and words the error.
+fn inline_text(body: &[u8]) -> Option<&str> {
+    std::str::from_utf8(body).ok()
+}
+
 /// The body as admission reads it: a plain chat body field by field, a large body off the
 /// async workers, any other body as a tree; a GET has none.
 pub(super) struct Reading<'a> {
@@ -354,10 +361,15 @@ impl<'a> Reading<'a> {
         // state fields and items are read from the tree.
         let large_body = !endpoint.is_get() && body.len() > INLINE_COUNT_MAX;
         let responses = endpoint == Endpoint::Responses;
-        let plain = if endpoint.is_get() || large_body || responses {
+        let text = if endpoint.is_get() || large_body {
             None
         } else {
-            PlainBody::read(body)
+            inline_text(body)
+        };
+        let plain = if responses {
+            None
+        } else {
+            text.and_then(PlainBody::read)
         };
         // A large body is read without a tree, off the async workers.
         let large = if large_body {
@@ -374,7 +386,11 @@ impl<'a> Reading<'a> {
         let json: Option<Value> = if endpoint.is_get() || plain.is_some() || large.is_some() {
             None
         } else {
-            match serde_json::from_slice::<Value>(body) {
+            let tree = match text {
+                Some(text) => serde_json::from_str::<Value>(text),
+                None => serde_json::from_slice::<Value>(body),
+            };
+            match tree {
                 Ok(v @ Value::Object(_)) => Some(v),
                 Ok(_) => {
                     return Err(ApiError::invalid(
@@ -485,8 +501,8 @@ mod tests {
             "{}".to_string(),
         ];
         for body in &bodies {
-            let plain = PlainBody::read(body.as_bytes())
-                .unwrap_or_else(|| panic!("not read as plain: {body}"));
+            let plain =
+                PlainBody::read(body).unwrap_or_else(|| panic!("not read as plain: {body}"));
             let tree: Value = serde_json::from_str(body).expect("valid JSON");
             assert_eq!(
                 reading(&plain.head()),
@@ -573,10 +589,7 @@ mod tests {
             "",
         ];
         for body in bodies {
-            assert!(
-                PlainBody::read(body.as_bytes()).is_none(),
-                "read as plain: {body}"
-            );
+            assert!(PlainBody::read(body).is_none(), "read as plain: {body}");
         }
     }
 
@@ -586,13 +599,13 @@ mod tests {
     #[test]
     fn a_body_that_is_not_utf8_is_not_read_as_plain() {
         let good = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"héllo ✓\"}]}";
-        let plain = PlainBody::read(good.as_bytes()).expect("plain");
+        let plain = PlainBody::read(inline_text(good.as_bytes()).expect("UTF-8")).expect("plain");
         assert_eq!(plain.messages.expect("messages")[0].content, "héllo ✓");
         for bad in [
             &b"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"h\xffi\"}]}"[..],
             b"{\"model\":\"m\",\"mess\xc3ages\":[]}",
         ] {
-            assert!(PlainBody::read(bad).is_none());
+            assert!(inline_text(bad).is_none());
             assert!(serde_json::from_slice::<Value>(bad).is_err());
         }
     }

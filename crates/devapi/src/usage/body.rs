@@ -129,7 +129,7 @@ fn usage_of_raw(kind: StreamKind, raw: &RawValue) -> Option<Usage> {
 /// end (serde's `RawValue` through a stream reader would read it twice).
 fn trailing_usage(kind: StreamKind, body: &[u8]) -> Option<Option<Usage>> {
     let object = trailing_usage_text(body)?;
-    // Checked as UTF-8 once, as a request body is (`PlainBody::read`).
+    // Checked as UTF-8 once and read as text, as a request body is (`pipeline::reading`).
     let fields = std::str::from_utf8(object)
         .ok()
         .and_then(|text| serde_json::from_str::<UsageFields>(text).ok());
