@@ -66,7 +66,7 @@ def redis_info(url):
     text = subprocess.run(
         ["redis-cli", "-u", url, "info", "all"], capture_output=True, text=True, check=True
     ).stdout
-    info, scripts, script_usec, calls = {}, 0, 0, {}
+    info, scripts, script_usec, calls, usec = {}, 0, 0, {}, {}
     for line in text.splitlines():
         if ":" not in line:
             continue
@@ -75,6 +75,7 @@ def redis_info(url):
         if k.startswith("cmdstat_"):
             n = int(v.split("calls=")[1].split(",")[0])
             calls[k[len("cmdstat_"):]] = n
+            usec[k[len("cmdstat_"):]] = int(v.split("usec=")[1].split(",")[0])
             if k in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall"):
                 scripts += n
                 script_usec += int(v.split("usec=")[1].split(",")[0])
@@ -85,6 +86,7 @@ def redis_info(url):
         # Time inside script calls (the commands they run included), as Redis counts it.
         "script_usec": script_usec,
         "calls": calls,
+        "usec": usec,
     }
 
 
@@ -198,6 +200,13 @@ async def drive(args):
                     name: round((n - r0["calls"].get(name, 0)) / per, 3)
                     for name, n in sorted(r1["calls"].items())
                     if n - r0["calls"].get(name, 0) > 0
+                },
+                # Time Redis counts inside each command, per request: what is left of
+                # redis_cpu_us beyond their sum is its event loop, replies and timers.
+                "redis_us_by_name": {
+                    name: round((n - r0["usec"].get(name, 0)) / per, 3)
+                    for name, n in sorted(r1["usec"].items())
+                    if n - r0["usec"].get(name, 0) > 0
                 },
                 "gateway_cpu_us": round((after[1] - before[1]) * 1e6 / per, 1),
                 "p50_ms": pct(0.50),

@@ -578,6 +578,60 @@ async fn next_minutes_chunk_taken_ahead(store: Store) {
     assert_eq!(p.mock.served().await, 10);
 }
 
+/// Sleeps until `at_ms` into `minute` (minutes since the epoch), if that is still to come.
+async fn until_into(minute: i64, at_ms: i64) {
+    let target = minute * 60_000 + at_ms;
+    let now = gateway_core::util::now_ms();
+    if target > now {
+        tokio::time::sleep(Duration::from_millis((target - now) as u64)).await;
+    }
+}
+
+/// An account that sends nothing for one minute keeps its chunk ahead for the minute after
+/// (taken in the idle minute's second half), so its next request does not wait for a script.
+/// The cap is roomy: the lease sizes that chunk from the rate of the opening burst.
+async fn next_minutes_chunk_kept_over_a_skipped_minute(store: Store) {
+    let p = pair(&store, &roomy());
+    let email = "skip@example.com";
+    let user = p.a.admin_json(&["user", "create", "--email", email]);
+    let user_id = user["id"].as_str().expect("user id").to_string();
+    let created =
+        p.a.admin_json(&["key", "create", "--email", email, "--rpm", "6000"]);
+    let key = created["secret"].as_str().expect("secret").to_string();
+    let key_id = created["id"].as_str().expect("key id").to_string();
+    // Requests between 32 s and 45 s into a minute: chunks, and the next minute's ahead.
+    let into = gateway_core::util::now_ms().rem_euclid(60_000);
+    if !(32_000..45_000).contains(&into) {
+        let minute = gateway_core::util::now_ms().div_euclid(60_000);
+        until_into(if into < 32_000 { minute } else { minute + 1 }, 32_000).await;
+    }
+    let minute = gateway_core::util::now_ms().div_euclid(60_000);
+    for i in 0..6 {
+        let gw = if i % 2 == 0 { &p.a } else { &p.b };
+        assert_eq!(send(gw, &key).await.0, 200);
+    }
+    let (_, l) = window(&store, &p, &user_id, &key_id, minute + 1).await;
+    assert!(l > 0, "the next minute's chunks, ahead");
+    // Nothing in minute + 1; late in it, minute + 2's chunks are there.
+    until_into(minute + 1, 50_000).await;
+    let (r2, l2) = window(&store, &p, &user_id, &key_id, minute + 2).await;
+    assert!(
+        l2 > 0 && r2 == l2,
+        "chunks for the minute after the skipped one: r {r2} L {l2}"
+    );
+    // Its requests are admitted against them: the window counts no more.
+    until_into(minute + 2, 100).await;
+    for i in 0..4 {
+        let gw = if i % 2 == 0 { &p.a } else { &p.b };
+        assert_eq!(send(gw, &key).await.0, 200);
+    }
+    assert_eq!(
+        window(&store, &p, &user_id, &key_id, minute + 2).await,
+        (r2, l2)
+    );
+    assert_eq!(p.mock.served().await, 10);
+}
+
 /// The next minute's chunk of a key far below its cap, asked for in the periodic round, is
 /// counted with plain commands on one Redis (by the script on a cluster) and given back when a
 /// window is past half its cap: the window is left as it was.
@@ -707,6 +761,7 @@ on_both_stores! {
     set_aside_leases_are_recorded_at_once_and_booked_on_a_graceful_stop => set_aside_leases_are_booked_and_given_back_on_stop,
     the_next_minutes_chunk_is_taken_ahead_in_the_second_half_of_a_minute => next_minutes_chunk_taken_ahead,
     a_next_minutes_chunk_past_half_the_cap_is_given_back => next_minutes_chunk_refused_past_half_the_cap,
+    a_skipped_minute_keeps_the_next_minutes_chunk_ahead => next_minutes_chunk_kept_over_a_skipped_minute,
     a_drain_is_published_and_drains_are_polled_twice_a_second => drains_published_and_polled_slowly,
     without_pub_sub_drains_are_polled_every_round => drains_polled_every_round_without_pub_sub,
 }

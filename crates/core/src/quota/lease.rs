@@ -152,14 +152,26 @@ impl Chunk {
     }
 
     /// Whether to ask for the next minute's chunk: in the second half of the minute, once,
-    /// for a chunk that admitted a request this minute or is `taking` this minute's chunk.
+    /// when this minute has a chunk (or is `taking` one) and the scope admitted a request in
+    /// this minute or the last. An account sending a few requests a minute skips a minute now
+    /// and then; without the last minute counted, its next request would find no chunk and
+    /// wait for a script call on the request path. A scope left unused two minutes running
+    /// stops asking.
     fn wants_ahead(&self, now: i64, taking: bool) -> bool {
-        let active =
-            self.minute == now.div_euclid(WINDOW_MS) && self.granted != [0; 3] && self.used[0] > 0;
+        let minute = now.div_euclid(WINDOW_MS);
+        // This minute's chunk as it is, or as `roll` will make it from last minute's ahead.
+        let (granted, ahead, asked) = if self.minute == minute {
+            (self.granted, self.ahead, self.ahead_asked)
+        } else if self.minute + 1 == minute {
+            (self.ahead, [0; 3], false)
+        } else {
+            ([0; 3], [0; 3], false)
+        };
+        let recent = self.last_used.div_euclid(WINDOW_MS) >= minute - 1;
         now.rem_euclid(WINDOW_MS) >= WINDOW_MS / 2
-            && (taking || active)
-            && self.ahead == [0; 3]
-            && !self.ahead_asked
+            && (taking || (granted != [0; 3] && recent))
+            && ahead == [0; 3]
+            && !asked
     }
 }
 
@@ -1441,6 +1453,51 @@ mod tests {
         assert!(!s.renewing);
         let c = &s.chunks["acct:u"];
         assert_eq!((c.ahead, c.ahead_counted), ([32, 0, 0], [5, 0, 0]));
+    }
+
+    #[test]
+    fn a_minute_skipped_still_asks_for_the_next_minutes_chunk() {
+        let minute = 29_000_000;
+        let late = |m: i64| m * WINDOW_MS + 40_000;
+        // Used last minute, which took this minute's chunk ahead; nothing this minute yet.
+        let skipped = Chunk {
+            minute,
+            caps: [600, 0, 0],
+            granted: [32, 0, 0],
+            used: [3, 0, 0],
+            last_used: minute * WINDOW_MS + 20_000,
+            ahead: [32, 0, 0],
+            ahead_asked: true,
+            ..Chunk::default()
+        };
+        assert!(
+            skipped.wants_ahead(late(minute + 1), false),
+            "before the roll"
+        );
+        let mut rolled = skipped.clone();
+        assert!(rolled.roll(minute + 1));
+        assert!(
+            rolled.wants_ahead(late(minute + 1), false),
+            "after the roll"
+        );
+        assert!(
+            !rolled.wants_ahead(minute * WINDOW_MS + 60_000 + 10_000, false),
+            "first half"
+        );
+        // Unused two minutes running: the chunk it holds is the last one asked for.
+        let mut idle = rolled.clone();
+        idle.ahead = [32, 0, 0];
+        idle.ahead_asked = true;
+        assert!(!idle.wants_ahead(late(minute + 2), false));
+        assert!(idle.roll(minute + 2));
+        assert!(!idle.wants_ahead(late(minute + 2), false));
+        // No chunk this minute (none was taken ahead): the request that comes takes one.
+        let none = Chunk {
+            ahead: [0; 3],
+            ahead_asked: false,
+            ..skipped
+        };
+        assert!(!none.wants_ahead(late(minute + 1), false));
     }
 
     #[test]
