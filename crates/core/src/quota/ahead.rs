@@ -3,14 +3,18 @@
 //!
 //! The common renewal of an account sending a request every few seconds asks for nothing but
 //! its next minute's chunk (`lease::Call::ahead_only`). In a script that renewal costs Redis
-//! several times what its commands do (its Lua reads and writes the account too), and it comes
-//! once a minute for every such account. Here the chunk is counted first, in this minute's
-//! window and the next one's, all the accounts of a round in one pipeline; then the counts it
-//! returned are checked against the rule `lease.lua` applies (whole, and only while both
-//! windows stay within half their cap, and not while the account is drained), and a chunk that
-//! broke it is taken back off both windows. A window therefore never counts less than what was
-//! admitted in it: for a moment it may count a chunk that is then given back, which is why
-//! only chunks far below their caps come this way (`PLAIN_CAP_RATIO`).
+//! several times what its commands do (its Lua reads and writes the account too), and it
+//! comes once a minute for every such account. Here the chunk is counted first, in this
+//! minute's window and the next one's, all the accounts of a round in one pipeline; then the
+//! counts it returned are checked against the rule `lease.lua` applies (whole, and only
+//! while both windows stay within half their cap), and a chunk that broke it is taken back
+//! off both windows. The account's drain mark is not read here: an account this instance has
+//! heard is drained (by notice or poll, within a round) renews through the script, which
+//! answers in exact mode and gives back a chunk taken ahead; a chunk taken in the moment
+//! before the notice is heard only makes the windows count more for that moment, never less.
+//! A window therefore never counts less than what was admitted in it: for a moment it may
+//! count a chunk that is then given back, which is why only chunks far below their caps come
+//! this way (`PLAIN_CAP_RATIO`).
 
 use redis::Value as RedisValue;
 
@@ -52,7 +56,6 @@ impl Shared {
     ) -> Result<Vec<Vec<([u64; 3], [u64; 3])>>, Unreachable> {
         let mut pipe = redis::pipe();
         for (_, call) in calls {
-            pipe.cmd("HGET").arg(call.meta()).arg("dr");
             for ask in asks(call) {
                 let [prev, curr, next] = ask.windows.map(|i| call.window(i));
                 pipe.cmd("HMGET").arg(prev).arg(&FIELDS);
@@ -73,7 +76,6 @@ impl Shared {
         let mut any_follow_up = false;
         let mut out = Vec::with_capacity(calls.len());
         for (_, call) in calls {
-            let drained = num(&next()) as i64 > call.now;
             let elapsed = call.now.rem_euclid(60_000) as u64;
             let mut per_call = Vec::new();
             for ask in asks(call) {
@@ -81,7 +83,7 @@ impl Shared {
                     RedisValue::Array(a) => a.iter().map(num).collect(),
                     _ => vec![0; 3],
                 };
-                let mut ok = !drained;
+                let mut ok = true;
                 let mut made_curr = false;
                 let mut counted = [0u64; 3];
                 for (d, counted) in counted.iter_mut().enumerate() {

@@ -368,11 +368,6 @@ pub(super) struct AheadAsk {
 }
 
 impl Call {
-    /// The account's meta hash (its drain mark is read with the windows).
-    pub(super) fn meta(&self) -> &str {
-        &self.keys[0]
-    }
-
     /// The window key of `lease.lua`'s window index `i` (1: the first after the account's).
     pub(super) fn window(&self, i: usize) -> &str {
         &self.keys[4 + i]
