@@ -18,11 +18,12 @@
 //! Redis a renewal every few requests instead of one per request.
 //!
 //! Redis work follows the account's own traffic, not the clock: a lease is touched only when
-//! settlements outside a set-aside share wait to be paid, when it is short (a request did not fit, or fewer than half the
-//! requests it is sized for are left), when it has been idle `IDLE_MS` (given back), when it
-//! nears the reservation timeout (its start time is pushed back, or the sweep would release
-//! it), and when another instance drained the account (`q:drains`, heard within a
-//! `FLUSH_EVERY`: `drains`). A lease nothing changed costs Redis nothing.
+//! settlements outside a set-aside share wait to be paid, when it is short (a request did not
+//! fit, or fewer than a quarter of the requests it is sized for are left), when it has been idle
+//! `IDLE_MS` (given back), when it nears the reservation timeout (its start time is pushed
+//! back, or the sweep would release it), and when another instance drained the account
+//! (`q:drains`, heard within a `FLUSH_EVERY`: `drains`). A lease nothing changed costs Redis
+//! nothing.
 //!
 //! Exactness:
 //! - the lease is a reservation, so what all instances admit never exceeds the balance;
@@ -83,6 +84,13 @@ const MIN_REQUESTS: f64 = 32.0;
 /// seconds then tops its share up every few minutes, not every few dozen seconds (each top-up
 /// is a renewal). The share stays at most 1/`SHARE` of what is left, and a drain gives it back.
 const SHARE_MIN_REQUESTS: f64 = 128.0;
+/// A share is topped up once less than 1/TOP_UP_AT of what it is sized for is left: for a busy
+/// account half a second of its traffic, still several rounds (`FLUSH_EVERY`) ahead of running
+/// out; for an account at a request every few seconds, a top-up (a script call) every 96
+/// requests rather than every 64. Set-aside settlements are booked at least as often as the
+/// lease's start time is pushed back (a third of the reservation timeout), whichever comes
+/// first.
+const TOP_UP_AT: u64 = 4;
 /// The most requests one lease covers.
 const MAX_REQUESTS: f64 = 100_000.0;
 /// A next-minute chunk is taken with plain commands (counted first, given back if a window
@@ -226,7 +234,8 @@ pub(super) struct Slot {
     /// Window corrections of set-aside settlements that their chunk could not take.
     late_fixes: Vec<Fix>,
     /// Below this much unused (tokens, requests) the share is topped up at the next round, if
-    /// a request was admitted since the last renewal: half of what the lease is sized for.
+    /// a request was admitted since the last renewal: 1/`TOP_UP_AT` of what the lease is
+    /// sized for.
     top_up: [u64; 2],
     chunks: HashMap<String, Chunk>,
     exact_until: i64,
@@ -589,9 +598,9 @@ impl Leases {
         let avg_tokens = avg_tokens.max(1.0);
         let want_tokens = ((share * avg_tokens).ceil() as u64).max(s.need[0]);
         let free = if idle { [0, 0] } else { s.free() };
-        // A share is carved only when it runs short: a request did not fit, or less than half
-        // of what the lease is sized for is left. Otherwise the call only pays.
-        s.top_up = [want_tokens / 2, want_requests.div_ceil(2)];
+        // A share is carved only when it runs short: a request did not fit, or less than
+        // 1/TOP_UP_AT of what the lease is sized for is left. Otherwise the call only pays.
+        s.top_up = [want_tokens / TOP_UP_AT, want_requests.div_ceil(TOP_UP_AT)];
         let short = free[0] < s.top_up[0] || free[1] < s.top_up[1];
         let ask = if exact || !(urgent || short) {
             [0, 0]
