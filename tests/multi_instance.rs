@@ -123,6 +123,14 @@ fn chat() -> Value {
 }
 
 /// One chat request: (status, error code or "").
+/// Sends `n` requests on `key`, alternating between the two instances: each answered 200.
+async fn answered_by_both(p: &Pair, key: &str, n: usize) {
+    for i in 0..n {
+        let gw = if i % 2 == 0 { &p.a } else { &p.b };
+        assert_eq!(send(gw, key).await.0, 200, "request {i}");
+    }
+}
+
 async fn send(gw: &Gateway, key: &str) -> (u16, String) {
     send_to(gw.url("/v1/chat/completions"), key).await
 }
@@ -272,10 +280,7 @@ async fn reconciled_after_redis_loses_its_state(store: Store) {
     let email = "reload@example.com";
     let (user_id, key) = p.a.user_and_key(email);
     let lot_id = lots::lot_id(&lots::grant_tokens_and_wait(&p.a, email, 100_000).await);
-    for i in 0..6 {
-        let gw = if i % 2 == 0 { &p.a } else { &p.b };
-        assert_eq!(send(gw, &key).await.0, 200);
-    }
+    answered_by_both(&p, &key, 6).await;
     p.a.wait_usage(6).await;
     // The instances admitted against leases: reservations named after them.
     let mut c = store.conn().await;
@@ -377,10 +382,7 @@ async fn many_accounts_exhausted_over_two_instances(store: Store) {
 async fn set_aside_leases_are_booked_and_given_back_on_stop(store: Store) {
     let mut p = pair(&store, &roomy());
     let (user_id, key) = p.a.user_and_key("aside@example.com");
-    for i in 0..12 {
-        let gw = if i % 2 == 0 { &p.a } else { &p.b };
-        assert_eq!(send(gw, &key).await.0, 200);
-    }
+    answered_by_both(&p, &key, 12).await;
     // Every request is recorded without waiting for Redis to hear of it.
     let events = p.a.wait_usage(12).await;
     assert_eq!(events.len(), 12);
@@ -532,16 +534,20 @@ async fn window(store: &Store, p: &Pair, user_id: &str, key_id: &str, minute: i6
     (r, l)
 }
 
-async fn next_minutes_chunk_taken_ahead(store: Store) {
-    let p = pair(&store, &roomy());
-    let email = "ahead@example.com";
+/// A user with one key of `rpm` requests a minute: (user id, secret, key id).
+fn user_with_key(p: &Pair, email: &str, rpm: &str) -> (String, String, String) {
     let user = p.a.admin_json(&["user", "create", "--email", email]);
     let user_id = user["id"].as_str().expect("user id").to_string();
     let created =
-        p.a.admin_json(&["key", "create", "--email", email, "--rpm", "600"]);
+        p.a.admin_json(&["key", "create", "--email", email, "--rpm", rpm]);
     let key = created["secret"].as_str().expect("secret").to_string();
     let key_id = created["id"].as_str().expect("key id").to_string();
-    // From 32 s into a minute to 45 s: the second half, with time to spare before the next.
+    (user_id, key, key_id)
+}
+
+/// Waits until 32 to 45 s into a minute (its second half, with time to spare before the next)
+/// and returns that minute.
+async fn second_half_of_a_minute() -> i64 {
     let into = gateway_core::util::now_ms().rem_euclid(60_000);
     let wait = if into < 32_000 {
         32_000 - into
@@ -551,12 +557,15 @@ async fn next_minutes_chunk_taken_ahead(store: Store) {
         92_000 - into
     };
     tokio::time::sleep(Duration::from_millis(wait as u64)).await;
-    let minute = gateway_core::util::now_ms().div_euclid(60_000);
+    gateway_core::util::now_ms().div_euclid(60_000)
+}
+
+async fn next_minutes_chunk_taken_ahead(store: Store) {
+    let p = pair(&store, &roomy());
+    let (user_id, key, key_id) = user_with_key(&p, "ahead@example.com", "600");
+    let minute = second_half_of_a_minute().await;
     // Each instance: a first request reserved on its own, then leases and chunks.
-    for i in 0..6 {
-        let gw = if i % 2 == 0 { &p.a } else { &p.b };
-        assert_eq!(send(gw, &key).await.0, 200);
-    }
+    answered_by_both(&p, &key, 6).await;
     let (r, l) = window(&store, &p, &user_id, &key_id, minute + 1).await;
     assert!(
         l > 0 && r == l,
@@ -567,10 +576,7 @@ async fn next_minutes_chunk_taken_ahead(store: Store) {
     let into = gateway_core::util::now_ms().rem_euclid(60_000);
     tokio::time::sleep(Duration::from_millis((60_100 - into) as u64)).await;
     assert_eq!(gateway_core::util::now_ms().div_euclid(60_000), minute + 1);
-    for i in 0..4 {
-        let gw = if i % 2 == 0 { &p.a } else { &p.b };
-        assert_eq!(send(gw, &key).await.0, 200);
-    }
+    answered_by_both(&p, &key, 4).await;
     assert_eq!(
         window(&store, &p, &user_id, &key_id, minute + 1).await,
         (r, l)
@@ -592,24 +598,10 @@ async fn until_into(minute: i64, at_ms: i64) {
 /// The cap is roomy: the lease sizes that chunk from the rate of the opening burst.
 async fn next_minutes_chunk_kept_over_a_skipped_minute(store: Store) {
     let p = pair(&store, &roomy());
-    let email = "skip@example.com";
-    let user = p.a.admin_json(&["user", "create", "--email", email]);
-    let user_id = user["id"].as_str().expect("user id").to_string();
-    let created =
-        p.a.admin_json(&["key", "create", "--email", email, "--rpm", "6000"]);
-    let key = created["secret"].as_str().expect("secret").to_string();
-    let key_id = created["id"].as_str().expect("key id").to_string();
-    // Requests between 32 s and 45 s into a minute: chunks, and the next minute's ahead.
-    let into = gateway_core::util::now_ms().rem_euclid(60_000);
-    if !(32_000..45_000).contains(&into) {
-        let minute = gateway_core::util::now_ms().div_euclid(60_000);
-        until_into(if into < 32_000 { minute } else { minute + 1 }, 32_000).await;
-    }
-    let minute = gateway_core::util::now_ms().div_euclid(60_000);
-    for i in 0..6 {
-        let gw = if i % 2 == 0 { &p.a } else { &p.b };
-        assert_eq!(send(gw, &key).await.0, 200);
-    }
+    let (user_id, key, key_id) = user_with_key(&p, "skip@example.com", "6000");
+    // Requests in a minute's second half: chunks, and the next minute's ahead.
+    let minute = second_half_of_a_minute().await;
+    answered_by_both(&p, &key, 6).await;
     let (_, l) = window(&store, &p, &user_id, &key_id, minute + 1).await;
     assert!(l > 0, "the next minute's chunks, ahead");
     // Nothing in minute + 1; late in it, minute + 2's chunks are there.
@@ -621,10 +613,7 @@ async fn next_minutes_chunk_kept_over_a_skipped_minute(store: Store) {
     );
     // Its requests are admitted against them: the window counts no more.
     until_into(minute + 2, 100).await;
-    for i in 0..4 {
-        let gw = if i % 2 == 0 { &p.a } else { &p.b };
-        assert_eq!(send(gw, &key).await.0, 200);
-    }
+    answered_by_both(&p, &key, 4).await;
     assert_eq!(
         window(&store, &p, &user_id, &key_id, minute + 2).await,
         (r2, l2)
