@@ -66,25 +66,23 @@ def redis_info(url):
     text = subprocess.run(
         ["redis-cli", "-u", url, "info", "all"], capture_output=True, text=True, check=True
     ).stdout
-    info, scripts, script_usec, calls, usec = {}, 0, 0, {}, {}
+    info, calls, usec = {}, {}, {}
     for line in text.splitlines():
         if ":" not in line:
             continue
         k, v = line.split(":", 1)
         info[k] = v.strip()
         if k.startswith("cmdstat_"):
-            n = int(v.split("calls=")[1].split(",")[0])
-            calls[k[len("cmdstat_"):]] = n
-            usec[k[len("cmdstat_"):]] = int(v.split("usec=")[1].split(",")[0])
-            if k in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall"):
-                scripts += n
-                script_usec += int(v.split("usec=")[1].split(",")[0])
+            name = k[len("cmdstat_"):]
+            calls[name] = int(v.split("calls=")[1].split(",")[0])
+            usec[name] = int(v.split("usec=")[1].split(",")[0])
+    script_names = ("evalsha", "eval", "fcall")
     return {
         "commands": int(info["total_commands_processed"]),
         "cpu": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
-        "scripts": scripts,
+        "scripts": sum(calls.get(n, 0) for n in script_names),
         # Time inside script calls (the commands they run included), as Redis counts it.
-        "script_usec": script_usec,
+        "script_usec": sum(usec.get(n, 0) for n in script_names),
         "calls": calls,
         "usec": usec,
     }

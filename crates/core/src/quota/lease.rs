@@ -167,19 +167,14 @@ impl Chunk {
     /// stops asking.
     fn wants_ahead(&self, now: i64, taking: bool) -> bool {
         let minute = now.div_euclid(WINDOW_MS);
-        // This minute's chunk as it is, or as `roll` will make it from last minute's ahead.
-        let (granted, ahead, asked) = if self.minute == minute {
-            (self.granted, self.ahead, self.ahead_asked)
-        } else if self.minute + 1 == minute {
-            (self.ahead, [0; 3], false)
-        } else {
-            ([0; 3], [0; 3], false)
-        };
-        let recent = self.last_used.div_euclid(WINDOW_MS) >= minute - 1;
+        // This minute's chunk as `roll` makes it from last minute's ahead, when not rolled yet.
+        let mut c = self.clone();
+        c.roll(minute);
+        let current = c.minute == minute;
+        let recent = c.last_used.div_euclid(WINDOW_MS) >= minute - 1;
         now.rem_euclid(WINDOW_MS) >= WINDOW_MS / 2
-            && (taking || (granted != [0; 3] && recent))
-            && ahead == [0; 3]
-            && !asked
+            && (taking || (current && c.granted != [0; 3] && recent))
+            && !(current && (c.ahead != [0; 3] || c.ahead_asked))
     }
 }
 
