@@ -523,7 +523,28 @@ async fn lease_call(
     settled: (&[i64], &[i64]),
     flags: i64,
 ) -> Vec<Value> {
-    let script = Script::new(gateway_core::quota::shared::LEASE_LUA);
+    let source = gateway_core::quota::shared::LEASE_LUA;
+    lease_call_with(source, a, now, kept, ask, settled, flags).await
+}
+
+/// lease.lua's whole body, without pay.lua's light path in front: what the light path must
+/// leave the same.
+const WHOLE_LEASE_LUA: &str = concat!(
+    include_str!("../crates/core/src/quota/lua/account.lua"),
+    include_str!("../crates/core/src/quota/lua/lease.lua")
+);
+
+/// `lease_call` running `source`.
+async fn lease_call_with(
+    source: &str,
+    a: &mut Account,
+    now: i64,
+    kept: (i64, i64),
+    ask: i64,
+    settled: (&[i64], &[i64]),
+    flags: i64,
+) -> Vec<Value> {
+    let script = Script::new(source);
     let mut inv = script.prepare_invoke();
     for k in &a.keys {
         inv.key(k);
@@ -616,26 +637,40 @@ async fn a_lease_pays_its_settlements_as_one_sum_allowance_then_lots_then_the_re
 
 #[tokio::test]
 async fn a_pay_only_renewal_leaves_what_the_whole_script_would() {
-    // Two accounts in the same state; the last renewal pays, and tops the share up (ask 100)
-    // or not (ask 0). On `light` it runs pay.lua's light path; on `whole` flag 1 (the start
-    // time pushed back, which touches only the start times' set) makes lease.lua's whole body
-    // run. Reply, balance, sums, bucket, lease: the same.
-    for ask in [0, 100] {
+    // Two accounts in the same state; the last renewal pays, tops the share up (ask 100) or
+    // not (ask 0), and pushes the lease's start time back and reads the lots (flags 1, 2) or
+    // not. On `light` it runs lease.lua as the gateway does (pay.lua's light path first); on
+    // `whole`, lease.lua's whole body. Reply, balance, sums, bucket, lease, its start time,
+    // lots: the same.
+    for (ask, flags) in [(0, 0), (100, 0), (0, 1), (100, 3), (0, 2)] {
         let (Some(mut light), Some(mut whole)) = (Account::new().await, Account::new().await)
         else {
             return;
         };
         let now = H * HOUR + 1_000;
         let mut replies = Vec::new();
-        for (a, flags) in [(&mut light, 0), (&mut whole, 1)] {
+        for (a, source) in [
+            (&mut light, gateway_core::quota::shared::LEASE_LUA),
+            (&mut whole, WHOLE_LEASE_LUA),
+        ] {
             a.load(&[]).await;
+            // A tier-2 lot still running, a tier-3 one expired by the last renewal.
+            for (id, expires, tier) in [("lot_on", now + HOUR, 2), ("lot_gone", now + 150, 3)] {
+                let value = format!("t,50,{expires},{tier}");
+                let _: () = a.conn.hset(&a.keys[3], id, value).await.unwrap();
+            }
             lease(a, now, (0, 0), 400, &[]).await;
             // The first payment opens the hour's bucket (lease.lua's whole body).
             lease(a, now + 100, (0, 200), 0, &[40]).await;
-            replies.push(lease_flagged(a, now + 200, (10, 150), ask, &[25, 15], flags).await);
+            let settled = (&[25, 15][..], &[][..]);
+            let reply = lease_call_with(source, a, now + 200, (10, 150), ask, settled, flags).await;
+            replies.push(reply);
         }
-        assert_eq!(replies[0], replies[1], "ask {ask}");
+        let case = format!("ask {ask}, flags {flags}");
+        assert_eq!(replies[0], replies[1], "{case}");
         assert_eq!(text(&replies[0][1]), ask.to_string(), "the share granted");
+        let tier = if flags >= 2 { "2" } else { "-2" };
+        assert_eq!(text(&replies[0][4]), tier, "the lots' tier hint, {case}");
         let Value::Array(paid) = &replies[0][6] else {
             panic!("settlements: {:?}", replies[0])
         };
@@ -643,32 +678,37 @@ async fn a_pay_only_renewal_leaves_what_the_whole_script_would() {
             paid.iter().map(text).collect::<Vec<_>>(),
             ["40", "2", "0", "0"]
         );
-        let meta = |a: &Account| a.keys[0].clone();
-        let res = |a: &Account| a.keys[1].clone();
-        let m1: std::collections::BTreeMap<String, String> =
-            light.conn.hgetall(meta(&light)).await.unwrap();
-        let m2: std::collections::BTreeMap<String, String> =
-            whole.conn.hgetall(meta(&whole)).await.unwrap();
-        assert_eq!(m1, m2, "ask {ask}");
-        assert_eq!(m1.get("sa").map(String::as_str), Some("80"));
+        type Hash = std::collections::BTreeMap<String, String>;
+        type Starts = Vec<(String, i64)>;
+        let mut state = Vec::new();
+        for a in [&mut light, &mut whole] {
+            let meta: Hash = a.conn.hgetall(&a.keys[0]).await.unwrap();
+            let lease: Option<String> = a.conn.hget(&a.keys[1], "L:test").await.unwrap();
+            let lots: Hash = a.conn.hgetall(&a.keys[3]).await.unwrap();
+            let starts: Starts = a.conn.zrange_withscores(&a.keys[4], 0, -1).await.unwrap();
+            state.push((meta, lease, lots, starts));
+        }
+        assert_eq!(state[0], state[1], "{case}");
+        let (meta, lease, lots, starts) = &state[0];
+        assert_eq!(meta.get("sa").map(String::as_str), Some("80"));
         let kept = 160 + ask;
         assert_eq!(
-            m1.get("xa").map(String::as_str),
+            meta.get("xa").map(String::as_str),
             Some(kept.to_string().as_str()),
             "in flight, unused and granted kept, set aside from the allowance"
         );
-        assert_eq!(m1.get("rt").map(String::as_str), Some("0"));
-        let l1: Option<String> = light.conn.hget(res(&light), "L:test").await.unwrap();
-        let l2: Option<String> = whole.conn.hget(res(&whole), "L:test").await.unwrap();
-        assert_eq!(l1, l2);
+        assert_eq!(meta.get("rt").map(String::as_str), Some("0"));
         let requests = i64::from(ask > 0);
         assert_eq!(
-            l1,
-            Some(format!(
-                "{kept},{requests},{},{},{requests},1",
-                now + 200,
-                150 + ask
-            ))
+            lease.as_deref(),
+            Some(format!("{kept},{requests},{},{},{requests},1", now + 200, 150 + ask).as_str())
+        );
+        let started = if flags % 2 == 1 { now + 200 } else { now };
+        assert_eq!(starts, &[("L:test".to_string(), started)], "{case}");
+        assert_eq!(
+            lots.contains_key("lot_gone"),
+            flags < 2,
+            "an expired lot is dropped when the lots are read, {case}"
         );
         light.cleanup().await;
         whole.cleanup().await;

@@ -1,18 +1,21 @@
 -- Prepended to lease.lua (after account.lua): the light path of a renewal whose only work is
 -- paying what was settled out of the lease and topping up its share from the weekly allowance
--- (no window touched, no flag), the common case of an account sending a request every few
--- seconds. It reads and writes only the meta fields and the lease entry that this changes,
--- without copying the call's keys and arguments, and gives the same answer and the same state
--- as lease.lua would. Anything lease.lua does beyond that (the settlement or the share not
--- covered by the allowance alone, so the lots count; a share that would drain the account; a
--- new hour's spend bucket; the week's sums to rebuild; a drained account; the keys' expiry to
--- push back; no lease held) returns nil before anything is written: lease.lua then runs.
+-- (no window touched), the common case of an account sending a request every few seconds,
+-- and of the periodic renewal that pushes the lease's start time back (flag 1) and reads the
+-- lots for the tier hint (flag 2). It reads and writes only the meta fields and the lease entry
+-- that this changes, without copying the call's keys and arguments, and gives the same answer
+-- and the same state as lease.lua would. Anything lease.lua does beyond that (the settlement or
+-- the share not covered by the allowance alone, so the lots count; a share that would drain the
+-- account; a new hour's spend bucket; the week's sums to rebuild; a drained account; the keys'
+-- expiry to push back; no lease held) returns nil before anything is written: lease.lua then
+-- runs.
 -- keys, ki: the call's KEYS and the index before this account's (meta is keys[ki + 1]);
 -- args, ai: likewise for lease.lua's arguments.
 local function pay_only(keys, ki, args, ai)
-  if args[ai + 18] ~= '0' or args[ai + 19] ~= '0' or args[ai + 20] ~= '0' then
+  if args[ai + 18] ~= '0' or args[ai + 19] ~= '0' then
     return nil
   end
+  local flags = tonumber(args[ai + 20])
   local now = tonumber(args[ai + 1])
   local meta = keys[ki + 1]
   local f = redis.call('HMGET', meta, 'v', 'so', 'sa', 'sr', 'sl', 'rt', 'rr', 'x', 'ft', 'fr',
@@ -71,6 +74,22 @@ local function pay_only(keys, ki, args, ai)
     mft = math.max(0, mft - tonumber(ft))
     mfr = math.max(0, mfr - tonumber(fr))
   end
+  -- The lots only for the tier hint (the allowance pays everything here): expired ones are
+  -- dropped, as lease.lua's read does.
+  local max_tier = -2
+  if flags >= 2 then
+    max_tier = -1
+    local all = redis.call('HGETALL', keys[ki + 4])
+    for i = 1, #all, 2 do
+      local rem, exp, tier = string.match(all[i + 1], '%a,(%d+),(%d+),(%-?%d+)')
+      if tonumber(exp) <= now then
+        redis.call('HDEL', keys[ki + 4], all[i])
+      elseif tonumber(rem) > 0 and tonumber(tier) > max_tier then
+        max_tier = tonumber(tier)
+      end
+    end
+  end
+  if flags % 2 == 1 then redis.call('ZADD', keys[ki + 5], now, lease_id) end
   local b1, b2, b3, b4 = string.match(f[13], '(%d+),(%d+),(%d+),(%d+)')
   local paid_t, paid_r = used_t + aside_t, used_r + aside_r
   redis.call('HSET', meta, 'sa', sa, 'sr', sr, 'rt', rt, 'rr', rr, 'xa', xa, 'xr', xr,
@@ -78,6 +97,6 @@ local function pay_only(keys, ki, args, ai)
     'bv', (b1 + paid_t) .. ',' .. (b2 + paid_r) .. ',' .. b3 .. ',' .. b4)
   redis.call('HSET', keys[ki + 2], lease_id, keep_t .. ',' .. keep_r .. ',' .. now .. ',' ..
     free_t .. ',' .. free_r .. (aside and ',1' or ''))
-  return {'lease', grant_t, grant_r, sa + tonumber(f[5] or '0'), -2, 0, {used_t, used_r, 0, 0},
-    {}, aside and 1 or 0}
+  return {'lease', grant_t, grant_r, sa + tonumber(f[5] or '0'), max_tier, 0,
+    {used_t, used_r, 0, 0}, {}, aside and 1 or 0}
 end
