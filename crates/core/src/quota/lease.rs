@@ -71,6 +71,10 @@ const IDLE_MS: i64 = 300_000;
 /// How often (ms) a renewal reads the lots even when the allowance covers everything, so the
 /// tier hint follows lots that expired.
 const LOTS_EVERY_MS: i64 = 300_000;
+/// A renewal that runs the script anyway also pushes the lease's start time back and reads the
+/// lots once 1/EARLY_BY of their period has passed: both cost the script's light path one
+/// command, while a renewal of their own costs a whole call for the account.
+const EARLY_BY: i64 = 2;
 /// After a drain, how long (ms) this instance reserves the account's requests exactly before
 /// it asks for a lease again.
 const EXACT_MS: i64 = 1_000;
@@ -608,11 +612,9 @@ impl Leases {
         let mut flags = 0;
         if s.held == [0, 0] || now - s.refreshed >= timeout_ms / 3 {
             flags |= 1;
-            s.refreshed = now;
         }
         if now - s.lots_read >= LOTS_EVERY_MS {
             flags |= 2;
-            s.lots_read = now;
         }
         let least = s.need[0].max(avg_tokens as u64).max(1);
 
@@ -799,8 +801,23 @@ impl Leases {
         let aside_paid = if ahead_only.is_some() {
             [0, 0]
         } else {
+            // A script call in any case: it also does what would fall due on its own within
+            // the next half period (`EARLY_BY`), so an account whose share is topped up more
+            // often than that never needs a renewal of its own for it.
+            if now - s.refreshed >= timeout_ms / 3 / EARLY_BY {
+                flags |= 1;
+            }
+            if now - s.lots_read >= LOTS_EVERY_MS / EARLY_BY {
+                flags |= 2;
+            }
             aside_paid
         };
+        if flags & 1 != 0 {
+            s.refreshed = now;
+        }
+        if flags & 2 != 0 {
+            s.lots_read = now;
+        }
         s.need = [0; 3];
         args.extend([
             now.to_string(),
@@ -1394,12 +1411,43 @@ mod tests {
     }
 
     #[test]
+    fn a_script_renewal_pushes_the_start_time_back_and_reads_the_lots_early() {
+        // The set-aside lease has 9 of its share's 128 requests left: a top-up, a script call.
+        // Its start time was pushed back and the lots read `ago` ms before; the reservation
+        // timeout is 900 s (a push due every 300 s, early from 150 s).
+        for (ago, flags) in [(200_000, "3"), (100_000, "0")] {
+            let leases = set_aside_lease();
+            let now = crate::util::now_ms();
+            {
+                let cell = leases.cells.get("u").unwrap().clone();
+                let mut s = cell.slot.lock();
+                s.refreshed = now - ago;
+                s.lots_read = now - ago;
+            }
+            let (call, _) = leases.begin("p:", "u", 900_000, now, true).unwrap();
+            assert!(call.ahead_only.is_none());
+            assert_eq!(call.args[19], flags, "{ago} ms ago");
+            let cell = leases.cells.get("u").unwrap().clone();
+            let s = cell.slot.lock();
+            let done = if flags == "3" { now } else { now - ago };
+            assert_eq!((s.refreshed, s.lots_read), (done, done));
+        }
+        // A renewal that only takes the next minute's chunk with plain commands stays so.
+        let (leases, call, now) = renewal_ahead(600, true);
+        assert!(call.ahead_only.is_some());
+        assert_eq!(call.args[19], "0");
+        let cell = leases.cells.get("u").unwrap().clone();
+        assert_eq!(cell.slot.lock().refreshed, now - 200_000);
+    }
+
+    #[test]
     fn nothing_settled_splits_into_nothing() {
         assert!(Paid::default().split("u", &[], 0).is_empty());
     }
 
     /// A set-aside lease in the second half of a minute, its chunk of `rpm` used once and one
-    /// settlement made within the share: its renewal asks only for the next minute's chunk.
+    /// settlement made within the share, its start time pushed back 200 s ago: its renewal asks
+    /// only for the next minute's chunk.
     fn renewal_ahead(rpm: u64, plain_ahead: bool) -> (Leases, Call, i64) {
         let leases = set_aside_lease();
         let minute = 29_000_000;
@@ -1409,8 +1457,9 @@ mod tests {
             let mut s = cell.slot.lock();
             s.held = [1_000_000, 1_000];
             s.last_used = now;
-            s.refreshed = now;
-            s.lots_read = now;
+            // Not due on their own yet, but early enough for a script call to do them.
+            s.refreshed = now - 200_000;
+            s.lots_read = now - 200_000;
             s.aside_paid = [79, 1];
             s.chunks.insert(
                 "acct:u".into(),
@@ -1506,6 +1555,7 @@ mod tests {
             let (leases, call, _) = renewal_ahead(rpm, plain_ahead);
             assert!(call.ahead_only.is_none());
             assert_eq!(call.aside_paid, [79, 1], "booked by this call");
+            assert_eq!(call.args[19], "3", "the start time and the lots, early");
             let cell = leases.cells.get("u").unwrap().clone();
             assert_eq!(cell.slot.lock().aside_paid, [0, 0]);
         }
