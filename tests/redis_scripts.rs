@@ -5,7 +5,7 @@
 //! `GATEWAY_TEST_REDIS` is set (CI's Postgres + Redis run); the gateway-level quota tests
 //! (tests/quota.rs, tests/multi_instance.rs) run these scripts too.
 
-use gateway_core::quota::shared::{account_keys, LOAD_LUA, RESERVE_LUA, SETTLE_LUA};
+use gateway_core::quota::shared::{account_keys, LEASE_LUA, LOAD_LUA, RESERVE_LUA, SETTLE_LUA};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, Script, Value};
 
@@ -498,7 +498,7 @@ async fn lease_flagged(
     settled: &[i64],
     flags: i64,
 ) -> Vec<Value> {
-    lease_call(a, now, kept, ask, (settled, &[]), flags).await
+    lease_call(LEASE_LUA, a, now, kept, ask, (settled, &[]), flags).await
 }
 
 /// `lease` for an instance whose lease was set aside: `aside` tokens settled within it (one
@@ -510,21 +510,7 @@ async fn lease_aside(
     ask: i64,
     aside: &[i64],
 ) -> Vec<Value> {
-    lease_call(a, now, kept, ask, (&[], aside), 0).await
-}
-
-/// One lease.lua call with no per-minute windows: `settled` = (settlements to split, those
-/// settled within a set-aside share).
-async fn lease_call(
-    a: &mut Account,
-    now: i64,
-    kept: (i64, i64),
-    ask: i64,
-    settled: (&[i64], &[i64]),
-    flags: i64,
-) -> Vec<Value> {
-    let source = gateway_core::quota::shared::LEASE_LUA;
-    lease_call_with(source, a, now, kept, ask, settled, flags).await
+    lease_call(LEASE_LUA, a, now, kept, ask, (&[], aside), 0).await
 }
 
 /// lease.lua's whole body, without pay.lua's light path in front: what the light path must
@@ -534,8 +520,9 @@ const WHOLE_LEASE_LUA: &str = concat!(
     include_str!("../crates/core/src/quota/lua/lease.lua")
 );
 
-/// `lease_call` running `source`.
-async fn lease_call_with(
+/// One lease.lua call (`source`: as the gateway runs it, `LEASE_LUA`) with no per-minute
+/// windows: `settled` = (settlements to split, those settled within a set-aside share).
+async fn lease_call(
     source: &str,
     a: &mut Account,
     now: i64,
@@ -649,10 +636,7 @@ async fn a_pay_only_renewal_leaves_what_the_whole_script_would() {
         };
         let now = H * HOUR + 1_000;
         let mut replies = Vec::new();
-        for (a, source) in [
-            (&mut light, gateway_core::quota::shared::LEASE_LUA),
-            (&mut whole, WHOLE_LEASE_LUA),
-        ] {
+        for (a, source) in [(&mut light, LEASE_LUA), (&mut whole, WHOLE_LEASE_LUA)] {
             a.load(&[]).await;
             // A tier-2 lot still running, a tier-3 one expired by the last renewal.
             for (id, expires, tier) in [("lot_on", now + HOUR, 2), ("lot_gone", now + 150, 3)] {
@@ -663,7 +647,7 @@ async fn a_pay_only_renewal_leaves_what_the_whole_script_would() {
             // The first payment opens the hour's bucket (lease.lua's whole body).
             lease(a, now + 100, (0, 200), 0, &[40]).await;
             let settled = (&[25, 15][..], &[][..]);
-            let reply = lease_call_with(source, a, now + 200, (10, 150), ask, settled, flags).await;
+            let reply = lease_call(source, a, now + 200, (10, 150), ask, settled, flags).await;
             replies.push(reply);
         }
         let case = format!("ask {ask}, flags {flags}");
@@ -786,7 +770,7 @@ async fn lease_window(
     ahead: i64,
     ahead_back: i64,
 ) -> Vec<i64> {
-    let script = Script::new(gateway_core::quota::shared::LEASE_LUA);
+    let script = Script::new(LEASE_LUA);
     let mut inv = script.prepare_invoke();
     for k in a.keys.iter().chain(w) {
         inv.key(k);
