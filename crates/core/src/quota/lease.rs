@@ -262,6 +262,15 @@ pub(super) struct Slot {
 }
 
 impl Slot {
+    /// The periodic parts of a renewal (`lease.lua`'s flags) due once 1/`by` of their period
+    /// has passed: 1 = push the lease's start time back (every third of the reservation
+    /// timeout), 2 = read the lots (`LOTS_EVERY_MS`).
+    fn clocks(&self, now: i64, timeout_ms: i64, by: i64) -> u8 {
+        let push = now - self.refreshed >= timeout_ms / 3 / by;
+        let lots = now - self.lots_read >= LOTS_EVERY_MS / by;
+        u8::from(push) | (u8::from(lots) << 1)
+    }
+
     fn free(&self) -> [u64; 2] {
         [0, 1].map(|i| {
             self.held[i]
@@ -301,7 +310,7 @@ impl Slot {
             || running_short
             || (!idle && self.chunks.values().any(|c| c.wants_ahead(now, false)))
             || (holds && (self.wake || idle))
-            || (self.held != [0, 0] && now - self.refreshed >= timeout_ms / 3)
+            || (self.held != [0, 0] && self.clocks(now, timeout_ms, 1) & 1 != 0)
     }
 }
 
@@ -609,13 +618,7 @@ impl Leases {
                 want_requests.saturating_sub(free[1]),
             ]
         };
-        let mut flags = 0;
-        if s.held == [0, 0] || now - s.refreshed >= timeout_ms / 3 {
-            flags |= 1;
-        }
-        if now - s.lots_read >= LOTS_EVERY_MS {
-            flags |= 2;
-        }
+        let mut flags = s.clocks(now, timeout_ms, 1) | u8::from(s.held == [0, 0]);
         let least = s.need[0].max(avg_tokens as u64).max(1);
 
         let minute = now.div_euclid(WINDOW_MS);
@@ -804,12 +807,7 @@ impl Leases {
             // A script call in any case: it also does what would fall due on its own within
             // the next half period (`EARLY_BY`), so an account whose share is topped up more
             // often than that never needs a renewal of its own for it.
-            if now - s.refreshed >= timeout_ms / 3 / EARLY_BY {
-                flags |= 1;
-            }
-            if now - s.lots_read >= LOTS_EVERY_MS / EARLY_BY {
-                flags |= 2;
-            }
+            flags |= s.clocks(now, timeout_ms, EARLY_BY);
             aside_paid
         };
         if flags & 1 != 0 {

@@ -29,6 +29,32 @@
 
 local HOUR_MS = 3600000
 
+-- The account's lots still running with something left, soonest-expiring first; expired ones
+-- are dropped from the hash (`key`) as they are found.
+local function active_lots(key, now)
+  local active = {}
+  local all = redis.call('HGETALL', key)
+  for i = 1, #all, 2 do
+    local kind, rem, exp, tier = string.match(all[i + 1], '(%a),(%d+),(%d+),(%-?%d+)')
+    if tonumber(exp) <= now then
+      redis.call('HDEL', key, all[i])
+    elseif tonumber(rem) > 0 then
+      table.insert(active, {id = all[i], kind = kind, rem = tonumber(rem), exp = tonumber(exp), tier = tier})
+    end
+  end
+  table.sort(active, function(a, b) return a.exp < b.exp end)
+  return active
+end
+
+-- The highest tier among `lots` with something left (-1: none), for the tier hint.
+local function top_tier(lots)
+  local top = -1
+  for _, lot in ipairs(lots) do
+    if lot.rem > 0 and tonumber(lot.tier) > top then top = tonumber(lot.tier) end
+  end
+  return top
+end
+
 -- The account's meta hash, or nil when the account is not in Redis.
 local function read_account(meta)
   local f = redis.call('HMGET', meta, 'loaded', 'v', 'sa', 'sr', 'sl', 'so', 'rt', 'rr', 'x',

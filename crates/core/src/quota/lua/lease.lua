@@ -71,19 +71,7 @@ local flags = tonumber(ARGV[20])
 local active = nil
 local max_tier = -2
 local function lots()
-  if active then return active end
-  active = {}
-  max_tier = -1
-  local all = redis.call('HGETALL', KEYS[4])
-  for i = 1, #all, 2 do
-    local kind, rem, exp, tier = string.match(all[i + 1], '(%a),(%d+),(%d+),(%-?%d+)')
-    if tonumber(exp) <= now then
-      redis.call('HDEL', KEYS[4], all[i])
-    elseif tonumber(rem) > 0 then
-      table.insert(active, {id = all[i], kind = kind, rem = tonumber(rem), exp = tonumber(exp), tier = tier})
-    end
-  end
-  table.sort(active, function(a, b) return a.exp < b.exp end)
+  if not active then active = active_lots(KEYS[4], now) end
   return active
 end
 if flags >= 2 then lots() end
@@ -257,11 +245,7 @@ elseif not drained and (ask_t > 0 or ask_r > 0) then
     drain()
   end
 end
-if active then
-  for _, lot in ipairs(active) do
-    if lot.rem > 0 and tonumber(lot.tier) > max_tier then max_tier = tonumber(lot.tier) end
-  end
-end
+if active then max_tier = top_tier(active) end
 local mode = 'lease'
 if drained then
   mode = 'exact'

@@ -77,18 +77,7 @@ local function pay_only(keys, ki, args, ai)
   -- The lots only for the tier hint (the allowance pays everything here): expired ones are
   -- dropped, as lease.lua's read does.
   local max_tier = -2
-  if flags >= 2 then
-    max_tier = -1
-    local all = redis.call('HGETALL', keys[ki + 4])
-    for i = 1, #all, 2 do
-      local rem, exp, tier = string.match(all[i + 1], '%a,(%d+),(%d+),(%-?%d+)')
-      if tonumber(exp) <= now then
-        redis.call('HDEL', keys[ki + 4], all[i])
-      elseif tonumber(rem) > 0 and tonumber(tier) > max_tier then
-        max_tier = tonumber(tier)
-      end
-    end
-  end
+  if flags >= 2 then max_tier = top_tier(active_lots(keys[ki + 4], now)) end
   if flags % 2 == 1 then redis.call('ZADD', keys[ki + 5], now, lease_id) end
   local b1, b2, b3, b4 = string.match(f[13], '(%d+),(%d+),(%d+),(%d+)')
   local paid_t, paid_r = used_t + aside_t, used_r + aside_r
