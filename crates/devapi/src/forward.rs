@@ -380,7 +380,7 @@ async fn connect(
 /// two allocations per header that is not a standard one (all 13 of the gateway's own). Without
 /// a case map Pingora writes the names as they are, as it did for `build_no_case`.
 fn client_header(
-    up: &http::HeaderMap,
+    up: &crate::http1::Fields,
     status: u16,
     content_type: Option<&str>,
     content_length: Option<usize>,
@@ -392,11 +392,11 @@ fn client_header(
     // The rate-limit headers first: the map comes with their names already hashed.
     parts.headers = crate::rate_headers::map(reply.rate);
     let headers = &mut parts.headers;
-    // The provider's headers and at most 3 more of the gateway's own: the request id, the
-    // content type and the length (or chunking).
-    headers.reserve(up.len() + 3);
+    // The provider's headers passed on (a few) and at most 3 more of the gateway's own: the
+    // request id, the content type and the length (or chunking).
+    headers.reserve(8);
     for (name, value) in up.iter() {
-        let replaced = content_type.is_some() && name == CONTENT_TYPE;
+        let replaced = content_type.is_some() && name.eq_ignore_ascii_case(b"content-type");
         if let Some(name) = sanitize::client_header_name(name).filter(|_| !replaced) {
             headers.append(name, value.clone());
         }
@@ -496,20 +496,15 @@ fn end_follows(session: &Session) {
 /// The provider's `content-length`, when its body is length-delimited (not chunked).
 fn relayed_length(ex: &Exchange) -> Option<usize> {
     let h = ex.header();
-    if h.contains_key(http::header::TRANSFER_ENCODING) {
+    if h.contains_key("transfer-encoding") {
         return None;
     }
-    h.get(http::header::CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    h.get("content-length")?.to_str().ok()?.trim().parse().ok()
 }
 
 fn content_type(ex: &Exchange) -> Option<&str> {
     ex.header()
-        .get(http::header::CONTENT_TYPE)
+        .get("content-type")
         .and_then(|v| v.to_str().ok())
 }
 

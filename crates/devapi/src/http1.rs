@@ -1,5 +1,5 @@
-//! Reading a provider's HTTP/1.1 answer: the head parsed by `httparse` straight into an
-//! `http::HeaderMap` whose values share one copy of the head, then the body as its framing says
+//! Reading a provider's HTTP/1.1 answer: the head parsed by `httparse` into its fields
+//! ([`Fields`], whose values share one copy of the head), then the body as its framing says
 //! (`content-length`, `chunked`, or until the connection closes), handed on as it arrives.
 //!
 //! Why not Pingora's client session: it keeps a case-preserving copy of every header name
@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures::FutureExt;
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::HeaderValue;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// The most bytes an answer's head (status line and header fields) may take.
@@ -72,7 +72,7 @@ pub struct Response<S> {
     /// Read from the stream and not handed on yet.
     buf: BytesMut,
     pub status: u16,
-    pub headers: HeaderMap,
+    pub headers: Fields,
     body: Body,
     keep_alive: bool,
     /// Applies to each read that has to wait.
@@ -104,12 +104,12 @@ impl<S: AsyncRead + Unpin> Response<S> {
                 let body = framing(status, &headers)?;
                 // Both framings named is a message to read once and not trust further
                 // (RFC 9112 §6.3): the connection is not reused.
-                let both = headers.contains_key(http::header::TRANSFER_ENCODING)
-                    && headers.contains_key(http::header::CONTENT_LENGTH);
+                let both = headers.contains_key("transfer-encoding")
+                    && headers.contains_key("content-length");
                 let keep_alive = version == 1
                     && body != Body::UntilClose
                     && !both
-                    && !has_token(&headers, http::header::CONNECTION, "close");
+                    && !has_token(&headers, "connection", "close");
                 return Ok(Response {
                     stream,
                     buf,
@@ -313,7 +313,58 @@ async fn fill<S: AsyncRead + Unpin>(
     n.map_err(|e| ReadError::Io(e.to_string()))
 }
 
-type Head = (u16, u8, HeaderMap);
+/// An answer head's fields in the order they came: each name as sent (in any case) and each
+/// value sharing one copy of the head. Looked up by a case-insensitive scan: an answer carries
+/// a dozen fields, of which the gateway reads a few and passes on fewer
+/// (`sanitize::client_header_name`), so naming and hashing every one into an `http::HeaderMap`
+/// cost more than the lookups it served.
+#[derive(Debug, Clone, Default)]
+pub struct Fields {
+    head: Bytes,
+    /// Each field's name (its bytes in `head`) and value.
+    fields: Vec<(std::ops::Range<usize>, HeaderValue)>,
+}
+
+impl Fields {
+    /// The first value of the field `name` (case-insensitive).
+    pub fn get(&self, name: &str) -> Option<&HeaderValue> {
+        self.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v)
+    }
+
+    /// Every value of the field `name` (case-insensitive), in order.
+    pub fn get_all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a HeaderValue> + 'a {
+        self.iter()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v)
+    }
+
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// Each field's name (as sent) and value, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &HeaderValue)> {
+        self.fields
+            .iter()
+            .map(|(name, value)| (&self.head[name.clone()], value))
+    }
+
+    /// Fields from `(name, value)` pairs, as a head carrying them would give.
+    #[cfg(test)]
+    pub fn of(pairs: &[(&str, &str)]) -> Fields {
+        let mut wire = String::from("HTTP/1.1 200 OK\r\n");
+        for (name, value) in pairs {
+            wire.push_str(&format!("{name}: {value}\r\n"));
+        }
+        wire.push_str("\r\n");
+        let parsed = parse_head(&mut BytesMut::from(wire.as_bytes()));
+        parsed.ok().flatten().map(|(_, _, f)| f).unwrap_or_default()
+    }
+}
+
+type Head = (u16, u8, Fields);
 
 /// A whole head at the start of `buf`, taken out of it: status, minor version, fields (values
 /// share one copy of the head's bytes). `None`: not all of it has arrived.
@@ -337,21 +388,24 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ReadError> {
     };
     let status = resp.code.ok_or(ReadError::Invalid("no status"))?;
     let version = resp.version.unwrap_or(1);
+    // httparse accepts only names made of token characters, so every name here is one HTTP
+    // allows.
     let base = buf.as_ptr() as usize;
-    let mut named: Vec<(HeaderName, usize, usize)> = Vec::with_capacity(resp.headers.len());
-    for f in resp.headers.iter() {
-        // A name HTTP does not allow is dropped, as any header the gateway cannot use.
-        if let Ok(name) = HeaderName::from_bytes(f.name.as_bytes()) {
-            let start = f.value.as_ptr() as usize - base;
-            named.push((name, start, start + f.value.len()));
-        }
-    }
+    let at = |s: &[u8]| s.as_ptr() as usize - base;
+    let ranges: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)> = resp
+        .headers
+        .iter()
+        .map(|f| {
+            let (name, value) = (at(f.name.as_bytes()), at(f.value));
+            (name..name + f.name.len(), value..value + f.value.len())
+        })
+        .collect();
     // Copied out (a few hundred bytes) so the read buffer stays the reader's alone. A value
     // folded over several lines (obsolete, but allowed in answers) keeps its line breaks in
     // httparse's view: they become spaces (RFC 9112 §5.2), so the field is kept, not dropped.
     let mut head = BytesMut::from(&buf[..len]);
-    for (_, start, end) in &named {
-        for b in &mut head[*start..*end] {
+    for (_, value) in &ranges {
+        for b in &mut head[value.clone()] {
             if *b == b'\r' || *b == b'\n' {
                 *b = b' ';
             }
@@ -359,27 +413,23 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ReadError> {
     }
     let head = head.freeze();
     buf.advance(len);
-    let mut headers = HeaderMap::with_capacity(named.len());
-    for (name, start, end) in named {
-        if let Ok(value) = HeaderValue::from_maybe_shared(head.slice(start..end)) {
-            headers.append(name, value);
+    let mut fields = Vec::with_capacity(ranges.len());
+    for (name, value) in ranges {
+        if let Ok(value) = HeaderValue::from_maybe_shared(head.slice(value)) {
+            fields.push((name, value));
         }
     }
-    Ok(Some((status, version, headers)))
+    Ok(Some((status, version, Fields { head, fields })))
 }
 
 /// The body's framing (RFC 9112 §6.3): none for 204 and 304, chunked when the last transfer
 /// coding says so, else `content-length` (several that differ are refused), else the rest of
 /// the connection.
-fn framing(status: u16, headers: &HeaderMap) -> Result<Body, ReadError> {
+fn framing(status: u16, headers: &Fields) -> Result<Body, ReadError> {
     if matches!(status, 204 | 304) {
         return Ok(Body::Done);
     }
-    if let Some(te) = headers
-        .get_all(http::header::TRANSFER_ENCODING)
-        .iter()
-        .next_back()
-    {
+    if let Some(te) = headers.get_all("transfer-encoding").last() {
         let last = te
             .as_bytes()
             .rsplit(|b| *b == b',')
@@ -393,7 +443,7 @@ fn framing(status: u16, headers: &HeaderMap) -> Result<Body, ReadError> {
         };
     }
     let mut length: Option<u64> = None;
-    for v in headers.get_all(http::header::CONTENT_LENGTH) {
+    for v in headers.get_all("content-length") {
         for part in v.as_bytes().split(|b| *b == b',') {
             let part = part.trim_ascii();
             if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
@@ -417,8 +467,8 @@ fn framing(status: u16, headers: &HeaderMap) -> Result<Body, ReadError> {
 }
 
 /// Whether a comma-separated header lists `token` (case-insensitive).
-fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
-    headers.get_all(name).iter().any(|v| {
+fn has_token(headers: &Fields, name: &str, token: &str) -> bool {
+    headers.get_all(name).any(|v| {
         v.as_bytes()
             .split(|b| *b == b',')
             .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
@@ -430,7 +480,7 @@ mod tests {
     use super::*;
 
     /// Reads a whole answer from `wire` delivered in pieces of `step` bytes.
-    async fn read(wire: &[u8], step: usize) -> Result<(u16, HeaderMap, Vec<u8>, bool), ReadError> {
+    async fn read(wire: &[u8], step: usize) -> Result<(u16, Fields, Vec<u8>, bool), ReadError> {
         let (mut tx, rx) = tokio::io::duplex(64 * 1024);
         let wire = wire.to_vec();
         let writer = tokio::spawn(async move {
@@ -466,7 +516,7 @@ mod tests {
                 (status, body.as_slice(), reusable),
                 (200, &b"{\"a\":1}"[..], true)
             );
-            assert_eq!(headers["content-type"], "application/json");
+            assert_eq!(headers.get("content-type").unwrap(), "application/json");
 
             let (_, _, body, reusable) = read(
                 b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
@@ -551,8 +601,31 @@ mod tests {
         )
         .await
         .unwrap();
-        assert_eq!(headers["transfer-encoding"], "gzip,   chunked");
+        assert_eq!(headers.get("Transfer-Encoding").unwrap(), "gzip,   chunked");
         assert_eq!((body.as_slice(), reusable), (&b"ok"[..], true));
+    }
+
+    #[tokio::test]
+    async fn fields_are_found_in_any_case_in_the_order_they_came() {
+        let (_, headers, _, _) = read(
+            b"HTTP/1.1 200 OK\r\nX-Request-ID: a1\r\nVary: origin\r\nvary: accept\r\n\
+              Content-Length: 2\r\n\r\nok",
+            4,
+        )
+        .await
+        .unwrap();
+        assert_eq!(headers.get("x-request-id").unwrap(), "a1");
+        assert_eq!(headers.get("VARY").unwrap(), "origin", "the first value");
+        let vary: Vec<_> = headers.get_all("vary").collect();
+        assert_eq!(vary, ["origin", "accept"]);
+        assert!(headers.contains_key("content-length"));
+        assert!(!headers.contains_key("content-type"));
+        let names: Vec<_> = headers.iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            names,
+            [&b"X-Request-ID"[..], b"Vary", b"vary", b"Content-Length"],
+            "names as sent"
+        );
     }
 
     #[tokio::test]

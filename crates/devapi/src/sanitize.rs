@@ -32,7 +32,7 @@ pub const PROVIDER_REQUEST_ID: HeaderName = HeaderName::from_static("x-provider-
 /// The name a provider response header is passed to the client under, or `None` when it stays
 /// behind. Framing headers (`content-length`, `transfer-encoding`) are the gateway's own and
 /// are set by the caller.
-pub fn client_header_name(name: &HeaderName) -> Option<HeaderName> {
+pub fn client_header_name(name: &[u8]) -> Option<HeaderName> {
     use http::header;
     const PASSED: [HeaderName; 7] = [
         header::CONTENT_TYPE,
@@ -43,13 +43,15 @@ pub fn client_header_name(name: &HeaderName) -> Option<HeaderName> {
         header::RETRY_AFTER,
         header::VARY,
     ];
-    if PASSED.contains(name) {
-        return Some(name.clone());
+    // The name as the provider sent it, in any case.
+    let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
+    if let Some(passed) = PASSED.iter().find(|p| is(p.as_str())) {
+        return Some(passed.clone());
     }
-    match name.as_str() {
-        "x-request-id" | "request-id" | "x-amzn-requestid" => Some(PROVIDER_REQUEST_ID),
-        _ => None,
-    }
+    ["x-request-id", "request-id", "x-amzn-requestid"]
+        .into_iter()
+        .any(is)
+        .then_some(PROVIDER_REQUEST_ID)
 }
 
 /// True for a provider status that speaks of the operator's credential, not the client's
@@ -96,7 +98,7 @@ mod tests {
 
     #[test]
     fn only_allowlisted_headers_pass() {
-        let pass = |n: &str| client_header_name(&HeaderName::from_bytes(n.as_bytes()).unwrap());
+        let pass = |n: &str| client_header_name(n.as_bytes());
         for kept in [
             "content-type",
             "content-encoding",
@@ -108,6 +110,10 @@ mod tests {
         assert_eq!(pass("x-request-id"), Some(PROVIDER_REQUEST_ID));
         assert_eq!(pass("request-id"), Some(PROVIDER_REQUEST_ID));
         assert_eq!(pass("x-amzn-requestid"), Some(PROVIDER_REQUEST_ID));
+        // Names come as the provider sent them: any case passes under the lower-case name.
+        assert_eq!(pass("Content-Type"), Some(http::header::CONTENT_TYPE));
+        assert_eq!(pass("X-Request-Id"), Some(PROVIDER_REQUEST_ID));
+        assert_eq!(pass("content-typo"), None);
         for dropped in [
             "www-authenticate",
             "server",

@@ -337,7 +337,7 @@ impl Exchange {
         self.answer.status
     }
 
-    pub fn header(&self) -> &http::HeaderMap {
+    pub fn header(&self) -> &crate::http1::Fields {
         &self.answer.headers
     }
 

@@ -302,7 +302,7 @@ fn clamp_gemini_output(j: &mut Value, limit: u64) {
 }
 
 /// The dialect a cloud style's answers are read in ([`Dialect`]), `None` for the others.
-pub fn dialect(style: ProviderStyle, header: &http::HeaderMap) -> Option<Dialect> {
+pub fn dialect(style: ProviderStyle, header: &crate::http1::Fields) -> Option<Dialect> {
     match style {
         ProviderStyle::Bedrock => Some(Dialect::Aws {
             error_type: header

@@ -207,14 +207,7 @@ fn statuses_are_judged_by_what_they_say_about_the_provider() {
 
 #[test]
 fn retry_after_reads_seconds_and_milliseconds_only_on_429_and_503() {
-    let with = |name: &str, value: &str| {
-        let mut h = http::HeaderMap::new();
-        h.insert(
-            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
-            http::HeaderValue::from_str(value).unwrap(),
-        );
-        h
-    };
+    let with = |name: &str, value: &str| crate::http1::Fields::of(&[(name, value)]);
     assert_eq!(
         retry_after(429, &with("retry-after", "2")),
         Some(Duration::from_secs(2))

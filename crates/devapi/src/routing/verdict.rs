@@ -97,7 +97,7 @@ impl Verdict {
 
 /// The wait a 429 or 503 asks for: `retry-after-ms` (OpenAI) or `retry-after` in seconds.
 /// A date or anything unreadable is no ask (the failure then counts like any other).
-pub fn retry_after(status: u16, header: &http::HeaderMap) -> Option<Duration> {
+pub fn retry_after(status: u16, header: &crate::http1::Fields) -> Option<Duration> {
     if status != 429 && status != 503 {
         return None;
     }
