@@ -176,7 +176,7 @@ fn append(line: &AccessLine<'_>) {
         let mut buf = BUFFER.lock().unwrap_or_else(|p| p.into_inner());
         line.write_to(&mut buf);
         buf.push(b'\n');
-        (buf.len() >= FLUSH_BYTES).then(|| std::mem::take(&mut *buf))
+        (buf.len() >= FLUSH_BYTES).then(|| taken(&mut buf))
     };
     if let Some(bytes) = full {
         write_stderr(&bytes);
@@ -202,9 +202,16 @@ pub fn flush() {
         if buf.is_empty() {
             return;
         }
-        std::mem::take(&mut *buf)
+        taken(&mut buf)
     };
     write_stderr(&bytes);
+}
+
+/// The buffered lines, leaving an empty buffer of the same capacity: the next lines are
+/// written into room allocated once, not grown by doubling from nothing after every flush.
+fn taken(buf: &mut Vec<u8>) -> Vec<u8> {
+    let room = Vec::with_capacity(buf.capacity());
+    std::mem::replace(buf, room)
 }
 
 fn write_stderr(bytes: &[u8]) {
