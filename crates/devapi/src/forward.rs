@@ -392,9 +392,6 @@ fn client_header(
     // The rate-limit headers first: the map comes with their names already hashed.
     parts.headers = crate::rate_headers::map(reply.rate);
     let headers = &mut parts.headers;
-    // The provider's headers passed on (a few) and at most 3 more of the gateway's own: the
-    // request id, the content type and the length (or chunking).
-    headers.reserve(8);
     for (name, value) in up.iter() {
         let replaced = content_type.is_some() && name.eq_ignore_ascii_case(b"content-type");
         if let Some(name) = sanitize::client_header_name(name).filter(|_| !replaced) {
