@@ -476,6 +476,43 @@ async fn drains_published_and_polled_slowly(store: Store) {
     );
 }
 
+/// A held lease's start time is pushed back with a plain `ZADD XX`, not a script call, so the
+/// sweep keeps it, and what it settled within its share is still booked within about one
+/// reservation timeout, with no top-up and no stop. The timeout is 6 s here (a push every 2 s).
+async fn start_time_pushed_back_with_plain_commands(store: Store) {
+    let Store::Single(url) = &store else {
+        // MONITOR sees one node; on a cluster every renewal is a script call.
+        return;
+    };
+    let p = pair(
+        &store,
+        &format!("\n[quota]\nreservation_timeout_seconds = 6\n{}", roomy()),
+    );
+    let (user_id, key) = p.a.user_and_key("pushed@example.com");
+    for _ in 0..4 {
+        assert_eq!(send(&p.a, &key).await.0, 200);
+    }
+    let events = p.a.wait_usage(4).await;
+    let charged: i64 = events
+        .iter()
+        .map(|e| e["quota_charged"].as_i64().expect("quota_charged"))
+        .sum();
+    let meta = format!("{}q:{{{user_id}}}", p.prefix);
+    let push = format!("\"ZADD\" \"{meta}:rat\" \"XX\"");
+    let pushes = monitored(url, |l| l.contains(&push), Duration::from_secs(9)).await;
+    assert!(
+        pushes >= 2,
+        "{pushes} plain pushes of the lease's start time in 9 s"
+    );
+    // Past the timeout since the requests: the sweep left the lease held, and the set-aside
+    // settlements were booked.
+    let mut c = store.conn().await;
+    let held: Vec<String> = c.hkeys(format!("{meta}:res")).await.expect("hkeys");
+    assert!(held.iter().any(|id| id.starts_with("L:")), "{held:?}");
+    let spent: Option<i64> = c.hget(&meta, "sa").await.expect("hget");
+    assert_eq!(spent, Some(charged), "booked without a top-up or a stop");
+}
+
 /// A Redis user without channel rights: the instances cannot hear drains, say so once, and poll
 /// `q:drains` every round instead.
 async fn drains_polled_every_round_without_pub_sub(store: Store) {
@@ -753,4 +790,5 @@ on_both_stores! {
     a_skipped_minute_keeps_the_next_minutes_chunk_ahead => next_minutes_chunk_kept_over_a_skipped_minute,
     a_drain_is_published_and_drains_are_polled_twice_a_second => drains_published_and_polled_slowly,
     without_pub_sub_drains_are_polled_every_round => drains_polled_every_round_without_pub_sub,
+    a_leases_start_time_is_pushed_back_with_plain_commands => start_time_pushed_back_with_plain_commands,
 }

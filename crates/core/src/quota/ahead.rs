@@ -1,8 +1,9 @@
-//! The next minute's window chunks of accounts far below their per-minute caps, taken with
+//! The next minute's window chunks of accounts far below their per-minute caps, and the
+//! leases' clocks (the start time pushed back, the lots read for the tier hint), done with
 //! plain commands instead of `lease.lua`.
 //!
 //! The common renewal of an account sending a request every few seconds asks for nothing but
-//! its next minute's chunk (`lease::Call::ahead_only`). In a script that renewal costs Redis
+//! its next minute's chunk (`lease::Call::plain`). In a script that renewal costs Redis
 //! several times what its commands do (its Lua reads and writes the account too), and it
 //! comes once a minute for every such account. Here the chunk is counted first, in this
 //! minute's window and the next one's, all the accounts of a round in one pipeline; then the
@@ -15,20 +16,32 @@
 //! A window therefore never counts less than what was admitted in it: for a moment it may
 //! count a chunk that is then given back, which is why only chunks far below their caps come
 //! this way (`PLAIN_CAP_RATIO`).
+//!
+//! A lease's start time is pushed back with `ZADD XX` (a lease the sweep released in the
+//! meantime is not made to look held), and the lots are read with `HGETALL` for the highest
+//! tier among those still running with something left, as the script's read does (expired
+//! lots are left for the script to drop). Either costs Redis one command where a script call
+//! for the account costs it dozens of µs.
 
 use redis::Value as RedisValue;
 
 use super::lease::{AheadAsk, Call};
-use super::scripts::as_i64;
+use super::scripts::{as_i64, as_string};
 use super::shared::{Shared, Unreachable};
+use crate::domain::Tier;
 
 /// How long (s) a window key lives: as `lease.lua` and `reserve.lua` give it.
 const WINDOW_TTL_S: i64 = 150;
 const FIELDS: [&str; 3] = ["r", "i", "o"];
 
+/// What one plain renewal took: for each ask, (the chunk taken, the next window's count before
+/// it); and the highest tier among the lots when they were read (`None`: not read).
+type Taken = (Vec<([u64; 3], [u64; 3])>, Option<Option<Tier>>);
+
 impl Shared {
-    /// Takes the next minute's chunks of `calls` (each `ahead_only`) and hands each account its
-    /// answer. When Redis does not answer, no chunk is taken (a count that did land errs high).
+    /// Does the plain renewals `calls` (each `Call::plain`) and hands each account its answer.
+    /// When Redis does not answer, no chunk is taken (a count that did land errs high) and the
+    /// tier hint stays.
     pub(super) async fn take_ahead(&self, calls: &[(&str, &Call)]) {
         let taken = if self.breaker.is_open() {
             Err(Unreachable("redis is down".into()))
@@ -39,23 +52,37 @@ impl Shared {
             log::warn!("{e}; next-minute chunks of {} accounts", calls.len());
             calls
                 .iter()
-                .map(|(_, call)| vec![([0; 3], [0; 3]); asks(call).len()])
+                .map(|(_, call)| (vec![([0; 3], [0; 3]); asks(call).len()], None))
                 .collect()
         });
-        for ((user_id, call), taken) in calls.iter().zip(taken) {
+        for ((user_id, call), (taken, top)) in calls.iter().zip(taken) {
+            if let Some(top) = top {
+                if let Some(mut hint) = self.hints.get_mut(*user_id) {
+                    hint.1 = top;
+                }
+            }
             self.leases.finish_ahead(user_id, call, &taken);
         }
     }
 
-    /// One pipeline counting every chunk, then, when needed, one giving back those the rule
-    /// refuses and giving an expiry to a window the count made anew. For each call, for each
-    /// ask: (the chunk taken, the next window's count before it).
-    async fn count_ahead(
-        &self,
-        calls: &[(&str, &Call)],
-    ) -> Result<Vec<Vec<([u64; 3], [u64; 3])>>, Unreachable> {
+    /// One pipeline counting every chunk, pushing start times back and reading lots, then,
+    /// when needed, one giving back the chunks the rule refuses and giving an expiry to a
+    /// window the count made anew.
+    async fn count_ahead(&self, calls: &[(&str, &Call)]) -> Result<Vec<Taken>, Unreachable> {
         let mut pipe = redis::pipe();
         for (_, call) in calls {
+            let only = call.plain.as_ref();
+            if only.is_some_and(|o| o.push) {
+                pipe.cmd("ZADD")
+                    .arg(call.start_times())
+                    .arg("XX")
+                    .arg(call.now)
+                    .arg(&self.leases.id)
+                    .ignore();
+            }
+            if only.is_some_and(|o| o.lots) {
+                pipe.cmd("HGETALL").arg(call.lots());
+            }
             for ask in asks(call) {
                 let [prev, curr, next] = ask.windows.map(|i| call.window(i));
                 pipe.cmd("HMGET").arg(prev).arg(&FIELDS);
@@ -76,6 +103,11 @@ impl Shared {
         let mut any_follow_up = false;
         let mut out = Vec::with_capacity(calls.len());
         for (_, call) in calls {
+            let top = call
+                .plain
+                .as_ref()
+                .is_some_and(|o| o.lots)
+                .then(|| top_tier(&next(), call.now));
             let elapsed = call.now.rem_euclid(60_000) as u64;
             let mut per_call = Vec::new();
             for ask in asks(call) {
@@ -114,7 +146,7 @@ impl Shared {
                 add_chunk(&mut follow_up, [curr, next], ask, -1, true);
                 per_call.push(([0; 3], counted));
             }
-            out.push(per_call);
+            out.push((per_call, top));
         }
         if any_follow_up {
             // Not given back when Redis fails now: the windows then err high, never low.
@@ -155,5 +187,69 @@ fn add_chunk(
 }
 
 fn asks(call: &Call) -> &[AheadAsk] {
-    call.ahead_only.as_ref().map_or(&[], |o| &o.asks[..])
+    call.plain.as_ref().map_or(&[], |o| &o.asks[..])
+}
+
+/// The highest tier among the lots (`HGETALL`'s reply, values "kind,left,expires_ms,tier")
+/// still running at `now` with something left, as `account.lua`'s `top_tier` reads them.
+fn top_tier(lots: &RedisValue, now: i64) -> Option<Tier> {
+    let values: Vec<&RedisValue> = match lots {
+        RedisValue::Array(fields) => fields.iter().skip(1).step_by(2).collect(),
+        RedisValue::Map(pairs) => pairs.iter().map(|(_, v)| v).collect(),
+        _ => return None,
+    };
+    let top = values
+        .into_iter()
+        .filter_map(|v| {
+            let v = as_string(v)?;
+            let mut parts = v.split(',').skip(1);
+            let left: u64 = parts.next()?.parse().ok()?;
+            let expires: i64 = parts.next()?.parse().ok()?;
+            let tier: i64 = parts.next()?.parse().ok()?;
+            (expires > now && left > 0).then_some(tier)
+        })
+        .max()?;
+    usize::try_from(top)
+        .ok()
+        .and_then(|t| Tier::ALL.get(t).copied())
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Value as RedisValue;
+
+    use super::top_tier;
+    use crate::domain::Tier;
+
+    fn lots(values: &[&str]) -> RedisValue {
+        RedisValue::Array(
+            values
+                .iter()
+                .enumerate()
+                .flat_map(|(i, v)| {
+                    [
+                        RedisValue::BulkString(format!("lot{i}").into_bytes()),
+                        RedisValue::BulkString(v.as_bytes().to_vec()),
+                    ]
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn the_top_tier_counts_only_running_lots_with_something_left() {
+        let now = 1_000;
+        assert_eq!(top_tier(&lots(&[]), now), None);
+        assert_eq!(top_tier(&lots(&["t,5,2000,0"]), now), Some(Tier::ALL[0]));
+        // Expired, used up, or no tier (-1): none of them counts.
+        assert_eq!(
+            top_tier(&lots(&["t,5,1000,2", "r,0,2000,2", "t,9,2000,-1"]), now),
+            None
+        );
+        assert_eq!(
+            top_tier(&lots(&["t,5,2000,0", "r,1,3000,2", "t,5,900,3"]), now),
+            Some(Tier::ALL[2])
+        );
+        assert_eq!(top_tier(&RedisValue::Nil, now), None);
+    }
 }

@@ -13,15 +13,16 @@
 //! While the weekly allowance alone covers what a lease keeps, the lease is set aside from the
 //! allowance rather than reserved (`aside`): no other request can pay from that part, so a
 //! request settled within it is paid by the allowance, known here at once. Its usage event is
-//! recorded then, and its cost waits for the lease's next renewal (when it runs short, idles or
-//! nears the timeout), which books the sum: an account at a request every few seconds costs
+//! recorded then, and its cost waits for the lease's next script call (when it runs short, idles
+//! or has not booked for a reservation timeout), which books the sum: an account at a request every few seconds costs
 //! Redis a renewal every few requests instead of one per request.
 //!
 //! Redis work follows the account's own traffic, not the clock: a lease is touched only when
 //! settlements outside a set-aside share wait to be paid, when it is short (a request did not
 //! fit, or fewer than a quarter of the requests it is sized for are left), when it has been idle
 //! `IDLE_MS` (given back), when it nears the reservation timeout (its start time is pushed
-//! back, or the sweep would release it), and when another instance drained the account
+//! back, or the sweep would release it: one plain `ZADD`, with a plain read of the lots for
+//! the tier hint, unless the set-aside settlements are due to be booked), and when another instance drained the account
 //! (`q:drains`, heard within a `FLUSH_EVERY`: `drains`). A lease nothing changed costs Redis
 //! nothing.
 //!
@@ -91,9 +92,11 @@ const SHARE_MIN_REQUESTS: f64 = 128.0;
 /// A share is topped up once less than 1/TOP_UP_AT of what it is sized for is left: for a busy
 /// account half a second of its traffic, still several rounds (`FLUSH_EVERY`) ahead of running
 /// out; for an account at a request every few seconds, a top-up (a script call) every 96
-/// requests rather than every 64. Set-aside settlements are booked at least as often as the
-/// lease's start time is pushed back (a third of the reservation timeout), whichever comes
-/// first.
+/// requests rather than every 64. Set-aside settlements are booked at a top-up, or at the first
+/// push of the lease's start time (every third of the reservation timeout) once a whole timeout
+/// has passed since they were last booked, whichever comes first: what a crashed instance's
+/// lease gives back unbooked is what it settled within about one timeout, the time the sweep
+/// holds that lease before releasing it anyway.
 const TOP_UP_AT: u64 = 4;
 /// The most requests one lease covers.
 const MAX_REQUESTS: f64 = 100_000.0;
@@ -257,6 +260,8 @@ pub(super) struct Slot {
     refreshed: i64,
     /// When a renewal last read the lots.
     lots_read: i64,
+    /// When a script call last booked the set-aside settlements.
+    booked: i64,
     /// Another instance drained the account: give the lease back at the next round.
     pub(super) wake: bool,
 }
@@ -361,16 +366,22 @@ pub(super) struct Call {
     late_fixes: Vec<Fix>,
     /// The weekly limits it was made with (see `Slot::aside_limits`).
     limits: (u64, u64),
-    /// Set when all it asks for is the next minute's chunks: taken with plain commands, not
-    /// `lease.lua` (`Shared::take_ahead`, answered by `Leases::finish_ahead`).
-    pub(super) ahead_only: Option<AheadOnly>,
+    /// Set when all it does is take the next minute's chunks, push the lease's start time
+    /// back and read the lots: done with plain commands, not `lease.lua`
+    /// (`Shared::take_ahead`, answered by `Leases::finish_ahead`).
+    pub(super) plain: Option<PlainRenewal>,
     /// When it was made (the windows' minute and the sliding count's weight).
     pub(super) now: i64,
 }
 
-/// A renewal that only asks for the next minute's window chunks (see `Call::ahead_only`).
-pub(super) struct AheadOnly {
+/// A renewal done with plain commands (see `Call::plain`).
+pub(super) struct PlainRenewal {
+    /// The next minute's window chunks asked for.
     pub(super) asks: Vec<AheadAsk>,
+    /// Push the lease's start time back (`ZADD XX`: a lease the sweep released stays so).
+    pub(super) push: bool,
+    /// Read the lots for the tier hint.
+    pub(super) lots: bool,
 }
 
 /// One scope's next-minute chunk asked for with plain commands.
@@ -388,6 +399,16 @@ impl Call {
     /// The window key of `lease.lua`'s window index `i` (1: the first after the account's).
     pub(super) fn window(&self, i: usize) -> &str {
         &self.keys[4 + i]
+    }
+
+    /// The account's reservation start times (`account_keys`).
+    pub(super) fn start_times(&self) -> &str {
+        &self.keys[4]
+    }
+
+    /// The account's lots (`account_keys`).
+    pub(super) fn lots(&self) -> &str {
+        &self.keys[3]
     }
 }
 
@@ -548,7 +569,7 @@ impl Leases {
     /// Prepares one renewal of `user_id`'s lease, with the settlements it pays; `None` when one
     /// is under way or there is no lease. Admission waits until `finish` (the lease changes
     /// size in between). With `plain_ahead`, a renewal that only takes the next minute's
-    /// chunks far below their caps is marked `ahead_only` (the caller must then take them with
+    /// chunks far below their caps is marked `plain` (the caller must then take them with
     /// `Shared::take_ahead`, not the script: its set-aside settlements are left to book later).
     pub(super) fn begin(
         &self,
@@ -780,34 +801,45 @@ impl Leases {
                 ahead: ask_ahead,
             });
         }
-        // Only the next minute's chunks, far below their caps, and nothing to pay or book but
-        // set-aside settlements: plain commands do it (`Shared::take_ahead`), and the
-        // set-aside settlements wait for the next renewal that needs the script (the share
-        // stays set aside in full until then, so the allowance errs high, never low).
-        let ahead_only = (plain_ahead
+        // The lease's clocks alone (its start time, the lots) are one plain command each, while
+        // it holds a share and its set-aside settlements were booked within the last
+        // reservation timeout: those then wait for a later call (see `TOP_UP_AT`).
+        let clocks_plain = flags == 0
+            || (s.held != [0, 0] && (aside_paid == [0, 0] || now - s.booked < timeout_ms));
+        // Only the next minute's chunks, far below their caps, and the clocks, with nothing to
+        // pay or book but set-aside settlements: plain commands do it (`Shared::take_ahead`),
+        // and the set-aside settlements wait for the next renewal that needs the script (the
+        // share stays set aside in full until then, so the allowance errs high, never low).
+        let plain = (plain_ahead
             && !woken
+            && !exact
             && all_plain
-            && !plain_asks.is_empty()
+            && (!plain_asks.is_empty() || flags != 0)
             && pending.is_empty()
             && paid == [0, 0]
             && settled == [0, 0]
             && late_fixes.is_empty()
             && items.is_empty()
             && ask == [0, 0]
-            && flags == 0
+            && clocks_plain
             && !urgent)
             .then(|| {
                 s.held = held_before;
                 s.aside_paid = aside_paid;
-                AheadOnly { asks: plain_asks }
+                PlainRenewal {
+                    asks: plain_asks,
+                    push: flags & 1 != 0,
+                    lots: flags & 2 != 0,
+                }
             });
-        let aside_paid = if ahead_only.is_some() {
+        let aside_paid = if plain.is_some() {
             [0, 0]
         } else {
             // A script call in any case: it also does what would fall due on its own within
             // the next half period (`EARLY_BY`), so an account whose share is topped up more
             // often than that never needs a renewal of its own for it.
             flags |= s.clocks(now, timeout_ms, EARLY_BY);
+            s.booked = now;
             aside_paid
         };
         if flags & 1 != 0 {
@@ -852,7 +884,7 @@ impl Leases {
             aside_paid,
             late_fixes,
             limits: (s.limits.weekly_tokens, s.limits.weekly_requests),
-            ahead_only,
+            plain,
             now,
         };
         Some((call, pending))
@@ -945,7 +977,7 @@ impl Leases {
         newly_exact
     }
 
-    /// Applies what `Shared::take_ahead` took for an `ahead_only` call: for each ask, the
+    /// Applies what `Shared::take_ahead` took for an `plain` call: for each ask, the
     /// next minute's chunk (zero when not taken) and that window's count before it. Nothing
     /// else of the lease changes (it paid and booked nothing).
     pub(super) fn finish_ahead(&self, user_id: &str, call: &Call, taken: &[(Dims, Dims)]) {
@@ -954,7 +986,7 @@ impl Leases {
         };
         let mut guard = cell.slot.lock();
         let s = &mut *guard;
-        if let Some(only) = &call.ahead_only {
+        if let Some(only) = &call.plain {
             for (ask, (ahead, counted)) in only.asks.iter().zip(taken) {
                 let scope = &call.scopes[ask.scope].scope;
                 if let Some(c) = s.chunks.get_mut(scope) {
@@ -1423,7 +1455,7 @@ mod tests {
                 s.lots_read = now - ago;
             }
             let (call, _) = leases.begin("p:", "u", 900_000, now, true).unwrap();
-            assert!(call.ahead_only.is_none());
+            assert!(call.plain.is_none());
             assert_eq!(call.args[19], flags, "{ago} ms ago");
             let cell = leases.cells.get("u").unwrap().clone();
             let s = cell.slot.lock();
@@ -1432,10 +1464,69 @@ mod tests {
         }
         // A renewal that only takes the next minute's chunk with plain commands stays so.
         let (leases, call, now) = renewal_ahead(600, true);
-        assert!(call.ahead_only.is_some());
+        assert!(call.plain.is_some());
         assert_eq!(call.args[19], "0");
         let cell = leases.cells.get("u").unwrap().clone();
         assert_eq!(cell.slot.lock().refreshed, now - 200_000);
+    }
+
+    /// A set-aside lease with plenty left, one settlement made within its share, its start time
+    /// pushed back and its lots read 301 s before (the reservation timeout is 900 s), its
+    /// set-aside settlements last booked `booked_ago` ms before, last used `used_ago` ms before:
+    /// its renewal.
+    fn clocks_due(booked_ago: i64, used_ago: i64, plain: bool) -> (Leases, Call, i64) {
+        let leases = set_aside_lease();
+        let now = crate::util::now_ms();
+        {
+            let cell = leases.cells.get("u").unwrap().clone();
+            let mut s = cell.slot.lock();
+            s.held = [1_000_000, 1_000];
+            s.inflight = [0, 0];
+            s.last_used = now - used_ago;
+            s.refreshed = now - 301_000;
+            s.lots_read = now - 301_000;
+            s.booked = now - booked_ago;
+            s.aside_paid = [79, 1];
+            assert!(s.due(now, 900_000, false, true), "the start time is due");
+        }
+        let (call, pending) = leases.begin("p:", "u", 900_000, now, plain).unwrap();
+        assert!(pending.is_empty());
+        (leases, call, now)
+    }
+
+    #[test]
+    fn the_clocks_alone_are_plain_commands_until_a_booking_is_due() {
+        let (leases, call, now) = clocks_due(100_000, 1_000, true);
+        let only = call.plain.as_ref().expect("plain commands");
+        assert!(only.asks.is_empty());
+        assert!(only.push && only.lots);
+        assert_eq!(call.start_times(), "p:q:{u}:rat");
+        assert_eq!(call.lots(), "p:q:{u}:lots");
+        assert_eq!(call.aside_paid, [0, 0]);
+        {
+            let cell = leases.cells.get("u").unwrap().clone();
+            let s = cell.slot.lock();
+            // The settlement waits to be booked; both clocks start again.
+            assert_eq!(s.aside_paid, [79, 1]);
+            assert_eq!(s.held, [1_000_000, 1_000]);
+            assert_eq!(
+                (s.refreshed, s.lots_read, s.booked),
+                (now, now, now - 100_000)
+            );
+        }
+        leases.finish_ahead("u", &call, &[]);
+        assert!(!leases.cells.get("u").unwrap().slot.lock().renewing);
+
+        // A reservation timeout since the last booking: the script books it, and the clocks.
+        let (leases, call, now) = clocks_due(900_000, 1_000, true);
+        assert!(call.plain.is_none());
+        assert_eq!(call.aside_paid, [79, 1]);
+        assert_eq!(call.args[19], "3");
+        assert_eq!(leases.cells.get("u").unwrap().slot.lock().booked, now);
+
+        // On a cluster, and for an idle lease (given back), the script does it all.
+        assert!(clocks_due(100_000, 1_000, false).1.plain.is_none());
+        assert!(clocks_due(100_000, 400_000, true).1.plain.is_none());
     }
 
     #[test]
@@ -1479,7 +1570,7 @@ mod tests {
     #[test]
     fn a_renewal_that_only_takes_the_next_minutes_chunk_books_nothing() {
         let (leases, call, now) = renewal_ahead(600, true);
-        let only = call.ahead_only.as_ref().expect("plain commands");
+        let only = call.plain.as_ref().expect("plain commands");
         assert_eq!(only.asks.len(), 1);
         assert_eq!(only.asks[0].asked, [32, 0, 0]);
         let minute = now.div_euclid(WINDOW_MS);
@@ -1551,7 +1642,7 @@ mod tests {
         // Near its cap, or where the caller runs every renewal as a script (a Redis Cluster).
         for (rpm, plain_ahead) in [(100, true), (600, false)] {
             let (leases, call, _) = renewal_ahead(rpm, plain_ahead);
-            assert!(call.ahead_only.is_none());
+            assert!(call.plain.is_none());
             assert_eq!(call.aside_paid, [79, 1], "booked by this call");
             assert_eq!(call.args[19], "3", "the start time and the lots, early");
             let cell = leases.cells.get("u").unwrap().clone();

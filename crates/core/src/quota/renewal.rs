@@ -133,7 +133,7 @@ impl Shared {
             .collect();
         let (plain, begun): (Vec<_>, Vec<_>) = begun
             .into_iter()
-            .partition(|(_, call, _)| call.ahead_only.is_some());
+            .partition(|(_, call, _)| call.plain.is_some());
         if !plain.is_empty() {
             let calls: Vec<(&str, &Call)> = plain.iter().map(|(u, c, _)| (u.as_str(), c)).collect();
             self.take_ahead(&calls).await;
@@ -221,7 +221,7 @@ impl Shared {
         else {
             return Ok(());
         };
-        if call.ahead_only.is_some() {
+        if call.plain.is_some() {
             self.take_ahead(&[(user_id, &call)]).await;
             return Ok(());
         }
