@@ -25,7 +25,7 @@
 
 use redis::Value as RedisValue;
 
-use super::lease::{AheadAsk, Call};
+use super::lease::{AheadAsk, Call, PlainAnswer};
 use super::scripts::{as_i64, as_string};
 use super::shared::{Shared, Unreachable};
 use crate::domain::Tier;
@@ -34,14 +34,10 @@ use crate::domain::Tier;
 const WINDOW_TTL_S: i64 = 150;
 const FIELDS: [&str; 3] = ["r", "i", "o"];
 
-/// What one plain renewal took: for each ask, (the chunk taken, the next window's count before
-/// it); and the highest tier among the lots when they were read (`None`: not read).
-type Taken = (Vec<([u64; 3], [u64; 3])>, Option<Option<Tier>>);
-
 impl Shared {
     /// Does the plain renewals `calls` (each `Call::plain`) and hands each account its answer.
-    /// When Redis does not answer, no chunk is taken (a count that did land errs high) and the
-    /// tier hint stays.
+    /// When Redis does not answer, no chunk is taken (a count that did land errs high), the
+    /// tier hint stays, and the start time is pushed back at a later round.
     pub(super) async fn take_ahead(&self, calls: &[(&str, &Call)]) {
         let taken = if self.breaker.is_open() {
             Err(Unreachable("redis is down".into()))
@@ -52,33 +48,37 @@ impl Shared {
             log::warn!("{e}; next-minute chunks of {} accounts", calls.len());
             calls
                 .iter()
-                .map(|(_, call)| (vec![([0; 3], [0; 3]); asks(call).len()], None))
+                .map(|(_, call)| PlainAnswer {
+                    chunks: vec![([0; 3], [0; 3]); asks(call).len()],
+                    ..PlainAnswer::default()
+                })
                 .collect()
         });
-        for ((user_id, call), (taken, top)) in calls.iter().zip(taken) {
-            if let Some(top) = top {
+        for ((user_id, call), answer) in calls.iter().zip(taken) {
+            if let Some(top) = answer.top {
                 if let Some(mut hint) = self.hints.get_mut(*user_id) {
                     hint.1 = top;
                 }
             }
-            self.leases.finish_ahead(user_id, call, &taken);
+            self.leases.finish_ahead(user_id, call, &answer);
         }
     }
 
     /// One pipeline counting every chunk, pushing start times back and reading lots, then,
     /// when needed, one giving back the chunks the rule refuses and giving an expiry to a
     /// window the count made anew.
-    async fn count_ahead(&self, calls: &[(&str, &Call)]) -> Result<Vec<Taken>, Unreachable> {
+    async fn count_ahead(&self, calls: &[(&str, &Call)]) -> Result<Vec<PlainAnswer>, Unreachable> {
         let mut pipe = redis::pipe();
         for (_, call) in calls {
             let only = call.plain.as_ref();
             if only.is_some_and(|o| o.push) {
+                // CH: 1 when the start time moved, 0 when there was none to move.
                 pipe.cmd("ZADD")
                     .arg(call.start_times())
                     .arg("XX")
+                    .arg("CH")
                     .arg(call.now)
-                    .arg(&self.leases.id)
-                    .ignore();
+                    .arg(&self.leases.id);
             }
             if only.is_some_and(|o| o.lots) {
                 pipe.cmd("HGETALL").arg(call.lots());
@@ -103,9 +103,9 @@ impl Shared {
         let mut any_follow_up = false;
         let mut out = Vec::with_capacity(calls.len());
         for (_, call) in calls {
-            let top = call
-                .plain
-                .as_ref()
+            let only = call.plain.as_ref();
+            let lease_gone = only.is_some_and(|o| o.push) && as_i64(&next()) == Some(0);
+            let top = only
                 .is_some_and(|o| o.lots)
                 .then(|| top_tier(&next(), call.now));
             let elapsed = call.now.rem_euclid(60_000) as u64;
@@ -146,7 +146,11 @@ impl Shared {
                 add_chunk(&mut follow_up, [curr, next], ask, -1, true);
                 per_call.push(([0; 3], counted));
             }
-            out.push((per_call, top));
+            out.push(PlainAnswer {
+                chunks: per_call,
+                top,
+                lease_gone,
+            });
         }
         if any_follow_up {
             // Not given back when Redis fails now: the windows then err high, never low.

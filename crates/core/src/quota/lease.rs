@@ -262,6 +262,9 @@ pub(super) struct Slot {
     lots_read: i64,
     /// When a script call last booked the set-aside settlements.
     booked: i64,
+    /// A plain push found the lease's start time gone from Redis (the sweep released the
+    /// lease): the next renewal runs the script, which finds out what is left.
+    recheck: bool,
     /// Another instance drained the account: give the lease back at the next round.
     pub(super) wake: bool,
 }
@@ -382,6 +385,18 @@ pub(super) struct PlainRenewal {
     pub(super) push: bool,
     /// Read the lots for the tier hint.
     pub(super) lots: bool,
+}
+
+/// What a plain renewal (`Call::plain`) found.
+#[derive(Debug, Default)]
+pub(super) struct PlainAnswer {
+    /// For each ask: the next minute's chunk taken (zero when not) and that window's count
+    /// before it.
+    pub(super) chunks: Vec<(Dims, Dims)>,
+    /// The highest tier among the lots, when they were read.
+    pub(super) top: Option<Option<Tier>>,
+    /// The push found no start time to move.
+    pub(super) lease_gone: bool,
 }
 
 /// One scope's next-minute chunk asked for with plain commands.
@@ -805,7 +820,9 @@ impl Leases {
         // it holds a share and its set-aside settlements were booked within the last
         // reservation timeout: those then wait for a later call (see `TOP_UP_AT`).
         let clocks_plain = flags == 0
-            || (s.held != [0, 0] && (aside_paid == [0, 0] || now - s.booked < timeout_ms));
+            || (s.held != [0, 0]
+                && !s.recheck
+                && (aside_paid == [0, 0] || now - s.booked < timeout_ms));
         // Only the next minute's chunks, far below their caps, and the clocks, with nothing to
         // pay or book but set-aside settlements: plain commands do it (`Shared::take_ahead`),
         // and the set-aside settlements wait for the next renewal that needs the script (the
@@ -840,6 +857,7 @@ impl Leases {
             // often than that never needs a renewal of its own for it.
             flags |= s.clocks(now, timeout_ms, EARLY_BY);
             s.booked = now;
+            s.recheck = false;
             aside_paid
         };
         if flags & 1 != 0 {
@@ -977,23 +995,26 @@ impl Leases {
         newly_exact
     }
 
-    /// Applies what `Shared::take_ahead` took for an `plain` call: for each ask, the
-    /// next minute's chunk (zero when not taken) and that window's count before it. Nothing
-    /// else of the lease changes (it paid and booked nothing).
-    pub(super) fn finish_ahead(&self, user_id: &str, call: &Call, taken: &[(Dims, Dims)]) {
+    /// Applies what `Shared::take_ahead` found for a `plain` call. Nothing else of the lease
+    /// changes (it paid and booked nothing).
+    pub(super) fn finish_ahead(&self, user_id: &str, call: &Call, answer: &PlainAnswer) {
         let Some(cell) = self.cells.get(user_id).map(|c| c.clone()) else {
             return;
         };
         let mut guard = cell.slot.lock();
         let s = &mut *guard;
         if let Some(only) = &call.plain {
-            for (ask, (ahead, counted)) in only.asks.iter().zip(taken) {
+            for (ask, (ahead, counted)) in only.asks.iter().zip(&answer.chunks) {
                 let scope = &call.scopes[ask.scope].scope;
                 if let Some(c) = s.chunks.get_mut(scope) {
                     c.ahead = *ahead;
                     c.ahead_counted = *counted;
                 }
             }
+        }
+        if answer.lease_gone {
+            s.recheck = true;
+            s.refreshed = 0;
         }
         s.last_renewal = call.now;
         s.renewing = false;
@@ -1253,7 +1274,7 @@ impl Paid {
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use super::{rate_key, Call, Cell, Chunk, Leases, Paid, WINDOW_MS};
+    use super::{rate_key, Call, Cell, Chunk, Leases, Paid, PlainAnswer, WINDOW_MS};
     use crate::config::TierLimits;
     use crate::domain::{Breakdown, LotKind};
     use crate::quota::{RatePlan, Ticket, Used};
@@ -1514,8 +1535,26 @@ mod tests {
                 (now, now, now - 100_000)
             );
         }
-        leases.finish_ahead("u", &call, &[]);
+        leases.finish_ahead("u", &call, &PlainAnswer::default());
         assert!(!leases.cells.get("u").unwrap().slot.lock().renewing);
+
+        // The push found the lease released by the sweep: the next round runs the script.
+        let (leases, call, now) = clocks_due(100_000, 1_000, true);
+        let gone = PlainAnswer {
+            lease_gone: true,
+            ..PlainAnswer::default()
+        };
+        leases.finish_ahead("u", &call, &gone);
+        assert!(leases
+            .cells
+            .get("u")
+            .unwrap()
+            .slot
+            .lock()
+            .due(now, 900_000, false, true));
+        let (call, _) = leases.begin("p:", "u", 900_000, now + 100, true).unwrap();
+        assert!(call.plain.is_none());
+        assert_eq!(call.aside_paid, [79, 1]);
 
         // A reservation timeout since the last booking: the script books it, and the clocks.
         let (leases, call, now) = clocks_due(900_000, 1_000, true);
@@ -1584,7 +1623,11 @@ mod tests {
             assert_eq!(s.aside_paid, [79, 1]);
             assert_eq!(s.held, [1_000_000, 1_000]);
         }
-        leases.finish_ahead("u", &call, &[([32, 0, 0], [5, 0, 0])]);
+        let answer = PlainAnswer {
+            chunks: vec![([32, 0, 0], [5, 0, 0])],
+            ..PlainAnswer::default()
+        };
+        leases.finish_ahead("u", &call, &answer);
         let cell = leases.cells.get("u").unwrap().clone();
         let s = cell.slot.lock();
         assert!(!s.renewing);
