@@ -395,7 +395,9 @@ fn client_header(
     for (name, value) in up.iter() {
         let replaced = content_type.is_some() && name.eq_ignore_ascii_case(b"content-type");
         if let Some(name) = sanitize::client_header_name(name).filter(|_| !replaced) {
-            headers.append(name, value.clone());
+            if let Some(value) = up.header_value(value) {
+                headers.append(name, value);
+            }
         }
     }
     if let Some(ct) = content_type {

@@ -314,27 +314,74 @@ async fn fill<S: AsyncRead + Unpin>(
 }
 
 /// An answer head's fields in the order they came: each name as sent (in any case) and each
-/// value sharing one copy of the head. Looked up by a case-insensitive scan: an answer carries
-/// a dozen fields, of which the gateway reads a few and passes on fewer
+/// value as bytes of one copy of the head. Looked up by a case-insensitive scan: an answer
+/// carries a dozen fields, of which the gateway reads a few and passes on fewer
 /// (`sanitize::client_header_name`), so naming and hashing every one into an `http::HeaderMap`
-/// cost more than the lookups it served.
+/// cost more than the lookups it served, and a `HeaderValue` is made only for a field passed
+/// on ([`Fields::header_value`]).
 #[derive(Debug, Clone, Default)]
 pub struct Fields {
     head: Bytes,
-    /// Each field's name (its bytes in `head`) and value.
-    fields: Vec<(std::ops::Range<usize>, HeaderValue)>,
+    /// Each field's name and value, as ranges of `head`.
+    fields: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>,
+}
+
+/// One field's value as the head carries it: bytes `httparse` accepts in a value (tab, space,
+/// visible ASCII, and obs-text, which `HeaderValue` accepts too).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct FieldValue<'a>(&'a [u8]);
+
+/// A field value that is not visible ASCII text.
+#[derive(Debug)]
+pub struct NotText;
+
+impl<'a> FieldValue<'a> {
+    pub fn as_bytes(self) -> &'a [u8] {
+        self.0
+    }
+
+    /// The value as text, when it is visible ASCII (as `HeaderValue::to_str` reads it).
+    pub fn to_str(self) -> Result<&'a str, NotText> {
+        if self
+            .0
+            .iter()
+            .all(|b| *b == b'\t' || (b' '..=b'~').contains(b))
+        {
+            std::str::from_utf8(self.0).map_err(|_| NotText)
+        } else {
+            Err(NotText)
+        }
+    }
+}
+
+impl std::fmt::Debug for FieldValue<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(self.0))
+    }
+}
+
+impl PartialEq<str> for FieldValue<'_> {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other.as_bytes()
+    }
+}
+
+impl PartialEq<&str> for FieldValue<'_> {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == other.as_bytes()
+    }
 }
 
 impl Fields {
     /// The first value of the field `name` (case-insensitive).
-    pub fn get(&self, name: &str) -> Option<&HeaderValue> {
+    pub fn get(&self, name: &str) -> Option<FieldValue<'_>> {
         self.iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
             .map(|(_, v)| v)
     }
 
     /// Every value of the field `name` (case-insensitive), in order.
-    pub fn get_all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a HeaderValue> + 'a {
+    pub fn get_all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = FieldValue<'a>> + 'a {
         self.iter()
             .filter(move |(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
             .map(|(_, v)| v)
@@ -345,10 +392,25 @@ impl Fields {
     }
 
     /// Each field's name (as sent) and value, in order.
-    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &HeaderValue)> {
-        self.fields
-            .iter()
-            .map(|(name, value)| (&self.head[name.clone()], value))
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], FieldValue<'_>)> {
+        self.fields.iter().map(|(name, value)| {
+            (
+                &self.head[name.clone()],
+                FieldValue(&self.head[value.clone()]),
+            )
+        })
+    }
+
+    /// `value` (one of these fields') as a header value sharing the head's bytes: for a field
+    /// passed on. `None` for a value that is not one of these fields' or is not a valid header
+    /// value.
+    pub fn header_value(&self, value: FieldValue<'_>) -> Option<HeaderValue> {
+        let start = (value.0.as_ptr() as usize).checked_sub(self.head.as_ptr() as usize)?;
+        let end = start.checked_add(value.0.len())?;
+        if end > self.head.len() {
+            return None;
+        }
+        HeaderValue::from_maybe_shared(self.head.slice(start..end)).ok()
     }
 
     /// Fields from `(name, value)` pairs, as a head carrying them would give.
@@ -392,7 +454,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ReadError> {
     // allows.
     let base = buf.as_ptr() as usize;
     let at = |s: &[u8]| s.as_ptr() as usize - base;
-    let ranges: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)> = resp
+    let fields: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)> = resp
         .headers
         .iter()
         .map(|f| {
@@ -404,7 +466,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ReadError> {
     // folded over several lines (obsolete, but allowed in answers) keeps its line breaks in
     // httparse's view: they become spaces (RFC 9112 §5.2), so the field is kept, not dropped.
     let mut head = BytesMut::from(&buf[..len]);
-    for (_, value) in &ranges {
+    for (_, value) in &fields {
         for b in &mut head[value.clone()] {
             if *b == b'\r' || *b == b'\n' {
                 *b = b' ';
@@ -413,12 +475,6 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ReadError> {
     }
     let head = head.freeze();
     buf.advance(len);
-    let mut fields = Vec::with_capacity(ranges.len());
-    for (name, value) in ranges {
-        if let Ok(value) = HeaderValue::from_maybe_shared(head.slice(value)) {
-            fields.push((name, value));
-        }
-    }
     Ok(Some((status, version, Fields { head, fields })))
 }
 
@@ -620,12 +676,23 @@ mod tests {
         assert_eq!(vary, ["origin", "accept"]);
         assert!(headers.contains_key("content-length"));
         assert!(!headers.contains_key("content-type"));
+        // A value passed on shares the head's bytes; another head's value is not these fields'.
+        let id = headers.get("x-request-id").unwrap();
+        assert_eq!(headers.header_value(id).unwrap(), "a1");
+        assert!(Fields::of(&[("a", "b")]).header_value(id).is_none());
         let names: Vec<_> = headers.iter().map(|(n, _)| n).collect();
         assert_eq!(
             names,
             [&b"X-Request-ID"[..], b"Vary", b"vary", b"Content-Length"],
             "names as sent"
         );
+    }
+
+    #[test]
+    fn a_value_is_text_only_when_it_is_visible_ascii() {
+        assert_eq!(FieldValue(b"a b\tc").to_str().ok(), Some("a b\tc"));
+        assert!(FieldValue("caf\u{e9}".as_bytes()).to_str().is_err());
+        assert!(FieldValue(b"a\x7f").to_str().is_err());
     }
 
     #[tokio::test]
