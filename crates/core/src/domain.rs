@@ -36,6 +36,13 @@ impl Tier {
     pub fn index(self) -> usize {
         self as usize
     }
+
+    /// The tier at `index` (the scripts' number for it); `None` for none (-1) or an unknown one.
+    pub fn from_index(index: i64) -> Option<Tier> {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| Tier::ALL.get(i).copied())
+    }
 }
 
 impl fmt::Display for Tier {

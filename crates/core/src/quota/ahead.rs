@@ -28,6 +28,7 @@ use redis::Value as RedisValue;
 use super::lease::{AheadAsk, Call, PlainAnswer};
 use super::scripts::{as_i64, as_string};
 use super::shared::{Shared, Unreachable};
+use super::tiers::running_tier;
 use crate::domain::Tier;
 
 /// How long (s) a window key lives: as `lease.lua` and `reserve.lua` give it.
@@ -195,27 +196,23 @@ fn asks(call: &Call) -> &[AheadAsk] {
 }
 
 /// The highest tier among the lots (`HGETALL`'s reply, values "kind,left,expires_ms,tier")
-/// still running at `now` with something left, as `account.lua`'s `top_tier` reads them.
+/// still running at `now` with something left (`tiers::running_tier`, the rule
+/// `account.lua`'s `top_tier` applies too).
 fn top_tier(lots: &RedisValue, now: i64) -> Option<Tier> {
     let values: Vec<&RedisValue> = match lots {
         RedisValue::Array(fields) => fields.iter().skip(1).step_by(2).collect(),
         RedisValue::Map(pairs) => pairs.iter().map(|(_, v)| v).collect(),
         _ => return None,
     };
-    let top = values
-        .into_iter()
-        .filter_map(|v| {
-            let v = as_string(v)?;
-            let mut parts = v.split(',').skip(1);
-            let left: u64 = parts.next()?.parse().ok()?;
-            let expires: i64 = parts.next()?.parse().ok()?;
-            let tier: i64 = parts.next()?.parse().ok()?;
-            (expires > now && left > 0).then_some(tier)
-        })
-        .max()?;
-    usize::try_from(top)
-        .ok()
-        .and_then(|t| Tier::ALL.get(t).copied())
+    let lots = values.into_iter().filter_map(|v| {
+        let v = as_string(v)?;
+        let mut parts = v.split(',').skip(1);
+        let left: u64 = parts.next()?.parse().ok()?;
+        let expires: i64 = parts.next()?.parse().ok()?;
+        let tier: i64 = parts.next()?.parse().ok()?;
+        Some((left, expires, Tier::from_index(tier)))
+    });
+    running_tier(lots, now)
 }
 
 #[cfg(test)]

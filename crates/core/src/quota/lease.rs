@@ -13,18 +13,19 @@
 //! While the weekly allowance alone covers what a lease keeps, the lease is set aside from the
 //! allowance rather than reserved (`aside`): no other request can pay from that part, so a
 //! request settled within it is paid by the allowance, known here at once. Its usage event is
-//! recorded then, and its cost waits for the lease's next script call (when it runs short, idles
-//! or has not booked for a reservation timeout), which books the sum: an account at a request every few seconds costs
-//! Redis a renewal every few requests instead of one per request.
+//! recorded then, and its cost waits for the lease's next script call (when it runs short,
+//! idles or has not booked for a reservation timeout), which books the sum: an account at a
+//! request every few seconds costs Redis a renewal every few requests instead of one per
+//! request.
 //!
 //! Redis work follows the account's own traffic, not the clock: a lease is touched only when
 //! settlements outside a set-aside share wait to be paid, when it is short (a request did not
 //! fit, or fewer than a quarter of the requests it is sized for are left), when it has been idle
 //! `IDLE_MS` (given back), when it nears the reservation timeout (its start time is pushed
 //! back, or the sweep would release it: one plain `ZADD`, with a plain read of the lots for
-//! the tier hint, unless the set-aside settlements are due to be booked), and when another instance drained the account
-//! (`q:drains`, heard within a `FLUSH_EVERY`: `drains`). A lease nothing changed costs Redis
-//! nothing.
+//! the tier hint, unless the set-aside settlements are due to be booked), and when another
+//! instance drained the account (`q:drains`, heard within a `FLUSH_EVERY`: `drains`). A lease
+//! nothing changed costs Redis nothing.
 //!
 //! Exactness:
 //! - the lease is a reservation, so what all instances admit never exceeds the balance;
@@ -1167,10 +1168,7 @@ pub(super) fn parse(reply: &[RedisValue]) -> Option<Renewed> {
         weekly: num(3),
         top: match reply.get(4).and_then(as_i64) {
             Some(-2) => None,
-            t => Some(
-                t.and_then(|t| usize::try_from(t).ok())
-                    .and_then(|t| Tier::ALL.get(t).copied()),
-            ),
+            t => Some(t.and_then(Tier::from_index)),
         },
         first: num(5) == 1,
         paid: Paid::read(&array(6)),

@@ -449,11 +449,7 @@ impl Shared {
                 "quota" => return Ok(Err((Denied::InsufficientQuota, views(&reply, 1)))),
                 "ok" => {
                     let weekly = reply.get(1).and_then(as_i64).unwrap_or(0).max(0) as u64;
-                    let top = reply
-                        .get(2)
-                        .and_then(as_i64)
-                        .and_then(|t| usize::try_from(t).ok())
-                        .and_then(|t| Tier::ALL.get(t).copied());
+                    let top = reply.get(2).and_then(as_i64).and_then(Tier::from_index);
                     self.hints.insert(user_id.clone(), (weekly, top));
                     if self.connector.is_cluster() && reply.get(12).and_then(as_i64) == Some(1) {
                         self.join_sweep(user_id, now).await;

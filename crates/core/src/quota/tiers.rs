@@ -27,9 +27,21 @@ pub fn usage_tier(cfg: &QuotaConfig, weekly_tokens: u64) -> Tier {
 
 /// The highest tier among lots still active (not expired, not used up).
 pub fn entitlement_tier(lots: &[Lot], now: i64) -> Option<Tier> {
-    lots.iter()
-        .filter(|l| l.expires_at > now && l.remaining > 0)
-        .filter_map(|l| l.tier)
+    running_tier(
+        lots.iter().map(|l| (l.remaining, l.expires_at, l.tier)),
+        now,
+    )
+}
+
+/// `entitlement_tier`'s rule on lots given as (remaining, expires at, tier), as a renewal reads
+/// them from Redis without the rest of their record.
+pub fn running_tier(
+    lots: impl IntoIterator<Item = (u64, i64, Option<Tier>)>,
+    now: i64,
+) -> Option<Tier> {
+    lots.into_iter()
+        .filter(|(remaining, expires_at, _)| *expires_at > now && *remaining > 0)
+        .filter_map(|(_, _, tier)| tier)
         .max()
 }
 
