@@ -670,9 +670,10 @@ async fn next_minutes_chunk_kept_over_a_skipped_minute(store: Store) {
     assert_eq!(p.mock.served().await, 10);
 }
 
-/// The next minute's chunk of a key far below its cap, asked for in the periodic round, is
-/// counted with plain commands on one Redis (by the script on a cluster) and given back when a
-/// window is past half its cap: the window is left as it was.
+/// The next minute's chunk of a key far below its cap (as its lease last saw), asked for in
+/// the periodic round, is counted with plain commands on one Redis (by the script on a
+/// cluster) and given back when the minute's count turns out past half the cap: the window is
+/// left as it was.
 async fn next_minutes_chunk_refused_past_half_the_cap(store: Store) {
     let p = pair(&store, &roomy());
     let email = "ahead-full@example.com";
@@ -700,15 +701,6 @@ async fn next_minutes_chunk_refused_past_half_the_cap(store: Store) {
     let window = |i: usize, m: i64| {
         gateway_core::quota::shared::rate_key(&p.prefix, &user_id, &format!("key:{}", keys[i].1), m)
     };
-    // The first key's next window already counts 60,000 of its 100,000.
-    let mut c = store.conn().await;
-    let _: () = redis::cmd("HSET")
-        .arg(window(0, minute + 1))
-        .arg("r")
-        .arg(60_000)
-        .query_async(&mut c)
-        .await
-        .expect("hset");
     for (secret, _) in &keys {
         for _ in 0..3 {
             assert_eq!(send(&p.a, secret).await.0, 200);
@@ -719,6 +711,16 @@ async fn next_minutes_chunk_refused_past_half_the_cap(store: Store) {
         into < 18_000,
         "the requests took until {into} ms into the minute"
     );
+    // Since the chunks were taken (as far below the cap as the lease last saw), the first
+    // key's next window has come to count 60,000 of its 100,000: this minute's count too.
+    let mut c = store.conn().await;
+    let _: () = redis::cmd("HSET")
+        .arg(window(0, minute + 1))
+        .arg("r")
+        .arg(60_000)
+        .query_async(&mut c)
+        .await
+        .expect("hset");
     // On one Redis, `MONITOR` tells the plain commands (a client's) from the script's
     // (`[0 lua]`) from 29 s into the minute until the rounds after the second half began.
     let plain = match &store {

@@ -17,7 +17,7 @@ const NO_TIMEOUT: i64 = 1_000_000_000;
 struct Account {
     conn: MultiplexedConnection,
     keys: [String; 5],
-    rate: [String; 2],
+    rate: [String; 3],
 }
 
 /// What a reserve call answered.
@@ -58,10 +58,8 @@ impl Account {
         Some(Account {
             conn,
             keys: account_keys(&prefix, user),
-            rate: [
-                gateway_core::quota::shared::rate_key(&prefix, user, "acct:a", 1),
-                gateway_core::quota::shared::rate_key(&prefix, user, "acct:a", 2),
-            ],
+            rate: [1, 2, 3]
+                .map(|m| gateway_core::quota::shared::rate_key(&prefix, user, "acct:a", m)),
         })
     }
 
@@ -404,23 +402,7 @@ async fn the_sweep_releases_only_stale_reservations_and_keeps_the_set_exact() {
     a.load(&[]).await;
     // Reservations at now and now + 5 s; the reserve script (given the set) enters the account.
     for (at, id) in [(now, "old"), (now + 5_000, "new")] {
-        let script = Script::new(RESERVE_LUA);
-        let mut inv = script.prepare_invoke();
-        for k in a.keys.iter().chain(&a.rate) {
-            inv.key(k);
-        }
-        inv.key(&due);
-        inv.arg(at).arg(id).arg(10).arg(1).arg(1000).arg(0).arg("0");
-        inv.arg(NO_TIMEOUT)
-            .arg(0)
-            .arg(0)
-            .arg(0)
-            .arg(10)
-            .arg(0)
-            .arg(3600)
-            .arg(user);
-        let reply: Vec<Value> = inv.invoke_async(&mut a.conn).await.unwrap();
-        assert_eq!(text(&reply[0]), "ok");
+        reserve_in_set(&mut a, &due, user, at, id).await;
     }
     let score: Option<f64> = a.conn.zscore(&due, user).await.unwrap();
     assert_eq!(score, Some(now as f64), "scored by the oldest reservation");
@@ -455,6 +437,83 @@ async fn the_sweep_releases_only_stale_reservations_and_keeps_the_set_exact() {
     assert_eq!(score, None, "holding nothing, the account leaves the set");
     let _: i64 = a.conn.del(&due).await.unwrap();
     a.cleanup().await;
+}
+
+#[tokio::test]
+async fn one_sweep_call_sweeps_many_accounts_each_on_its_own_keys() {
+    let (Some(mut a), Some(mut b), Some(c)) = (
+        Account::new().await,
+        Account::new().await,
+        Account::new().await,
+    ) else {
+        return;
+    };
+    let due = format!("{}:due", a.keys[0]);
+    let now = H * HOUR + 1_000;
+    a.load(&[]).await;
+    b.load(&[]).await;
+    // a: one reservation stale at the sweep, one not; b: one not yet stale; c: no longer in
+    // Redis (its hash expired) but still in the set with a stale start time.
+    reserve_in_set(&mut a, &due, "usr_a", now, "old").await;
+    reserve_in_set(&mut a, &due, "usr_a", now + 5_000, "new").await;
+    reserve_in_set(&mut b, &due, "usr_b", now + 2_000, "only").await;
+    let _: i64 = a.conn.zadd(&c.keys[4], "gone", now).await.unwrap();
+    let _: i64 = a.conn.zadd(&due, "usr_c", now).await.unwrap();
+
+    let script = Script::new(gateway_core::quota::shared::SWEEP_LUA);
+    let mut inv = script.prepare_invoke();
+    for acc in [&a, &b, &c] {
+        inv.key(&acc.keys[0]).key(&acc.keys[1]).key(&acc.keys[4]);
+    }
+    inv.key(&due);
+    inv.arg(now + 11_000)
+        .arg(10_000)
+        .arg("usr_a")
+        .arg("usr_b")
+        .arg("usr_c");
+    let swept: Vec<i64> = inv.invoke_async(&mut a.conn).await.unwrap();
+    assert_eq!(
+        swept,
+        vec![1, now + 5_000, 0, now + 2_000, 0, -1],
+        "per account: released, oldest left"
+    );
+    assert_eq!(a.open().await, (1, 1), "a keeps its fresh reservation only");
+    assert_eq!(a.meta("rr").await, Some(1));
+    assert_eq!(b.open().await, (1, 1), "b's reservation is not stale");
+    assert_eq!(b.meta("rr").await, Some(1));
+    for (user, score) in [
+        ("usr_a", Some(now + 5_000)),
+        ("usr_b", Some(now + 2_000)),
+        ("usr_c", None),
+    ] {
+        let got: Option<f64> = a.conn.zscore(&due, user).await.unwrap();
+        assert_eq!(got, score.map(|s| s as f64), "{user}'s place in the set");
+    }
+    let _: i64 = a.conn.del(&due).await.unwrap();
+    let _: i64 = a.conn.del(&c.keys[4]).await.unwrap();
+    a.cleanup().await;
+    b.cleanup().await;
+}
+
+/// One reservation of 10 tokens and one request at `at` (reserve.lua, given the sweep's set).
+async fn reserve_in_set(a: &mut Account, due: &str, user: &str, at: i64, id: &str) {
+    let script = Script::new(RESERVE_LUA);
+    let mut inv = script.prepare_invoke();
+    for k in a.keys.iter().chain(&a.rate) {
+        inv.key(k);
+    }
+    inv.key(due);
+    inv.arg(at).arg(id).arg(10).arg(1).arg(1000).arg(0).arg("0");
+    inv.arg(NO_TIMEOUT)
+        .arg(0)
+        .arg(0)
+        .arg(0)
+        .arg(10)
+        .arg(0)
+        .arg(3600)
+        .arg(user);
+    let reply: Vec<Value> = inv.invoke_async(&mut a.conn).await.unwrap();
+    assert_eq!(text(&reply[0]), "ok");
 }
 
 /// One sweep.lua call over the test account (10 s reservation timeout); how many it released.
@@ -804,8 +863,34 @@ async fn lease_window(
     scope.iter().map(|v| text(v).parse().unwrap()).collect()
 }
 
+/// One request (no tokens) reserved on its own at `rpm` requests a minute, the windows `w` the
+/// previous, this and the next minute's; what reserve.lua answered (`ok`, `rate`, ...).
+async fn reserve_rpm(a: &mut Account, w: &[String; 3], now: i64, id: &str, rpm: i64) -> String {
+    let script = Script::new(RESERVE_LUA);
+    let mut inv = script.prepare_invoke();
+    for k in a.keys.iter().chain(w) {
+        inv.key(k);
+    }
+    inv.arg(now)
+        .arg(id)
+        .arg(0)
+        .arg(1)
+        .arg(1_000_000)
+        .arg(0)
+        .arg("0");
+    inv.arg(NO_TIMEOUT)
+        .arg(rpm)
+        .arg(0)
+        .arg(0)
+        .arg(0)
+        .arg(0)
+        .arg(3600);
+    let reply: Vec<Value> = inv.invoke_async(&mut a.conn).await.unwrap();
+    text(&reply[0])
+}
+
 #[tokio::test]
-async fn a_next_minutes_chunk_is_counted_in_both_windows_and_only_when_roomy() {
+async fn a_next_minutes_chunk_is_counted_in_its_window_which_this_minutes_count_adds() {
     let Some(mut a) = Account::new().await else {
         return;
     };
@@ -827,10 +912,10 @@ async fn a_next_minutes_chunk_is_counted_in_both_windows_and_only_when_roomy() {
         }
     };
     // 10 requests for this minute and 20 for the next, of 100 a minute: both granted; the next
-    // minute's chunk counts in its own window and in this one's.
+    // minute's chunk counts in its own window only.
     let r = lease_window(&mut a, &w, now, 100, 10, 20, 0).await;
     assert_eq!(r, vec![10, 0, 0, 0, 0, 0, 20, 0, 0, 0, 0, 0]);
-    assert_eq!(count(&mut a, w[1].clone(), "r").await, 30);
+    assert_eq!(count(&mut a, w[1].clone(), "r").await, 10);
     assert_eq!(
         count(&mut a, w[1].clone(), "L").await,
         10,
@@ -838,21 +923,29 @@ async fn a_next_minutes_chunk_is_counted_in_both_windows_and_only_when_roomy() {
     );
     assert_eq!(count(&mut a, w[2].clone(), "r").await, 20);
     assert_eq!(count(&mut a, w[2].clone(), "L").await, 20);
-    // Another 40 ahead would take the next window past half its cap: nothing granted.
+    // This minute's count adds the next window: 30 of 100. Another 40 ahead would take it past
+    // half the cap: nothing granted.
     let r = lease_window(&mut a, &w, now + 1, 100, 0, 40, 0).await;
+    assert_eq!(r[3], 30, "this minute's count, the next window's included");
     assert_eq!(r[6..9], [0, 0, 0]);
     assert_eq!(r[9], 20, "the next window's count");
     assert_eq!(count(&mut a, w[2].clone(), "r").await, 20);
-    assert_eq!(count(&mut a, w[1].clone(), "r").await, 30);
-    // Given back (the lease went idle before its minute came): off the next window only.
-    lease_window(&mut a, &w, now + 2, 100, 0, 0, 20).await;
+    assert_eq!(count(&mut a, w[1].clone(), "r").await, 10);
+    // A request reserved on its own this minute counts the chunk taken ahead too: with 30 a
+    // minute it is refused (leases hold chunks that may come back: the account drains), with
+    // 31 admitted.
+    assert_eq!(
+        reserve_rpm(&mut a, &w, now + 2, "r30", 30).await,
+        "drain-rate"
+    );
+    assert_eq!(reserve_rpm(&mut a, &w, now + 3, "r31", 31).await, "ok");
+    assert_eq!(count(&mut a, w[1].clone(), "r").await, 11);
+    // Given back (the lease went idle before its minute came, the drain over): off the next
+    // window, which is the only one that counted it.
+    lease_window(&mut a, &w, now + 2_100, 100, 0, 0, 20).await;
     assert_eq!(count(&mut a, w[2].clone(), "r").await, 0);
     assert_eq!(count(&mut a, w[2].clone(), "L").await, 0);
-    assert_eq!(
-        count(&mut a, w[1].clone(), "r").await,
-        30,
-        "this window errs high"
-    );
+    assert_eq!(count(&mut a, w[1].clone(), "r").await, 11);
     let _: () = a.conn.del(&w).await.unwrap();
     a.cleanup().await;
 }

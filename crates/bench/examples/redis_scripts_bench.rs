@@ -24,7 +24,12 @@ async fn server_time(
 ) -> f64 {
     let prefix = format!("bench:{}:", gateway_core::util::random_base62(8));
     let keys = account_keys(&prefix, "usr_bench");
-    let rate = [format!("{prefix}rl:a"), format!("{prefix}rl:b")];
+    // The previous, this and the next minute's windows.
+    let rate = [
+        format!("{prefix}rl:a"),
+        format!("{prefix}rl:b"),
+        format!("{prefix}rl:c"),
+    ];
     let now = gateway_core::util::now_ms();
     let (reserve, settle, load) = (
         Script::new(RESERVE_LUA),

@@ -5,17 +5,18 @@
 //! The common renewal of an account sending a request every few seconds asks for nothing but
 //! its next minute's chunk (`lease::Call::plain`). In a script that renewal costs Redis
 //! several times what its commands do (its Lua reads and writes the account too), and it
-//! comes once a minute for every such account. Here the chunk is counted first, in this
-//! minute's window and the next one's, all the accounts of a round in one pipeline; then the
-//! counts it returned are checked against the rule `lease.lua` applies (whole, and only
-//! while both windows stay within half their cap), and a chunk that broke it is taken back
-//! off both windows. The account's drain mark is not read here: an account this instance has
-//! heard is drained (by notice or poll, within a round) renews through the script, which
-//! answers in exact mode and gives back a chunk taken ahead; a chunk taken in the moment
-//! before the notice is heard only makes the windows count more for that moment, never less.
-//! A window therefore never counts less than what was admitted in it: for a moment it may
-//! count a chunk that is then given back, which is why only chunks far below their caps come
-//! this way (`PLAIN_CAP_RATIO`).
+//! comes once a minute for every such account. Here the chunk is counted in the next minute's
+//! window (where this minute's count finds it too, see `lease.lua`), then this and the
+//! previous minute's windows are read, all the accounts of a round in one pipeline; then the
+//! counts it returned are checked against the rule `lease.lua` applies (whole, and only while
+//! this minute's count stays within half the cap), and a chunk that broke it is taken back.
+//! The account's drain mark is not read here: an account this instance has heard is drained
+//! (by notice or poll, within a round) renews through the script, which answers in exact mode
+//! and gives back a chunk taken ahead; a chunk taken in the moment before the notice is heard
+//! only makes the windows count more for that moment, never less. A window therefore never
+//! counts less than what was admitted in it: for a moment it may count a chunk that is then
+//! given back, which is why only chunks far below their caps come this way
+//! (`PLAIN_CAP_RATIO`).
 //!
 //! A lease's start time is pushed back with `ZADD XX` (a lease the sweep released in the
 //! meantime is not made to look held), and the lots are read with `HGETALL` for the highest
@@ -66,8 +67,7 @@ impl Shared {
     }
 
     /// One pipeline counting every chunk, pushing start times back and reading lots, then,
-    /// when needed, one giving back the chunks the rule refuses and giving an expiry to a
-    /// window the count made anew.
+    /// when needed, one giving back the chunks the rule refuses.
     async fn count_ahead(&self, calls: &[(&str, &Call)]) -> Result<Vec<PlainAnswer>, Unreachable> {
         let mut pipe = redis::pipe();
         for (_, call) in calls {
@@ -86,11 +86,12 @@ impl Shared {
             }
             for ask in asks(call) {
                 let [prev, curr, next] = ask.windows.map(|i| call.window(i));
+                // Counted first, read after: a request admitted this minute before the count
+                // is in what is read, one admitted after it found the count.
+                add_chunk(&mut pipe, next, ask, 1, false);
+                pipe.cmd("HMGET").arg(curr).arg(&FIELDS);
                 pipe.cmd("HMGET").arg(prev).arg(&FIELDS);
-                add_chunk(&mut pipe, [curr, next], ask, 1, false);
-                // The next window is new as a rule; this minute's has its expiry from whoever
-                // made it (every writer that makes a window gives it one), unless it was lost
-                // since: then the follow-up gives it one.
+                // The next window is new as a rule (an expiry given again is harmless).
                 pipe.cmd("EXPIRE").arg(next).arg(WINDOW_TTL_S).ignore();
             }
         }
@@ -99,7 +100,7 @@ impl Shared {
         let mut replies = replies.into_iter();
         let mut next = || replies.next().unwrap_or(RedisValue::Nil);
         let num = |v: &RedisValue| as_i64(v).unwrap_or(0).max(0) as u64;
-        // Chunks given back, and expiries for windows the chunk made anew.
+        // Chunks given back.
         let mut follow_up = redis::pipe();
         let mut any_follow_up = false;
         let mut out = Vec::with_capacity(calls.len());
@@ -112,39 +113,38 @@ impl Shared {
             let elapsed = call.now.rem_euclid(60_000) as u64;
             let mut per_call = Vec::new();
             for ask in asks(call) {
-                let prev: Vec<u64> = match next() {
+                let mut next_after = [0u64; 3];
+                for (d, after) in next_after.iter_mut().enumerate() {
+                    if ask.asked[d] > 0 {
+                        *after = num(&next());
+                    }
+                }
+                next(); // L
+                let mut read = || match next() {
                     RedisValue::Array(a) => a.iter().map(num).collect(),
                     _ => vec![0; 3],
                 };
+                let (curr, prev): (Vec<u64>, Vec<u64>) = (read(), read());
                 let mut ok = true;
-                let mut made_curr = false;
                 let mut counted = [0u64; 3];
                 for (d, counted) in counted.iter_mut().enumerate() {
                     if ask.asked[d] == 0 {
                         continue;
                     }
-                    let curr_after = num(&next());
-                    let next_after = num(&next());
-                    made_curr |= curr_after == ask.asked[d];
-                    let sliding = prev.get(d).copied().unwrap_or(0) * (60_000 - elapsed) / 60_000
-                        + curr_after;
-                    if 2 * sliding > ask.caps[d] || 2 * next_after > ask.caps[d] {
+                    let at = |v: &Vec<u64>| v.get(d).copied().unwrap_or(0);
+                    let sliding =
+                        at(&prev) * (60_000 - elapsed) / 60_000 + at(&curr) + next_after[d];
+                    if 2 * sliding > ask.caps[d] {
                         ok = false;
                     }
-                    *counted = next_after.saturating_sub(ask.asked[d]);
-                }
-                next(); // L
-                let [_, curr, next] = ask.windows.map(|i| call.window(i));
-                if made_curr {
-                    follow_up.cmd("EXPIRE").arg(curr).arg(WINDOW_TTL_S).ignore();
-                    any_follow_up = true;
+                    *counted = next_after[d].saturating_sub(ask.asked[d]);
                 }
                 if ok {
                     per_call.push((ask.asked, counted));
                     continue;
                 }
                 any_follow_up = true;
-                add_chunk(&mut follow_up, [curr, next], ask, -1, true);
+                add_chunk(&mut follow_up, call.window(ask.windows[2]), ask, -1, true);
                 per_call.push(([0; 3], counted));
             }
             out.push(PlainAnswer {
@@ -163,29 +163,21 @@ impl Shared {
     }
 }
 
-/// Adds `sign` × the chunk `ask` to this minute's window and the next one's (`windows`), and to
-/// the next one's leases' count L: one `HINCRBY` per dimension asked for and window, then L's.
-fn add_chunk(
-    pipe: &mut redis::Pipeline,
-    windows: [&str; 2],
-    ask: &AheadAsk,
-    sign: i64,
-    ignore: bool,
-) {
+/// Adds `sign` × the chunk `ask` to the next minute's window `next` and to its leases' count
+/// L: one `HINCRBY` per dimension asked for, then L's.
+fn add_chunk(pipe: &mut redis::Pipeline, next: &str, ask: &AheadAsk, sign: i64, ignore: bool) {
     let mut whole = 0;
     for (d, field) in FIELDS.iter().enumerate() {
         if ask.asked[d] > 0 {
             let by = sign * ask.asked[d] as i64;
-            for key in windows {
-                pipe.cmd("HINCRBY").arg(key).arg(field).arg(by);
-                if ignore {
-                    pipe.ignore();
-                }
+            pipe.cmd("HINCRBY").arg(next).arg(field).arg(by);
+            if ignore {
+                pipe.ignore();
             }
             whole += by;
         }
     }
-    pipe.cmd("HINCRBY").arg(windows[1]).arg("L").arg(whole);
+    pipe.cmd("HINCRBY").arg(next).arg("L").arg(whole);
     if ignore {
         pipe.ignore();
     }

@@ -35,9 +35,11 @@
 //!   reserved exactly on its own (`reserve.lua`), and a reservation refused while leases still
 //!   hold unused shares waits for them to come back (`DRAIN_WAIT`) before it is refused, so the
 //!   last tokens are neither overspent nor stranded;
-//! - a window chunk is counted in the window before any of it is used, so a per-minute limit
-//!   counts at least what was admitted (a next minute's chunk far below its cap is counted
-//!   with plain commands first and given back if the rule refuses it, `ahead`); output tokens
+//! - a window chunk is counted in its minute's window before any of it is used, so a
+//!   per-minute limit counts at least what was admitted; a minute's count adds the next
+//!   minute's window, where chunks taken ahead are, so this minute and the next never hold
+//!   more than the cap together (a next minute's chunk far below its cap is counted with plain
+//!   commands first and given back if the rule refuses it, `ahead`); output tokens
 //!   are corrected to the real amount when the settlement is paid (within `FLUSH_EVERY`, as
 //!   one instance corrects at settlement);
 //! - a set-aside share counts as spent for every other request and lease, and is set aside only
@@ -128,8 +130,8 @@ struct Chunk {
     /// The window's sliding count when the chunk was granted, the chunk not included.
     counted: Dims,
     last_used: i64,
-    /// Granted for the next minute, ahead of it (counted in this minute's window and the
-    /// next's): the chunk when that minute comes (`roll`), so an account sending requests
+    /// Granted for the next minute, ahead of it (counted in that minute's window, which this
+    /// minute's count adds): the chunk when that minute comes (`roll`), so an account sending requests
     /// every minute asks for its chunks in the periodic round, not on the request path.
     ahead: Dims,
     /// The next minute's window count when `ahead` was granted, `ahead` not included.
@@ -745,7 +747,8 @@ impl Leases {
             };
             let prev = index(rate_key(prefix, user_id, scope, minute - 1));
             let curr = index(rate_key(prefix, user_id, scope, minute));
-            let next = if ahead_back || ask_ahead {
+            // Whenever a chunk is asked for: the next minute's count is part of this one's.
+            let next = if ahead_back || ask_ahead || take {
                 index(rate_key(prefix, user_id, scope, minute + 1))
             } else {
                 0

@@ -50,7 +50,7 @@ pub const PROBE_EVERY: Duration = Duration::from_millis(200);
 /// under a millisecond; a remote Redis may need more than one call's deadline).
 pub(super) const MIN_CONNECT: Duration = Duration::from_millis(250);
 
-/// Accounts the sweep visits per pass (each is one script call).
+/// Accounts the sweep visits per pass (one script call on one Redis, one each on a cluster).
 pub(super) const SWEEP_BATCH: usize = 100;
 
 /// How long past its deadline a call is still waited for while the breaker stays closed. A
@@ -375,8 +375,10 @@ impl Shared {
             for key in &k {
                 inv.key(key);
             }
+            // The next minute's window too: the chunks leases took ahead count in this minute.
             inv.key(rate_key(&self.prefix, user_id, &plan.scope, minute - 1))
-                .key(rate_key(&self.prefix, user_id, &plan.scope, minute));
+                .key(rate_key(&self.prefix, user_id, &plan.scope, minute))
+                .key(rate_key(&self.prefix, user_id, &plan.scope, minute + 1));
             if !self.connector.is_cluster() {
                 // On a cluster the set lives in another slot: joined below, in its own call.
                 inv.key(&self.due_key);

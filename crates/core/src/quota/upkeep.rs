@@ -64,6 +64,9 @@ impl Shared {
 
     /// Releases reservations older than `timeout_ms` on every account that holds one, so a
     /// reservation whose instance died is freed whether or not its account sends anything.
+    /// On one Redis the accounts due in a pass are swept in one script call; on a cluster
+    /// (each account's keys in their own slot, the set in another) one call each, the set
+    /// moved after it.
     pub async fn sweep(&self, now: i64, timeout_ms: i64) {
         let mut conn = self.conn();
         let due: Vec<String> = match self
@@ -86,17 +89,30 @@ impl Shared {
                 return;
             }
         };
+        if due.is_empty() {
+            return;
+        }
         let cluster = self.connector.is_cluster();
-        for user_id in due {
-            let k = account_keys(&self.prefix, &user_id);
+        let calls: Vec<&[String]> = if cluster {
+            due.chunks(1).collect()
+        } else {
+            vec![&due[..]]
+        };
+        for users in calls {
             let mut inv = self.sweep.prepare_invoke();
-            inv.key(&k[0]).key(&k[1]).key(&k[4]);
+            for user_id in users {
+                let k = account_keys(&self.prefix, user_id);
+                inv.key(&k[0]).key(&k[1]).key(&k[4]);
+            }
             if !cluster {
                 inv.key(&self.due_key);
             }
-            inv.arg(now).arg(timeout_ms).arg(&user_id);
-            let (released, oldest) = match self
-                .guarded("sweep", inv.invoke_async::<(i64, i64)>(&mut conn))
+            inv.arg(now).arg(timeout_ms);
+            for user_id in users {
+                inv.arg(user_id);
+            }
+            let swept = match self
+                .guarded("sweep", inv.invoke_async::<Vec<i64>>(&mut conn))
                 .await
             {
                 Ok(r) => r,
@@ -105,27 +121,32 @@ impl Shared {
                     return;
                 }
             };
-            if released > 0 {
-                log::warn!("released {released} stale reservation(s) of {user_id}");
-            }
-            if cluster {
-                let cmd = if oldest >= 0 {
-                    let mut c = redis::cmd("ZADD");
-                    c.arg(&self.due_key).arg("XX").arg(oldest).arg(&user_id);
-                    c
-                } else {
-                    let mut c = redis::cmd("ZREM");
-                    c.arg(&self.due_key).arg(&user_id);
-                    c
-                };
-                if let Err(Unreachable(e)) = self
-                    .guarded("sweep", cmd.query_async::<i64>(&mut conn))
-                    .await
-                {
-                    log::warn!("{e}");
-                    return;
+            for (user_id, pair) in users.iter().zip(swept.chunks(2)) {
+                let [released, oldest] = pair else { continue };
+                if *released > 0 {
+                    log::warn!("released {released} stale reservation(s) of {user_id}");
+                }
+                if cluster {
+                    self.rescore(&mut conn, user_id, *oldest).await;
                 }
             }
+        }
+    }
+
+    /// Moves an account in the sweep's set to the start of its oldest reservation, or out of
+    /// it when it holds none (`oldest` < 0): on a cluster, after the account's own call.
+    async fn rescore(&self, conn: &mut super::redis_conn::Conn, user_id: &str, oldest: i64) {
+        let cmd = if oldest >= 0 {
+            let mut c = redis::cmd("ZADD");
+            c.arg(&self.due_key).arg("XX").arg(oldest).arg(user_id);
+            c
+        } else {
+            let mut c = redis::cmd("ZREM");
+            c.arg(&self.due_key).arg(user_id);
+            c
+        };
+        if let Err(Unreachable(e)) = self.guarded("sweep", cmd.query_async::<i64>(conn)).await {
+            log::warn!("{e}");
         }
     }
 

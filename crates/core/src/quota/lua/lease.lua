@@ -14,8 +14,9 @@
 -- rt, rr; see account.lua): nothing else can pay from that part of the allowance, so the
 -- instance knows at settlement that a request within it is paid by the allowance, records it at
 -- once and reports the sum at its next renewal (ARGV 21, 22) rather than on a clock.
--- Per-minute windows: a lease's chunk is charged to the current minute's window up front and
--- its unused part given back later, so a window counts at least what was admitted.
+-- Per-minute windows: a lease's chunk is charged to its minute's window up front and its unused
+-- part given back later, so a window counts at least what was admitted in it. A minute's count
+-- adds the next minute's window (see the windows below).
 --
 -- KEYS: 1 meta, 2 reservations, 3 spend buckets, 4 lots, 5 reservation start times,
 --       then the per-minute window keys the arguments name by index (1 = KEYS[6])
@@ -34,7 +35,8 @@
 --         index of the window a chunk is given back to (0: none), its unused part (r, i, o), the
 --         whole chunk (r, i, o), the chunk asked for (r, i, o), the least chunk worth taking
 --         (r, i, o): less than that drains the account, the next minute's window index (0:
---         none), the next minute's chunk given back (r, i, o), the next minute's chunk asked for
+--         none; given whenever a chunk is asked for, as its count is part of this minute's),
+--         the next minute's chunk given back (r, i, o), the next minute's chunk asked for
 --         (r, i, o)
 --
 -- Cost: the work is what changed. Stale reservations are left to reserve.lua and the sweep;
@@ -47,8 +49,8 @@
 -- admitted requests hold); first = 1 when the account held nothing before; settled =
 -- {allowance tokens, allowance requests, uncovered tokens, uncovered requests (booked on the
 -- allowance too), lot_id, kind, amount, ...}; scopes = for each,
--- {chunk r, i, o, sliding count r, i, o before the chunk, next minute's chunk r, i, o, the
--- next minute's window count r, i, o before it}. max_lot_tier is -2 when the lots
+-- {chunk r, i, o, sliding count r, i, o before the chunks (the next minute's window included),
+-- next minute's chunk r, i, o, the next minute's window count r, i, o before it}. max_lot_tier is -2 when the lots
 -- were not read (the caller keeps what it knew). aside = 1 when the lease is now set aside.
 -- A window's field L counts the chunks leases hold in it (all three dimensions together), so
 -- reserve.lua knows whether waiting for the leases can help.
@@ -145,10 +147,12 @@ end
 
 -- Windows first: a window too full for the least useful chunk drains the account as a spent
 -- balance does; otherwise a chunk takes at most 1/K of what the window has left.
--- A chunk asked for the next minute, ahead of it, is counted in that minute's window and in
--- this one's: whatever this minute admits besides, the sliding window over both never holds
--- more than its cap of real requests. It is granted whole and only while both windows stay
--- within half their cap (a busy window asks for chunks in its own minute).
+-- A chunk asked for the next minute, ahead of it, is counted in that minute's window only, and
+-- every count taken this minute (here and in reserve.lua) adds the next minute's window to the
+-- sliding one: whatever this minute admits besides, this minute's count and the next one's
+-- together stay within the cap, which is what the sliding window holds as the next minute
+-- begins (when the chunk's requests may all come at once). It is granted whole and only while
+-- the count stays within half the cap (a busy window asks for chunks in its own minute).
 local fields = {'r', 'i', 'o'}
 local elapsed = now % 60000
 -- Gives a chunk back to the window `key`: its unused part (r, i, o) from ARGV[unused_at + 1..3]
@@ -183,14 +187,17 @@ for s = 1, n_scopes do
   end
   local fits = true
   local new_key = false
+  local nxt = {}
   if asked or ahead_asked then
     local prev = redis.call('HMGET', KEYS[W + tonumber(ARGV[a])], 'r', 'i', 'o')
     local curr = redis.call('HMGET', ckey, 'r', 'i', 'o')
+    if nkey then nxt = redis.call('HMGET', nkey, 'r', 'i', 'o') end
     new_key = not curr[1] and not curr[2] and not curr[3]
     for d = 1, 3 do
       local p = tonumber(prev[d] or '0') or 0
       local c = tonumber(curr[d] or '0') or 0
-      out[3 + d] = math.floor(p * (60000 - elapsed) / 60000) + c
+      local n = tonumber(nxt[d] or '0') or 0
+      out[3 + d] = math.floor(p * (60000 - elapsed) / 60000) + c + n
       local cap, ask = tonumber(ARGV[a + 1 + d]), tonumber(ARGV[a + 11 + d])
       if cap > 0 and ask > 0 then
         local g = math.min(ask, math.floor(math.max(0, cap - out[3 + d]) / K))
@@ -201,7 +208,6 @@ for s = 1, n_scopes do
   end
   local new_next = false
   if ahead_asked and fits and not drained then
-    local nxt = redis.call('HMGET', nkey, 'r', 'i', 'o')
     new_next = not nxt[1] and not nxt[2] and not nxt[3]
     local roomy = true
     for d = 1, 3 do
@@ -259,9 +265,8 @@ for s = 1, n_scopes do
   if mode == 'lease' then
     local whole, wrote = 0, false
     for d = 1, 3 do
-      local v = out[d] + out[6 + d]
-      if v > 0 then
-        redis.call('HINCRBY', sc.key, fields[d], v)
+      if out[d] > 0 then
+        redis.call('HINCRBY', sc.key, fields[d], out[d])
         wrote = true
       end
       whole = whole + out[d]

@@ -1,10 +1,12 @@
 -- Reserve quota and per-minute capacity for one request, atomically. account.lua is prepended.
 -- KEYS: 1 meta, 2 reservations, 3 spend buckets, 4 lots, 5 reservation start times,
---       6 rate window (previous minute), 7 rate window (current minute)
+--       6 rate window (previous minute), 7 rate window (current minute), 8 rate window (next
+--       minute: it holds the chunks leases took ahead, counted in this minute's count too,
+--       see lease.lua)
 -- ARGV: 1 now_ms, 2 reservation id, 3 tokens, 4 requests, 5 weekly_tokens, 6 weekly_requests,
 --       7 unlimited (0/1), 8 reservation timeout ms, 9 rpm, 10 itpm, 11 otpm,
---       12 input cost, 13 output cost, 14 account ttl seconds, 15 account id (for KEYS[8])
--- KEYS[8] (optional): the sorted set of accounts holding reservations, scored by the start of
+--       12 input cost, 13 output cost, 14 account ttl seconds, 15 account id (for KEYS[9])
+-- KEYS[9] (optional): the sorted set of accounts holding reservations, scored by the start of
 --       the oldest one they may hold; the periodic sweep (sweep.lua) reads it. On a Redis
 --       Cluster it lives in another slot than the account: the caller adds the account to it
 --       when the reply says this is its first reservation.
@@ -50,11 +52,13 @@ local costs = {1, tonumber(ARGV[12]), tonumber(ARGV[13])}
 local fields = {'r', 'i', 'o'}
 local prev = redis.call('HMGET', KEYS[6], 'r', 'i', 'o')
 local curr = redis.call('HMGET', KEYS[7], 'r', 'i', 'o', 'L')
+local nxt = redis.call('HMGET', KEYS[8], 'r', 'i', 'o', 'L')
 local counts = {}
 for d = 1, 3 do
   local p = tonumber(prev[d] or '0') or 0
   local c = tonumber(curr[d] or '0') or 0
-  counts[d] = math.floor(p * (60000 - elapsed) / 60000) + c
+  local n = tonumber(nxt[d] or '0') or 0
+  counts[d] = math.floor(p * (60000 - elapsed) / 60000) + c + n
 end
 local function views(extra)
   local out = {}
@@ -73,7 +77,7 @@ for d = 1, 3 do
     if cost > cap then cost = cap end
     if counts[d] + cost > cap then
       local p = tonumber(prev[d] or '0') or 0
-      local c = tonumber(curr[d] or '0') or 0
+      local c = (tonumber(curr[d] or '0') or 0) + (tonumber(nxt[d] or '0') or 0)
       local need = counts[d] + cost - cap
       local wait_ms
       if p > 0 and need <= math.floor(p * (60000 - elapsed) / 60000) then
@@ -85,8 +89,9 @@ for d = 1, 3 do
       local wait = math.ceil(wait_ms / 1000)
       if wait < 1 then wait = 1 end
       local status = 'rate'
-      -- Only this minute's chunks can come back (a lease's chunk is used in its minute only).
-      if (tonumber(curr[4] or '0') or 0) > 0 then
+      -- Only chunks of this minute and the next can come back (a lease's chunk is used in its
+      -- minute only).
+      if (tonumber(curr[4] or '0') or 0) + (tonumber(nxt[4] or '0') or 0) > 0 then
         status = 'drain-rate'
         redis.call('HSET', KEYS[1], 'dr', now + DRAIN_MS)
       end
@@ -138,7 +143,7 @@ end
 local first = 0
 if m.rr == 0 then
   first = 1
-  if KEYS[8] then redis.call('ZADD', KEYS[8], 'NX', now, ARGV[15]) end
+  if KEYS[9] then redis.call('ZADD', KEYS[9], 'NX', now, ARGV[15]) end
 end
 m.rt = m.rt + tokens
 m.rr = m.rr + requests
