@@ -131,8 +131,9 @@ struct Chunk {
     counted: Dims,
     last_used: i64,
     /// Granted for the next minute, ahead of it (counted in that minute's window, which this
-    /// minute's count adds): the chunk when that minute comes (`roll`), so an account sending requests
-    /// every minute asks for its chunks in the periodic round, not on the request path.
+    /// minute's count adds): the chunk when that minute comes (`roll`), so an account sending
+    /// requests every minute asks for its chunks in the periodic round, not on the request
+    /// path.
     ahead: Dims,
     /// The next minute's window count when `ahead` was granted, `ahead` not included.
     ahead_counted: Dims,

@@ -50,8 +50,9 @@
 -- {allowance tokens, allowance requests, uncovered tokens, uncovered requests (booked on the
 -- allowance too), lot_id, kind, amount, ...}; scopes = for each,
 -- {chunk r, i, o, sliding count r, i, o before the chunks (the next minute's window included),
--- next minute's chunk r, i, o, the next minute's window count r, i, o before it}. max_lot_tier is -2 when the lots
--- were not read (the caller keeps what it knew). aside = 1 when the lease is now set aside.
+-- next minute's chunk r, i, o, the next minute's window count r, i, o before it}. max_lot_tier
+-- is -2 when the lots were not read (the caller keeps what it knew). aside = 1 when the lease
+-- is now set aside.
 -- A window's field L counts the chunks leases hold in it (all three dimensions together), so
 -- reserve.lua knows whether waiting for the leases can help.
 local now = tonumber(ARGV[1])
@@ -215,7 +216,8 @@ for s = 1, n_scopes do
       out[9 + d] = n
       local cap, ask = tonumber(ARGV[a + 1 + d]), tonumber(ARGV[a + 21 + d])
       if cap > 0 and ask > 0 then
-        if 2 * (out[3 + d] + out[d] + ask) > cap or 2 * (n + ask) > cap then roomy = false end
+        -- The count includes the next window's (n): this bounds that window too.
+        if 2 * (out[3 + d] + out[d] + ask) > cap then roomy = false end
         out[6 + d] = ask
       end
     end
