@@ -48,8 +48,8 @@ impl Rec {
 struct Receiver {
     url: String,
     spans: Arc<Mutex<Vec<Rec>>>,
-    /// One line per export request received: its content type over HTTP, its `x-tenant`
-    /// metadata over gRPC.
+    /// One line per export request received: over HTTP its content type and `x-tenant` header
+    /// (after `refused` when it was answered 503), over gRPC its `x-tenant` metadata.
     per_export: Arc<Mutex<Vec<String>>>,
 }
 
@@ -166,24 +166,53 @@ impl Receiver {
     }
 
     async fn start() -> Receiver {
+        Self::start_refusing(0).await
+    }
+
+    /// An OTLP/HTTP receiver that answers its first `busy` export requests with 503 (taking
+    /// nothing from them), as a collector under load does.
+    async fn start_refusing(busy: usize) -> Receiver {
         let spans: Arc<Mutex<Vec<Rec>>> = Arc::default();
         let per_export: Arc<Mutex<Vec<String>>> = Arc::default();
+        let busy = Arc::new(std::sync::atomic::AtomicUsize::new(busy));
         let (s, c) = (spans.clone(), per_export.clone());
         let app = axum::Router::new().route(
             "/v1/traces",
             axum::routing::post(
                 move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-                    let (s, c) = (s.clone(), c.clone());
+                    let (s, c, busy) = (s.clone(), c.clone(), busy.clone());
                     async move {
-                        let ct = headers
-                            .get("content-type")
-                            .and_then(|v| v.to_str().ok())
-                            .unwrap_or("")
-                            .to_string();
-                        c.lock().unwrap().push(ct);
+                        let header = |name: &str| {
+                            headers
+                                .get(name)
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("")
+                                .to_string()
+                        };
+                        let refused = busy
+                            .fetch_update(
+                                std::sync::atomic::Ordering::AcqRel,
+                                std::sync::atomic::Ordering::Acquire,
+                                |n| n.checked_sub(1),
+                            )
+                            .is_ok();
+                        let line = format!("{} {}", header("content-type"), header("x-tenant"));
+                        c.lock().unwrap().push(if refused {
+                            format!("refused {line}")
+                        } else {
+                            line
+                        });
+                        if refused {
+                            return (
+                                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                                [("content-type", "text/plain")],
+                                axum::body::Bytes::new(),
+                            );
+                        }
                         let req = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
                         record(req, &s);
                         (
+                            axum::http::StatusCode::OK,
                             [("content-type", "application/x-protobuf")],
                             axum::body::Bytes::new(),
                         )
@@ -482,7 +511,7 @@ async fn plain_streamed_and_translated_requests_have_their_span_trees() {
     let (tid, parent) = provider_traceparent(&mock, 0).await;
     assert_eq!(tid, trace_id);
     assert_eq!(parent, a.span_id);
-    assert_eq!(rx.per_export.lock().unwrap()[0], "application/x-protobuf");
+    assert_eq!(rx.per_export.lock().unwrap()[0], "application/x-protobuf ");
 
     // Streamed.
     mock.clear().await;
@@ -783,6 +812,51 @@ async fn grpc_export_carries_the_same_span_tree() {
     assert!(
         !tenants.is_empty() && tenants.iter().all(|t| t == "team a"),
         "collector metadata: {tenants:?}"
+    );
+}
+
+/// OTLP/HTTP: a collector that answers 503 is asked again (the spans arrive once, not lost and
+/// not twice), and the collector's headers from the environment go with every request.
+#[tokio::test]
+async fn http_export_retries_a_busy_collector_with_its_headers() {
+    let rx = Receiver::start_refusing(1).await;
+    let mock = Mock::start(&[]);
+    let gw = Gateway::start(
+        &mock,
+        Options {
+            extra_toml: telemetry_toml(&rx.url, 1.0),
+            admin: true,
+            redis_url: std::env::var("GATEWAY_TEST_REDIS").ok(),
+            env: vec![("GATEWAY_OTLP_HEADERS".into(), "x-tenant=team%20a".into())],
+            ..Options::default()
+        },
+    );
+    let (_, key) = gw.user_and_key("busy-collector@example.com");
+    let trace_id = plain_chat(&gw, &key).await;
+    let spans = rx.trace(&trace_id, 3).await;
+    check_tree(&spans, &key);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let again = rx
+        .all()
+        .into_iter()
+        .filter(|s| s.trace_id == trace_id)
+        .count();
+    assert_eq!(again, 3, "each span once");
+    let lines = rx.per_export.lock().unwrap().clone();
+    assert_eq!(
+        lines[0], "refused application/x-protobuf team a",
+        "{lines:?}"
+    );
+    assert!(
+        lines[1..]
+            .iter()
+            .all(|l| l == "application/x-protobuf team a"),
+        "{lines:?}"
+    );
+    assert_eq!(
+        gw.metric("gateway_telemetry_spans_dropped_total{reason=\"export_failed\"}")
+            .await,
+        0.0
     );
 }
 

@@ -49,7 +49,7 @@ pub struct RequestTrace {
 pub fn begin(session: &Session) -> Option<Box<RequestTrace>> {
     let telemetry = gateway_telemetry::get()?;
     let req = session.req_header();
-    let parent = if req.headers.contains_key("traceparent") {
+    let parent = if req.headers.contains_key(&TRACEPARENT) {
         telemetry.parent_from(&req.headers)
     } else {
         Context::new()
@@ -87,6 +87,18 @@ pub fn begin(session: &Session) -> Option<Box<RequestTrace>> {
         cached_tokens: 0,
         finish_reasons: Vec::new(),
     }))
+}
+
+/// Parsed once: a header name given as text is parsed on every lookup.
+const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+
+/// `a b`, as span names are (`chat gpt-4o`); `format!` costs several times as much.
+fn spaced(a: &str, b: &str) -> String {
+    let mut s = String::with_capacity(a.len() + 1 + b.len());
+    s.push_str(a);
+    s.push(' ');
+    s.push_str(b);
+    s
 }
 
 /// The most attributes a server span carries.
@@ -177,8 +189,8 @@ impl RequestTrace {
             attrs.push(KeyValue::new("gen_ai.request.model", model.to_owned()));
         }
         let name = match operation(adm.endpoint) {
-            Some(op) if !model.is_empty() => format!("{op} {model}"),
-            _ => format!("attempt {}", target.label()),
+            Some(op) if !model.is_empty() => spaced(op, model),
+            _ => spaced("attempt", target.label()),
         };
         let builder = self
             .telemetry
@@ -298,10 +310,10 @@ impl RequestTrace {
             s.add_event_with_timestamp("gateway.settle", at, Vec::new());
         }
         let name = match (ctx.endpoint.and_then(operation), ctx.model.as_deref()) {
-            (Some(op), Some(model)) => Some(Cow::Owned(format!("{op} {model}"))),
+            (Some(op), Some(model)) => Some(Cow::Owned(spaced(op, model))),
             _ => ctx
                 .endpoint
-                .map(|e| Cow::Owned(format!("{} {}", method_of(e), e.path()))),
+                .map(|e| Cow::Owned(spaced(method_of(e), e.path()))),
         };
         if let Some(name) = name {
             s.update_name(name);

@@ -1,6 +1,9 @@
 //! The way out: OTLP over HTTP through the workspace's reqwest, or over gRPC through tonic,
 //! behind the SDK's batch processor with a bounded queue whose drops are counted.
 //!
+//! OTLP/HTTP with protobuf, the default, is sent by [`Protobuf`], which writes each batch with
+//! [`crate::wire`]; JSON and gRPC go through `opentelemetry-otlp`'s own exporters.
+//!
 //! The SDK's `BatchSpanProcessor` exports from its own thread and never blocks the caller, but
 //! keeps the count of spans it drops to itself. So the queue is bounded one step earlier, by
 //! [`Bounded`]: it counts the spans handed on and not yet taken for export, refuses (and counts)
@@ -26,6 +29,8 @@ use prometheus::IntCounter;
 
 use gateway_core::config::{OtlpProtocol, TelemetryConfig};
 
+use crate::protobuf::Protobuf;
+
 /// Spans waiting for export at most; past it new spans are dropped (and counted).
 pub const QUEUE: usize = 4096;
 /// Spans per export request.
@@ -33,7 +38,7 @@ const BATCH: usize = 512;
 /// A batch that does not fill is sent after this long.
 const DELAY: Duration = Duration::from_millis(1000);
 /// One export request may take this long before it counts as failed.
-const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The OTLP exporter for `endpoint` in the configured protocol, with the collector's headers
 /// read from the environment variable the config names (`k1=v1,k2=v2`, values percent-decoded
@@ -51,21 +56,19 @@ pub fn exporter(
         format!("telemetry: cannot build the OTLP exporter: {e}")
     };
     let inner = match t.protocol {
-        OtlpProtocol::HttpProtobuf | OtlpProtocol::HttpJson => {
+        OtlpProtocol::HttpProtobuf => {
+            Otlp::Protobuf(Box::new(Protobuf::new(endpoint, &headers, rt)?))
+        }
+        OtlpProtocol::HttpJson => {
             let client = reqwest::Client::builder()
                 .timeout(EXPORT_TIMEOUT)
                 .build()
                 .map_err(|e| format!("telemetry: cannot build the HTTP client: {e}"))?;
-            let protocol = if t.protocol == OtlpProtocol::HttpJson {
-                Protocol::HttpJson
-            } else {
-                Protocol::HttpBinary
-            };
             let exporter = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
                 .with_http_client(Collector { client, rt })
                 .with_endpoint(endpoint)
-                .with_protocol(protocol)
+                .with_protocol(Protocol::HttpJson)
                 .with_timeout(EXPORT_TIMEOUT)
                 .with_headers(headers)
                 .build()
@@ -108,7 +111,9 @@ pub fn exporter(
 /// The OTLP exporter of the configured protocol.
 #[derive(Debug)]
 pub enum Otlp {
-    /// OTLP/HTTP; its requests are sent by [`Collector`] on the storage runtime.
+    /// OTLP/HTTP with protobuf, written and sent by the gateway.
+    Protobuf(Box<Protobuf>),
+    /// OTLP/HTTP with JSON; its requests are sent by [`Collector`] on the storage runtime.
     Http(Box<opentelemetry_otlp::SpanExporter>),
     /// OTLP/gRPC. tonic's channel needs a Tokio runtime and the batch processor's thread has
     /// none, so each export runs on `rt`.
@@ -121,6 +126,7 @@ pub enum Otlp {
 impl SpanExporter for Otlp {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         match self {
+            Otlp::Protobuf(e) => e.export(batch).await,
             Otlp::Http(e) => e.export(batch).await,
             Otlp::Grpc { inner, rt } => {
                 let inner = inner.clone();
@@ -133,6 +139,7 @@ impl SpanExporter for Otlp {
 
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
         match self {
+            Otlp::Protobuf(_) => Ok(()),
             Otlp::Http(e) => e.shutdown_with_timeout(timeout),
             Otlp::Grpc { inner, .. } => inner.shutdown_with_timeout(timeout),
         }
@@ -140,6 +147,7 @@ impl SpanExporter for Otlp {
 
     fn force_flush(&self) -> OTelSdkResult {
         match self {
+            Otlp::Protobuf(_) => Ok(()),
             Otlp::Http(e) => e.force_flush(),
             Otlp::Grpc { inner, .. } => inner.force_flush(),
         }
@@ -147,6 +155,7 @@ impl SpanExporter for Otlp {
 
     fn set_resource(&mut self, resource: &Resource) {
         match self {
+            Otlp::Protobuf(e) => e.set_resource(resource),
             Otlp::Http(e) => e.set_resource(resource),
             // Set once, when the processor is built and before any export shares the exporter.
             Otlp::Grpc { inner, .. } => {

@@ -10,12 +10,14 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod export;
+pub mod protobuf;
 pub mod sampler;
+mod wire;
 
 use std::sync::OnceLock;
 
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{SpanContext, TraceContextExt, TracerProvider as _};
+use opentelemetry::trace::{SpanContext, TraceContextExt, TraceState, TracerProvider as _};
 use opentelemetry::Context;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
@@ -124,9 +126,11 @@ impl Telemetry {
         tp.push('-');
         push_hex(&mut tp, &[span.trace_flags().to_u8() & 1]);
         out.push(("traceparent", tp));
-        let state = span.trace_state().header();
-        if !state.is_empty() {
-            out.push(("tracestate", state));
+        if *span.trace_state() != TraceState::NONE {
+            let state = span.trace_state().header();
+            if !state.is_empty() {
+                out.push(("tracestate", state));
+            }
         }
         out
     }
@@ -139,12 +143,16 @@ pub fn trace_id_hex(span: &SpanContext) -> String {
     s
 }
 
+/// `bytes` (at most 16: an id or the flags) as lowercase hex, written in one piece.
 fn push_hex(out: &mut String, bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    for b in bytes {
-        out.push(HEX[usize::from(b >> 4)] as char);
-        out.push(HEX[usize::from(b & 15)] as char);
+    let mut digits = [0u8; 32];
+    for (pair, b) in digits.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX[usize::from(b >> 4)];
+        pair[1] = HEX[usize::from(b & 15)];
     }
+    let n = 2 * bytes.len().min(16);
+    out.push_str(std::str::from_utf8(&digits[..n]).unwrap_or_default());
 }
 
 /// The context whose parent is `span`, for starting its children.

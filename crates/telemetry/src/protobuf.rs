@@ -1,0 +1,170 @@
+//! OTLP/HTTP with protobuf bodies: each batch written by [`crate::wire`] and posted with the
+//! workspace's reqwest on the storage runtime (the batch processor's thread has none).
+//!
+//! Failures are retried as OTLP/HTTP asks: a refused connection, 429, 502, 503 and 504, with
+//! growing pauses (or the collector's `Retry-After`), within the export's deadline; any other
+//! status fails the batch at once. A collector that accepts only part of a batch says how many
+//! spans it rejected, and those are counted as failed exports.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::trace::SpanData;
+use opentelemetry_sdk::Resource;
+use prost::Message;
+
+use crate::export::EXPORT_TIMEOUT;
+use crate::wire;
+
+/// Retries after the first attempt, at most.
+const RETRIES: u32 = 3;
+/// The pause before the first retry; each later one doubles it.
+const FIRST_PAUSE: Duration = Duration::from_millis(100);
+/// The longest `Retry-After` a collector can ask for that is honoured as given.
+const LONGEST_PAUSE: Duration = Duration::from_secs(5);
+
+#[derive(Debug)]
+pub struct Protobuf {
+    client: reqwest::Client,
+    rt: tokio::runtime::Handle,
+    endpoint: reqwest::Url,
+    headers: reqwest::header::HeaderMap,
+    /// The process's `Resource` message, written once.
+    resource: Vec<u8>,
+    schema_url: String,
+    /// The last body's size: the next one starts with room for it.
+    last_len: AtomicUsize,
+    rejected: prometheus::IntCounter,
+}
+
+impl Protobuf {
+    /// The exporter for `endpoint` (`…/v1/traces`), sending `headers` (already checked) with
+    /// every request.
+    pub fn new(
+        endpoint: &str,
+        headers: &HashMap<String, String>,
+        rt: tokio::runtime::Handle,
+    ) -> Result<Self, String> {
+        let endpoint = reqwest::Url::parse(endpoint)
+            .map_err(|e| format!("telemetry: invalid OTLP endpoint: {e}"))?;
+        let mut map = reqwest::header::HeaderMap::new();
+        for (k, v) in headers {
+            let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+                .map_err(|_| format!("telemetry: invalid header name {k}"))?;
+            // Never echo the value: it may be a credential.
+            let value = reqwest::header::HeaderValue::from_str(v)
+                .map_err(|_| format!("telemetry: invalid value for header {k}"))?;
+            map.insert(name, value);
+        }
+        map.insert(
+            reqwest::header::CONTENT_TYPE,
+            reqwest::header::HeaderValue::from_static("application/x-protobuf"),
+        );
+        let client = reqwest::Client::builder()
+            .timeout(EXPORT_TIMEOUT)
+            .build()
+            .map_err(|e| format!("telemetry: cannot build the HTTP client: {e}"))?;
+        Ok(Self {
+            client,
+            rt,
+            endpoint,
+            headers: map,
+            resource: wire::resource(&Resource::builder_empty().build()),
+            schema_url: String::new(),
+            last_len: AtomicUsize::new(0),
+            rejected: gateway_core::metrics::SPANS_DROPPED.with_label_values(&["export_failed"]),
+        })
+    }
+
+    pub fn set_resource(&mut self, resource: &Resource) {
+        self.resource = wire::resource(resource);
+        self.schema_url = resource.schema_url().unwrap_or_default().to_owned();
+    }
+
+    pub async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let last = self.last_len.load(Ordering::Relaxed);
+        let mut body = Vec::with_capacity(last + last / 4);
+        wire::export_request(&mut body, &self.resource, &self.schema_url, &batch);
+        drop(batch);
+        self.last_len.store(body.len(), Ordering::Relaxed);
+        let body = Bytes::from(body);
+        let client = self.client.clone();
+        let url = self.endpoint.clone();
+        let headers = self.headers.clone();
+        let answer = self
+            .rt
+            .spawn(async move { post_with_retries(&client, url, headers, body).await })
+            .await
+            .map_err(|e| OTelSdkError::InternalFailure(e.to_string()))??;
+        if let Ok(response) = ExportTraceServiceResponse::decode(answer) {
+            if let Some(partial) = response.partial_success {
+                if partial.rejected_spans > 0 {
+                    self.rejected.inc_by(partial.rejected_spans as u64);
+                    log::debug!(
+                        "telemetry: the collector rejected {} spans: {}",
+                        partial.rejected_spans,
+                        partial.error_message
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Posts `body`, retrying what OTLP/HTTP calls retryable until the export's deadline; the
+/// collector's answer on success.
+async fn post_with_retries(
+    client: &reqwest::Client,
+    url: reqwest::Url,
+    headers: reqwest::header::HeaderMap,
+    body: Bytes,
+) -> Result<Bytes, OTelSdkError> {
+    let deadline = Instant::now() + EXPORT_TIMEOUT;
+    let mut pause = FIRST_PAUSE;
+    let mut attempt = 0;
+    loop {
+        let sent = client
+            .post(url.clone())
+            .headers(headers.clone())
+            .body(body.clone())
+            .send()
+            .await;
+        let (failure, asked_pause) = match sent {
+            Ok(response) if response.status().is_success() => {
+                return response
+                    .bytes()
+                    .await
+                    .map_err(|e| OTelSdkError::InternalFailure(e.to_string()));
+            }
+            Ok(response) => {
+                let status = response.status().as_u16();
+                if !matches!(status, 429 | 502 | 503 | 504) {
+                    return Err(OTelSdkError::InternalFailure(format!(
+                        "the collector answered {status}"
+                    )));
+                }
+                let asked = response
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(|s| Duration::from_secs(s).min(LONGEST_PAUSE));
+                (format!("the collector answered {status}"), asked)
+            }
+            // The error's text names the endpoint and the cause, never a header.
+            Err(e) => (format!("the collector could not be reached: {e}"), None),
+        };
+        let wait = asked_pause.unwrap_or(pause);
+        if attempt >= RETRIES || Instant::now() + wait >= deadline {
+            return Err(OTelSdkError::InternalFailure(failure));
+        }
+        tokio::time::sleep(wait).await;
+        attempt += 1;
+        pause *= 2;
+    }
+}
