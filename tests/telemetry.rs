@@ -777,6 +777,53 @@ async fn an_unreachable_collector_fails_nothing_and_drops_are_counted() {
     }
 }
 
+/// A collector that takes the connection and never answers: requests are neither slowed nor
+/// failed, and the export gives up at its deadline, its spans counted as dropped.
+#[tokio::test]
+async fn a_collector_that_never_answers_slows_nothing() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = silent.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            held.push(conn);
+        }
+    });
+    let mock = Mock::start(&[]);
+    let gw = start(&mock, &format!("http://127.0.0.1:{port}"), 1.0);
+    let (_, key) = gw.user_and_key("silent-collector@example.com");
+    for _ in 0..10 {
+        let started = Instant::now();
+        let (status, _, _) = send(
+            &gw,
+            "/v1/chat/completions",
+            &key,
+            &chat("mock-gpt", false),
+            &[],
+        )
+        .await;
+        assert_eq!(status, 200);
+        assert!(started.elapsed() < Duration::from_secs(2));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let dropped = gw
+            .metric("gateway_telemetry_spans_dropped_total{reason=\"export_failed\"}")
+            .await;
+        if dropped >= 3.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no export given up on a silent collector: {dropped}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// `protocol = "grpc"`: the same span tree reaches an OTLP/gRPC receiver, with the collector's
 /// headers from the environment as gRPC metadata.
 #[tokio::test]

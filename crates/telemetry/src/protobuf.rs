@@ -97,7 +97,19 @@ impl Protobuf {
         let headers = self.headers.clone();
         let answer = self
             .rt
-            .spawn(async move { post_with_retries(&client, url, headers, body).await })
+            .spawn(async move {
+                // Each attempt is bounded by the client's timeout; the whole export by this.
+                tokio::time::timeout(
+                    EXPORT_TIMEOUT,
+                    post_with_retries(&client, url, headers, body),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Err(OTelSdkError::InternalFailure(
+                        "the collector did not answer in time".into(),
+                    ))
+                })
+            })
             .await
             .map_err(|e| OTelSdkError::InternalFailure(e.to_string()))??;
         if let Ok(response) = ExportTraceServiceResponse::decode(answer) {
