@@ -166,12 +166,12 @@ impl Receiver {
     }
 
     async fn start() -> Receiver {
-        Self::start_refusing(0).await
+        Self::start_refusing(0, None).await
     }
 
     /// An OTLP/HTTP receiver that answers its first `busy` export requests with 503 (taking
-    /// nothing from them), as a collector under load does.
-    async fn start_refusing(busy: usize) -> Receiver {
+    /// nothing from them), as a collector under load does, with `retry_after` when given.
+    async fn start_refusing(busy: usize, retry_after: Option<&'static str>) -> Receiver {
         let spans: Arc<Mutex<Vec<Rec>>> = Arc::default();
         let per_export: Arc<Mutex<Vec<String>>> = Arc::default();
         let busy = Arc::new(std::sync::atomic::AtomicUsize::new(busy));
@@ -203,19 +203,17 @@ impl Receiver {
                             line
                         });
                         if refused {
-                            return (
-                                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                                [("content-type", "text/plain")],
-                                axum::body::Bytes::new(),
-                            );
+                            let mut h = axum::http::HeaderMap::new();
+                            if let Some(after) = retry_after {
+                                h.insert("retry-after", after.parse().unwrap());
+                            }
+                            return (axum::http::StatusCode::SERVICE_UNAVAILABLE, h);
                         }
                         let req = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
                         record(req, &s);
-                        (
-                            axum::http::StatusCode::OK,
-                            [("content-type", "application/x-protobuf")],
-                            axum::body::Bytes::new(),
-                        )
+                        let mut h = axum::http::HeaderMap::new();
+                        h.insert("content-type", "application/x-protobuf".parse().unwrap());
+                        (axum::http::StatusCode::OK, h)
                     }
                 },
             ),
@@ -777,6 +775,37 @@ async fn an_unreachable_collector_fails_nothing_and_drops_are_counted() {
     }
 }
 
+/// A collector that asks to be left alone for longer than the gateway waits gets no early
+/// retry: that batch is dropped (and counted), the next one is sent as usual.
+#[tokio::test]
+async fn a_long_retry_after_drops_the_batch_instead_of_asking_early() {
+    let rx = Receiver::start_refusing(1, Some("30")).await;
+    let mock = Mock::start(&[]);
+    let gw = start(&mock, &rx.url, 1.0);
+    let (_, key) = gw.user_and_key("retry-after@example.com");
+    plain_chat(&gw, &key).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while gw
+        .metric("gateway_telemetry_spans_dropped_total{reason=\"export_failed\"}")
+        .await
+        < 3.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the refused batch was not dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let trace_id = plain_chat(&gw, &key).await;
+    rx.trace(&trace_id, 3).await;
+    let lines = rx.per_export.lock().unwrap().clone();
+    assert!(lines[0].starts_with("refused"), "{lines:?}");
+    assert!(
+        lines[1..].iter().all(|l| !l.starts_with("refused")),
+        "{lines:?}"
+    );
+}
+
 /// A collector that takes the connection and never answers: requests are neither slowed nor
 /// failed, and the export gives up at its deadline, its spans counted as dropped.
 #[tokio::test]
@@ -866,7 +895,7 @@ async fn grpc_export_carries_the_same_span_tree() {
 /// not twice), and the collector's headers from the environment go with every request.
 #[tokio::test]
 async fn http_export_retries_a_busy_collector_with_its_headers() {
-    let rx = Receiver::start_refusing(1).await;
+    let rx = Receiver::start_refusing(1, None).await;
     let mock = Mock::start(&[]);
     let gw = Gateway::start(
         &mock,

@@ -1,9 +1,11 @@
 //! OTLP/HTTP with protobuf bodies: each batch written by [`crate::wire`] and posted with the
 //! workspace's reqwest on the storage runtime (the batch processor's thread has none).
 //!
-//! Failures are retried as OTLP/HTTP asks: a refused connection, 429, 502, 503 and 504, with
-//! growing pauses (or the collector's `Retry-After`), within the export's deadline; any other
-//! status fails the batch at once. A collector that accepts only part of a batch says how many
+//! Failures are retried as OTLP/HTTP asks: a connection or transport failure, 429, 502, 503 and
+//! 504, with growing pauses, within the export's deadline; any other status fails the batch at
+//! once. A collector's `Retry-After` (in seconds) is waited for when it is short; one asking for
+//! longer than [`LONGEST_PAUSE`], past the deadline, or as a date fails the batch instead of
+//! being asked again too early. A collector that accepts only part of a batch says how many
 //! spans it rejected, and those are counted as failed exports.
 
 use std::collections::HashMap;
@@ -20,11 +22,13 @@ use prost::Message;
 use crate::export::EXPORT_TIMEOUT;
 use crate::wire;
 
+/// A collector that does not take the connection in this long counts as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Retries after the first attempt, at most.
 const RETRIES: u32 = 3;
 /// The pause before the first retry; each later one doubles it.
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
-/// The longest `Retry-After` a collector can ask for that is honoured as given.
+/// The longest `Retry-After` waited for; a collector asking for more gets the batch dropped.
 const LONGEST_PAUSE: Duration = Duration::from_secs(5);
 
 #[derive(Debug)]
@@ -56,8 +60,9 @@ impl Protobuf {
             let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
                 .map_err(|_| format!("telemetry: invalid header name {k}"))?;
             // Never echo the value: it may be a credential.
-            let value = reqwest::header::HeaderValue::from_str(v)
+            let mut value = reqwest::header::HeaderValue::from_str(v)
                 .map_err(|_| format!("telemetry: invalid value for header {k}"))?;
+            value.set_sensitive(true);
             map.insert(name, value);
         }
         map.insert(
@@ -66,6 +71,12 @@ impl Protobuf {
         );
         let client = reqwest::Client::builder()
             .timeout(EXPORT_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .user_agent(concat!(
+                "llm-gateway/",
+                env!("CARGO_PKG_VERSION"),
+                " (otlp)"
+            ))
             .build()
             .map_err(|e| format!("telemetry: cannot build the HTTP client: {e}"))?;
         Ok(Self {
@@ -146,32 +157,38 @@ async fn post_with_retries(
             .body(body.clone())
             .send()
             .await;
-        let (failure, asked_pause) = match sent {
+        let (failure, wait) = match sent {
             Ok(response) if response.status().is_success() => {
-                return response
-                    .bytes()
-                    .await
-                    .map_err(|e| OTelSdkError::InternalFailure(e.to_string()));
+                // Accepted: an answer that cannot be read only loses its partial-success note.
+                return Ok(response.bytes().await.unwrap_or_default());
             }
             Ok(response) => {
                 let status = response.status().as_u16();
+                let failure = format!("the collector answered {status}");
                 if !matches!(status, 429 | 502 | 503 | 504) {
-                    return Err(OTelSdkError::InternalFailure(format!(
-                        "the collector answered {status}"
-                    )));
+                    return Err(OTelSdkError::InternalFailure(failure));
                 }
-                let asked = response
-                    .headers()
-                    .get(reqwest::header::RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map(|s| Duration::from_secs(s).min(LONGEST_PAUSE));
-                (format!("the collector answered {status}"), asked)
+                let asked = response.headers().get(reqwest::header::RETRY_AFTER);
+                let wait = match asked {
+                    None => pause,
+                    Some(v) => match v.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()) {
+                        Some(s) if Duration::from_secs(s) <= LONGEST_PAUSE => {
+                            Duration::from_secs(s)
+                        }
+                        // Longer than we wait, or a date: not asked again before it said.
+                        _ => return Err(OTelSdkError::InternalFailure(failure)),
+                    },
+                };
+                // Read to its end, so the kept-alive connection serves the next attempt.
+                let _ = response.bytes().await;
+                (failure, wait)
             }
-            // The error's text names the endpoint and the cause, never a header.
-            Err(e) => (format!("the collector could not be reached: {e}"), None),
+            // Without the URL: an endpoint may carry a user and password.
+            Err(e) => (
+                format!("the collector could not be reached: {}", e.without_url()),
+                pause,
+            ),
         };
-        let wait = asked_pause.unwrap_or(pause);
         if attempt >= RETRIES || Instant::now() + wait >= deadline {
             return Err(OTelSdkError::InternalFailure(failure));
         }

@@ -10,12 +10,12 @@
 //! values), filled in when the message closes (spans, events, links: their content is moved up
 //! against the length, a few hundred bytes), or, for the two groups that hold the whole batch
 //! (the resource's and the scope's), written in a fixed five bytes so that nothing moves.
-//! A varint with redundant continuation bytes is valid protobuf that every decoder reads
-//! (Google's own test that), and three or four bytes of a whole batch is the price.
+//! A varint with redundant continuation bytes is valid protobuf that decoders read (Google's
+//! protobuf tests decoding them), and three or four bytes of a whole batch is the price.
 //! The result decodes to exactly what the library's own conversion produces, which the tests
 //! check field by field through `opentelemetry-proto`.
 
-use opentelemetry::trace::{SpanId, SpanKind, Status};
+use opentelemetry::trace::{SpanId, SpanKind, Status, TraceState};
 use opentelemetry::{Array, InstrumentationScope, Value};
 use opentelemetry_sdk::trace::SpanData;
 use opentelemetry_sdk::Resource;
@@ -45,15 +45,22 @@ pub fn export_request(out: &mut Vec<u8>, resource: &[u8], schema_url: &str, span
     out.clear();
     let resource_spans = open(out, 1);
     bytes_field(out, 1, resource, true);
+    // Each span's scope found once (scopes compare field by field). A scope that is not equal
+    // to itself (a NaN attribute) gets a group per span, as the library gives it.
     let mut scopes: Vec<&InstrumentationScope> = Vec::with_capacity(1);
+    let mut scope_of: Vec<usize> = Vec::with_capacity(spans.len());
     for span in spans {
         let scope = &span.instrumentation_scope;
-        if scopes.last() != Some(&scope) && !scopes.contains(&scope) {
-            scopes.push(scope);
-        }
+        let i = match scopes.iter().position(|s| *s == scope) {
+            Some(i) => i,
+            None => {
+                scopes.push(scope);
+                scopes.len() - 1
+            }
+        };
+        scope_of.push(i);
     }
-    let one_scope = scopes.len() == 1;
-    for scope in scopes {
+    for (i, scope) in scopes.iter().enumerate() {
         let scope_spans = open(out, 2);
         let head = open(out, 1);
         string(out, 1, scope.name());
@@ -62,10 +69,7 @@ pub fn export_request(out: &mut Vec<u8>, resource: &[u8], schema_url: &str, span
             key_value(out, 3, kv.key.as_str(), &kv.value);
         }
         close(out, head);
-        for span in spans
-            .iter()
-            .filter(|s| one_scope || s.instrumentation_scope == *scope)
-        {
+        for (span, _) in spans.iter().zip(&scope_of).filter(|(_, s)| **s == i) {
             span_message(out, span);
         }
         string(out, 3, scope.schema_url().unwrap_or_default());
@@ -80,7 +84,7 @@ fn span_message(out: &mut Vec<u8>, span: &SpanData) {
     let cx = &span.span_context;
     bytes_field(out, 1, &cx.trace_id().to_bytes(), false);
     bytes_field(out, 2, &cx.span_id().to_bytes(), false);
-    string(out, 3, &cx.trace_state().header());
+    trace_state(out, 3, cx.trace_state());
     if span.parent_span_id != SpanId::INVALID {
         bytes_field(out, 4, &span.parent_span_id.to_bytes(), false);
     }
@@ -108,7 +112,7 @@ fn span_message(out: &mut Vec<u8>, span: &SpanData) {
         let lcx = &link.span_context;
         bytes_field(out, 1, &lcx.trace_id().to_bytes(), false);
         bytes_field(out, 2, &lcx.span_id().to_bytes(), false);
-        string(out, 3, &lcx.trace_state().header());
+        trace_state(out, 3, lcx.trace_state());
         for kv in &link.attributes {
             key_value(out, 4, kv.key.as_str(), &kv.value);
         }
@@ -140,6 +144,13 @@ fn span_message(out: &mut Vec<u8>, span: &SpanData) {
         ),
     );
     close(out, msg);
+}
+
+/// A span's `tracestate`, written out only when it has one (most have none).
+fn trace_state(out: &mut Vec<u8>, tag: u32, state: &TraceState) {
+    if *state != TraceState::NONE {
+        string(out, tag, &state.header());
+    }
 }
 
 fn kind(kind: &SpanKind) -> u64 {
@@ -178,6 +189,10 @@ fn open(out: &mut Vec<u8>, tag: u32) -> usize {
 /// continuation bytes where it needs fewer than five: nothing moves.
 fn close_in_place(out: &mut [u8], start: usize) {
     let mut len = (out.len() - start) as u64;
+    debug_assert!(
+        len < 1 << (7 * LEN_ROOM),
+        "a batch past the room for its length"
+    );
     for (i, byte) in out[start - LEN_ROOM..start].iter_mut().enumerate() {
         let more = if i + 1 < LEN_ROOM { 0x80 } else { 0 };
         *byte = (len & 0x7f) as u8 | more;
@@ -526,6 +541,27 @@ mod tests {
         assert_eq!(got, want);
         assert_eq!(got.resource_spans[0].scope_spans.len(), 2);
         assert_eq!(got.resource_spans[0].scope_spans[0].spans.len(), 3);
+    }
+
+    #[test]
+    fn a_scope_unequal_to_itself_loses_no_span() {
+        let odd = InstrumentationScope::builder("odd")
+            .with_attributes([KeyValue::new("nan", f64::NAN)])
+            .build();
+        let resource = Resource::builder().with_service_name("g").build();
+        let spans: Vec<SpanData> = (0..3).map(|n| span(n, &odd)).collect();
+        let got = ours(&spans, &resource);
+        let sent: usize = got.resource_spans[0]
+            .scope_spans
+            .iter()
+            .map(|s| s.spans.len())
+            .sum();
+        assert_eq!(sent, 3);
+        let want = library(spans.clone(), &resource);
+        assert_eq!(
+            got.resource_spans[0].scope_spans.len(),
+            want.resource_spans[0].scope_spans.len()
+        );
     }
 
     #[test]
