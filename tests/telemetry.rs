@@ -759,17 +759,22 @@ async fn an_unreachable_collector_fails_nothing_and_drops_are_counted() {
         .await;
         assert_eq!(status, 200);
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
+    export_failures(&gw, 60.0, 30, "spans of 20 requests").await;
+}
+
+/// Waits (at most `secs`) until at least `n` spans are counted as failed exports.
+async fn export_failures(gw: &Gateway, n: f64, secs: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         let dropped = gw
             .metric("gateway_telemetry_spans_dropped_total{reason=\"export_failed\"}")
             .await;
-        if dropped >= 60.0 {
-            break;
+        if dropped >= n {
+            return;
         }
         assert!(
             Instant::now() < deadline,
-            "spans of 20 requests not counted as dropped: {dropped}"
+            "{what} not counted as dropped: {dropped}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -784,18 +789,7 @@ async fn a_long_retry_after_drops_the_batch_instead_of_asking_early() {
     let gw = start(&mock, &rx.url, 1.0);
     let (_, key) = gw.user_and_key("retry-after@example.com");
     plain_chat(&gw, &key).await;
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while gw
-        .metric("gateway_telemetry_spans_dropped_total{reason=\"export_failed\"}")
-        .await
-        < 3.0
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the refused batch was not dropped"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    export_failures(&gw, 3.0, 15, "the refused batch").await;
     let trace_id = plain_chat(&gw, &key).await;
     rx.trace(&trace_id, 3).await;
     let lines = rx.per_export.lock().unwrap().clone();
@@ -837,20 +831,7 @@ async fn a_collector_that_never_answers_slows_nothing() {
         assert!(started.elapsed() < Duration::from_secs(2));
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(40);
-    loop {
-        let dropped = gw
-            .metric("gateway_telemetry_spans_dropped_total{reason=\"export_failed\"}")
-            .await;
-        if dropped >= 3.0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no export given up on a silent collector: {dropped}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    export_failures(&gw, 3.0, 40, "spans sent to a silent collector").await;
 }
 
 /// `protocol = "grpc"`: the same span tree reaches an OTLP/gRPC receiver, with the collector's
