@@ -301,6 +301,21 @@ fn start(mock: &Mock, endpoint: &str, ratio: f64) -> Gateway {
     )
 }
 
+/// A gateway on `extra_toml`, with the collector's headers (`x-tenant: team a`) in the
+/// environment variable the config names.
+fn start_with_collector_headers(mock: &Mock, extra_toml: String) -> Gateway {
+    Gateway::start(
+        mock,
+        Options {
+            extra_toml,
+            admin: true,
+            redis_url: std::env::var("GATEWAY_TEST_REDIS").ok(),
+            env: vec![("GATEWAY_OTLP_HEADERS".into(), "x-tenant=team%20a".into())],
+            ..Options::default()
+        },
+    )
+}
+
 fn chat(model: &str, stream: bool) -> Value {
     json!({"model": model, "stream": stream,
            "messages": [{"role": "user", "content": "the secret prompt"}]})
@@ -845,15 +860,7 @@ async fn grpc_export_carries_the_same_span_tree() {
         EXTRA.replace("MOCK_URL", &mock.url()),
         telemetry_toml(&rx.url, 1.0)
     );
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: extra,
-            redis_url: std::env::var("GATEWAY_TEST_REDIS").ok(),
-            env: vec![("GATEWAY_OTLP_HEADERS".into(), "x-tenant=team%20a".into())],
-            ..Options::default()
-        },
-    );
+    let gw = start_with_collector_headers(&mock, extra);
     let (_, key) = gw.user_and_key("grpc@example.com");
     let trace_id = plain_chat(&gw, &key).await;
     let spans = rx.trace(&trace_id, 3).await;
@@ -878,16 +885,7 @@ async fn grpc_export_carries_the_same_span_tree() {
 async fn http_export_retries_a_busy_collector_with_its_headers() {
     let rx = Receiver::start_refusing(1, None).await;
     let mock = Mock::start(&[]);
-    let gw = Gateway::start(
-        &mock,
-        Options {
-            extra_toml: telemetry_toml(&rx.url, 1.0),
-            admin: true,
-            redis_url: std::env::var("GATEWAY_TEST_REDIS").ok(),
-            env: vec![("GATEWAY_OTLP_HEADERS".into(), "x-tenant=team%20a".into())],
-            ..Options::default()
-        },
-    );
+    let gw = start_with_collector_headers(&mock, telemetry_toml(&rx.url, 1.0));
     let (_, key) = gw.user_and_key("busy-collector@example.com");
     let trace_id = plain_chat(&gw, &key).await;
     let spans = rx.trace(&trace_id, 3).await;
