@@ -346,6 +346,12 @@ async fn send(
 
 /// Sends one plain (non-streamed) chat request, which must succeed; returns its trace id.
 async fn plain_chat(gw: &Gateway, key: &str) -> String {
+    let id = answered_chat(gw, key).await;
+    logged_trace_id(gw, &id).await
+}
+
+/// Sends a plain chat completion that must be answered (200); its request id.
+async fn answered_chat(gw: &Gateway, key: &str) -> String {
     let (status, id, _) = send(
         gw,
         "/v1/chat/completions",
@@ -355,7 +361,7 @@ async fn plain_chat(gw: &Gateway, key: &str) -> String {
     )
     .await;
     assert_eq!(status, 200);
-    logged_trace_id(gw, &id).await
+    id
 }
 
 /// The trace id the access line of `request_id` carries.
@@ -457,15 +463,7 @@ async fn plain_streamed_and_translated_requests_have_their_span_trees() {
     let (user, key) = gw.user_and_key("spans@example.com");
 
     // Plain.
-    let (status, id, _) = send(
-        &gw,
-        "/v1/chat/completions",
-        &key,
-        &chat("mock-gpt", false),
-        &[],
-    )
-    .await;
-    assert_eq!(status, 200);
+    let id = answered_chat(&gw, &key).await;
     let trace_id = logged_trace_id(&gw, &id).await;
     assert_eq!(trace_id.len(), 32);
     let spans = rx.trace(&trace_id, 3).await;
@@ -730,16 +728,7 @@ async fn sample_ratio_is_parent_based_and_reloads_live() {
     .expect("rewrite config");
     let deadline = Instant::now() + Duration::from_secs(20);
     let sampled = loop {
-        let (status, id, _) = send(
-            &gw,
-            "/v1/chat/completions",
-            &key,
-            &chat("mock-gpt", false),
-            &[],
-        )
-        .await;
-        assert_eq!(status, 200);
-        let trace_id = logged_trace_id(&gw, &id).await;
+        let trace_id = plain_chat(&gw, &key).await;
         let tp = mock.requests().await.last().expect("recorded")["headers"]["traceparent"]
             .as_str()
             .unwrap_or("")
@@ -764,15 +753,7 @@ async fn an_unreachable_collector_fails_nothing_and_drops_are_counted() {
     let gw = start(&mock, &format!("http://127.0.0.1:{port}"), 1.0);
     let (_, key) = gw.user_and_key("dead-collector@example.com");
     for _ in 0..20 {
-        let (status, _, _) = send(
-            &gw,
-            "/v1/chat/completions",
-            &key,
-            &chat("mock-gpt", false),
-            &[],
-        )
-        .await;
-        assert_eq!(status, 200);
+        answered_chat(&gw, &key).await;
     }
     export_failures(&gw, 60.0, 30, "spans of 20 requests").await;
 }
@@ -834,15 +815,7 @@ async fn a_collector_that_never_answers_slows_nothing() {
     let (_, key) = gw.user_and_key("silent-collector@example.com");
     for _ in 0..10 {
         let started = Instant::now();
-        let (status, _, _) = send(
-            &gw,
-            "/v1/chat/completions",
-            &key,
-            &chat("mock-gpt", false),
-            &[],
-        )
-        .await;
-        assert_eq!(status, 200);
+        answered_chat(&gw, &key).await;
         assert!(started.elapsed() < Duration::from_secs(2));
         tokio::time::sleep(Duration::from_millis(150)).await;
     }

@@ -57,7 +57,7 @@ pub fn exporter(
     };
     let inner = match t.protocol {
         OtlpProtocol::HttpProtobuf => {
-            Otlp::Protobuf(Box::new(Protobuf::new(endpoint, &headers, rt)?))
+            Otlp::Protobuf(Box::new(Protobuf::new(endpoint, header_map(&headers), rt)?))
         }
         OtlpProtocol::HttpJson => {
             let client = reqwest::Client::builder()
@@ -76,16 +76,7 @@ pub fn exporter(
             Otlp::Http(Box::new(exporter))
         }
         OtlpProtocol::Grpc => {
-            let mut map = http::HeaderMap::new();
-            for (k, v) in headers {
-                // Both parts were checked by `parse_headers`.
-                if let (Ok(k), Ok(v)) = (
-                    http::HeaderName::from_bytes(k.as_bytes()),
-                    http::HeaderValue::from_str(&v),
-                ) {
-                    map.insert(k, v);
-                }
-            }
+            let map = header_map(&headers);
             // tonic's channel starts its connection task on the runtime it is built in.
             let _in_runtime = rt.enter();
             let exporter = opentelemetry_otlp::SpanExporter::builder()
@@ -189,6 +180,23 @@ fn parse_headers(text: &str) -> Result<HashMap<String, String>, String> {
         out.insert(k.to_string(), v);
     }
     Ok(out)
+}
+
+/// The headers `parse_headers` checked, as a header map; the values marked sensitive, as they
+/// may be credentials.
+fn header_map(headers: &HashMap<String, String>) -> http::HeaderMap {
+    let mut map = http::HeaderMap::new();
+    for (k, v) in headers {
+        // Both parts were checked by `parse_headers`.
+        if let (Ok(k), Ok(mut v)) = (
+            http::HeaderName::from_bytes(k.as_bytes()),
+            http::HeaderValue::from_str(v),
+        ) {
+            v.set_sensitive(true);
+            map.insert(k, v);
+        }
+    }
+    map
 }
 
 /// `%20`-style escapes decoded, as OTLP's header variables allow.

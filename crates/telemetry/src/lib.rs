@@ -126,11 +126,8 @@ impl Telemetry {
         tp.push('-');
         push_hex(&mut tp, &[span.trace_flags().to_u8() & 1]);
         out.push(("traceparent", tp));
-        if *span.trace_state() != TraceState::NONE {
-            let state = span.trace_state().header();
-            if !state.is_empty() {
-                out.push(("tracestate", state));
-            }
+        if let Some(state) = tracestate(span.trace_state()) {
+            out.push(("tracestate", state));
         }
         out
     }
@@ -143,16 +140,22 @@ pub fn trace_id_hex(span: &SpanContext) -> String {
     s
 }
 
+/// The `tracestate` header of `state`; `None` when it has no entries (most spans: the state is
+/// only looked at, not formatted, then).
+pub(crate) fn tracestate(state: &TraceState) -> Option<String> {
+    if *state == TraceState::NONE {
+        return None;
+    }
+    Some(state.header()).filter(|h| !h.is_empty())
+}
+
 /// `bytes` (at most 16: an id or the flags) as lowercase hex, written in one piece.
 fn push_hex(out: &mut String, bytes: &[u8]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut digits = [0u8; 32];
-    for (pair, b) in digits.chunks_exact_mut(2).zip(bytes) {
-        pair[0] = HEX[usize::from(b >> 4)];
-        pair[1] = HEX[usize::from(b & 15)];
-    }
     let n = 2 * bytes.len().min(16);
-    out.push_str(std::str::from_utf8(&digits[..n]).unwrap_or_default());
+    if hex::encode_to_slice(&bytes[..n / 2], &mut digits[..n]).is_ok() {
+        out.push_str(std::str::from_utf8(&digits[..n]).unwrap_or_default());
+    }
 }
 
 /// The context whose parent is `span`, for starting its children.

@@ -8,9 +8,8 @@
 //! being asked again too early. A collector that accepts only part of a batch says how many
 //! spans it rejected, and those are counted as failed exports.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
@@ -36,7 +35,7 @@ pub struct Protobuf {
     client: reqwest::Client,
     rt: tokio::runtime::Handle,
     endpoint: reqwest::Url,
-    headers: reqwest::header::HeaderMap,
+    headers: http::HeaderMap,
     /// The process's `Resource` message, written once.
     resource: Vec<u8>,
     schema_url: String,
@@ -46,28 +45,17 @@ pub struct Protobuf {
 }
 
 impl Protobuf {
-    /// The exporter for `endpoint` (`…/v1/traces`), sending `headers` (already checked) with
-    /// every request.
+    /// The exporter for `endpoint` (`…/v1/traces`), sending `headers` with every request.
     pub fn new(
         endpoint: &str,
-        headers: &HashMap<String, String>,
+        mut headers: http::HeaderMap,
         rt: tokio::runtime::Handle,
     ) -> Result<Self, String> {
         let endpoint = reqwest::Url::parse(endpoint)
             .map_err(|e| format!("telemetry: invalid OTLP endpoint: {e}"))?;
-        let mut map = reqwest::header::HeaderMap::new();
-        for (k, v) in headers {
-            let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
-                .map_err(|_| format!("telemetry: invalid header name {k}"))?;
-            // Never echo the value: it may be a credential.
-            let mut value = reqwest::header::HeaderValue::from_str(v)
-                .map_err(|_| format!("telemetry: invalid value for header {k}"))?;
-            value.set_sensitive(true);
-            map.insert(name, value);
-        }
-        map.insert(
-            reqwest::header::CONTENT_TYPE,
-            reqwest::header::HeaderValue::from_static("application/x-protobuf"),
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/x-protobuf"),
         );
         let client = reqwest::Client::builder()
             .timeout(EXPORT_TIMEOUT)
@@ -83,7 +71,7 @@ impl Protobuf {
             client,
             rt,
             endpoint,
-            headers: map,
+            headers,
             resource: wire::resource(&Resource::builder_empty().build()),
             schema_url: String::new(),
             last_len: AtomicUsize::new(0),
@@ -109,10 +97,11 @@ impl Protobuf {
         let answer = self
             .rt
             .spawn(async move {
-                // Each attempt is bounded by the client's timeout; the whole export by this.
-                tokio::time::timeout(
-                    EXPORT_TIMEOUT,
-                    post_with_retries(&client, url, headers, body),
+                // Each attempt is bounded by the client's timeout, the whole export by this.
+                let deadline = tokio::time::Instant::now() + EXPORT_TIMEOUT;
+                tokio::time::timeout_at(
+                    deadline,
+                    post_with_retries(&client, url, headers, body, deadline),
                 )
                 .await
                 .unwrap_or_else(|_| {
@@ -139,15 +128,15 @@ impl Protobuf {
     }
 }
 
-/// Posts `body`, retrying what OTLP/HTTP calls retryable until the export's deadline; the
-/// collector's answer on success.
+/// Posts `body`, retrying what OTLP/HTTP calls retryable while a pause still ends before
+/// `deadline`; the collector's answer on success.
 async fn post_with_retries(
     client: &reqwest::Client,
     url: reqwest::Url,
-    headers: reqwest::header::HeaderMap,
+    headers: http::HeaderMap,
     body: Bytes,
+    deadline: tokio::time::Instant,
 ) -> Result<Bytes, OTelSdkError> {
-    let deadline = Instant::now() + EXPORT_TIMEOUT;
     let mut pause = FIRST_PAUSE;
     let mut attempt = 0;
     loop {
@@ -189,7 +178,7 @@ async fn post_with_retries(
                 pause,
             ),
         };
-        if attempt >= RETRIES || Instant::now() + wait >= deadline {
+        if attempt >= RETRIES || tokio::time::Instant::now() + wait >= deadline {
             return Err(OTelSdkError::InternalFailure(failure));
         }
         tokio::time::sleep(wait).await;

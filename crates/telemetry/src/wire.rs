@@ -146,10 +146,10 @@ fn span_message(out: &mut Vec<u8>, span: &SpanData) {
     close(out, msg);
 }
 
-/// A span's `tracestate`, written out only when it has one (most have none).
+/// A span's `tracestate`, when it has one.
 fn trace_state(out: &mut Vec<u8>, tag: u32, state: &TraceState) {
-    if *state != TraceState::NONE {
-        string(out, tag, &state.header());
+    if let Some(header) = crate::tracestate(state) {
+        string(out, tag, &header);
     }
 }
 
