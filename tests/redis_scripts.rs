@@ -579,6 +579,14 @@ const WHOLE_LEASE_LUA: &str = concat!(
     include_str!("../crates/core/src/quota/lua/lease.lua")
 );
 
+/// pay.lua's light path alone: `{'whole'}` where it would leave the call to lease.lua's whole
+/// body, so a test comparing it with the whole body also proves the light path took the call.
+const LIGHT_ONLY_LUA: &str = concat!(
+    include_str!("../crates/core/src/quota/lua/account.lua"),
+    include_str!("../crates/core/src/quota/lua/pay.lua"),
+    "local paid = pay_only(KEYS, 0, ARGV, 0)\nif paid then return paid end\nreturn {'whole'}\n"
+);
+
 /// One lease.lua call (`source`: as the gateway runs it, `LEASE_LUA`) with no per-minute
 /// windows: `settled` = (settlements to split, those settled within a set-aside share).
 async fn lease_call(
@@ -685,17 +693,30 @@ async fn a_lease_pays_its_settlements_as_one_sum_allowance_then_lots_then_the_re
 async fn a_pay_only_renewal_leaves_what_the_whole_script_would() {
     // Two accounts in the same state; the last renewal pays, tops the share up (ask 100) or
     // not (ask 0), and pushes the lease's start time back and reads the lots (flags 1, 2) or
-    // not. On `light` it runs lease.lua as the gateway does (pay.lua's light path first); on
+    // not. On `light` it runs pay.lua's light path alone (which must take the call); on
     // `whole`, lease.lua's whole body. Reply, balance, sums, bucket, lease, its start time,
-    // lots: the same.
-    for (ask, flags) in [(0, 0), (100, 0), (0, 1), (100, 3), (0, 2)] {
+    // lots: the same. `later`: the last renewal comes in the same hour, or in the next one,
+    // where its payment first moves the last hour's bucket into the buckets hash and the keys'
+    // expiry is pushed back (the hourly chores pay.lua does too), with nothing paid or not.
+    let same = 200;
+    let next_hour = HOUR + 200;
+    for (ask, flags, later, pays) in [
+        (0, 0, same, true),
+        (100, 0, same, true),
+        (0, 1, same, true),
+        (100, 3, same, true),
+        (0, 2, same, true),
+        (0, 0, next_hour, true),
+        (100, 1, next_hour, true),
+        (0, 1, next_hour, false),
+    ] {
         let (Some(mut light), Some(mut whole)) = (Account::new().await, Account::new().await)
         else {
             return;
         };
         let now = H * HOUR + 1_000;
         let mut replies = Vec::new();
-        for (a, source) in [(&mut light, LEASE_LUA), (&mut whole, WHOLE_LEASE_LUA)] {
+        for (a, last) in [(&mut light, LIGHT_ONLY_LUA), (&mut whole, WHOLE_LEASE_LUA)] {
             a.load(&[]).await;
             // A tier-2 lot still running, a tier-3 one expired by the last renewal.
             for (id, expires, tier) in [("lot_on", now + HOUR, 2), ("lot_gone", now + 150, 3)] {
@@ -705,11 +726,12 @@ async fn a_pay_only_renewal_leaves_what_the_whole_script_would() {
             lease(a, now, (0, 0), 400, &[]).await;
             // The first payment opens the hour's bucket (lease.lua's whole body).
             lease(a, now + 100, (0, 200), 0, &[40]).await;
-            let settled = (&[25, 15][..], &[][..]);
-            let reply = lease_call(source, a, now + 200, (10, 150), ask, settled, flags).await;
+            let settled = if pays { &[25, 15][..] } else { &[][..] };
+            let reply =
+                lease_call(last, a, now + later, (10, 150), ask, (settled, &[]), flags).await;
             replies.push(reply);
         }
-        let case = format!("ask {ask}, flags {flags}");
+        let case = format!("ask {ask}, flags {flags}, {later} ms later, paying {pays}");
         assert_eq!(replies[0], replies[1], "{case}");
         assert_eq!(text(&replies[0][1]), ask.to_string(), "the share granted");
         let tier = if flags >= 2 { "2" } else { "-2" };
@@ -717,9 +739,16 @@ async fn a_pay_only_renewal_leaves_what_the_whole_script_would() {
         let Value::Array(paid) = &replies[0][6] else {
             panic!("settlements: {:?}", replies[0])
         };
+        let (paid_t, paid_r) = if pays { (40, 2) } else { (0, 0) };
         assert_eq!(
             paid.iter().map(text).collect::<Vec<_>>(),
-            ["40", "2", "0", "0"]
+            [
+                paid_t.to_string(),
+                paid_r.to_string(),
+                "0".into(),
+                "0".into()
+            ],
+            "{case}"
         );
         type Hash = std::collections::BTreeMap<String, String>;
         type Starts = Vec<(String, i64)>;
@@ -727,13 +756,45 @@ async fn a_pay_only_renewal_leaves_what_the_whole_script_would() {
         for a in [&mut light, &mut whole] {
             let meta: Hash = a.conn.hgetall(&a.keys[0]).await.unwrap();
             let lease: Option<String> = a.conn.hget(&a.keys[1], "L:test").await.unwrap();
+            let buckets: Hash = a.conn.hgetall(&a.keys[2]).await.unwrap();
             let lots: Hash = a.conn.hgetall(&a.keys[3]).await.unwrap();
             let starts: Starts = a.conn.zrange_withscores(&a.keys[4], 0, -1).await.unwrap();
-            state.push((meta, lease, lots, starts));
+            // Whether each key expires (the hourly push gives every one the account's TTL).
+            let mut expiring = Vec::new();
+            for k in &a.keys {
+                let ttl: i64 = a.conn.ttl(k).await.unwrap();
+                expiring.push(ttl > 0);
+            }
+            state.push((meta, lease, buckets, lots, starts, expiring));
         }
         assert_eq!(state[0], state[1], "{case}");
-        let (meta, lease, lots, starts) = &state[0];
-        assert_eq!(meta.get("sa").map(String::as_str), Some("80"));
+        let (meta, lease, buckets, lots, starts, _) = &state[0];
+        assert_eq!(
+            meta.get("sa").map(String::as_str),
+            Some((40 + paid_t).to_string().as_str()),
+            "{case}"
+        );
+        let hour = (now + later) / HOUR;
+        if later == next_hour && pays {
+            // The first hour's bucket (the 40 paid before) moved to the hash, this hour's in
+            // the meta hash.
+            assert_eq!(
+                buckets.get(&(hour - 1).to_string()).map(String::as_str),
+                Some("40,1,0,0"),
+                "{case}"
+            );
+            assert_eq!(meta.get("bh"), Some(&hour.to_string()), "{case}");
+            assert_eq!(
+                meta.get("bv").map(String::as_str),
+                Some("40,2,0,0"),
+                "{case}"
+            );
+        } else {
+            assert!(buckets.is_empty(), "{case}");
+        }
+        if later == next_hour {
+            assert_eq!(meta.get("x"), Some(&(now + later).to_string()), "{case}");
+        }
         let kept = 160 + ask;
         assert_eq!(
             meta.get("xa").map(String::as_str),
@@ -744,9 +805,16 @@ async fn a_pay_only_renewal_leaves_what_the_whole_script_would() {
         let requests = i64::from(ask > 0);
         assert_eq!(
             lease.as_deref(),
-            Some(format!("{kept},{requests},{},{},{requests},1", now + 200, 150 + ask).as_str())
+            Some(
+                format!(
+                    "{kept},{requests},{},{},{requests},1",
+                    now + later,
+                    150 + ask
+                )
+                .as_str()
+            )
         );
-        let started = if flags % 2 == 1 { now + 200 } else { now };
+        let started = if flags % 2 == 1 { now + later } else { now };
         assert_eq!(starts, &[("L:test".to_string(), started)], "{case}");
         assert_eq!(
             lots.contains_key("lot_gone"),

@@ -96,9 +96,11 @@ async fn server_time(
 
 /// Server time of one lease renewal (`lease.lua` with pay.lua's light path first), µs per
 /// call: an account whose set-aside share pays a few settlements each call, with the next
-/// minute's window chunk asked for (`ahead`) or not. Caps too large to refuse, as in
+/// minute's window chunk asked for (`ahead`) or not, and each call an hour after the last
+/// (`hourly`: it moves the last hour's spend bucket and pushes the keys' expiry back, as an
+/// account's first renewal of an hour does) or not. Caps too large to refuse, as in
 /// `scripts/bench --redis --accounts`.
-async fn lease_time(conn: &mut MultiplexedConnection, ahead: bool, n: usize) -> f64 {
+async fn lease_time(conn: &mut MultiplexedConnection, ahead: bool, hourly: bool, n: usize) -> f64 {
     let prefix = format!("bench:{}:", gateway_core::util::random_base62(8));
     let keys = account_keys(&prefix, "usr_bench");
     let now = gateway_core::util::now_ms();
@@ -114,12 +116,12 @@ async fn lease_time(conn: &mut MultiplexedConnection, ahead: bool, n: usize) -> 
     let _: i64 = inv.invoke_async(conn).await.expect("load");
     let lease = Script::new(LEASE_LUA);
     // (unused share kept, share asked for, set-aside settlements, next minute's chunk asked)
-    let call = |free: [i64; 2], ask: [i64; 2], aside: [i64; 2], chunk: bool| {
+    let call = |at: i64, free: [i64; 2], ask: [i64; 2], aside: [i64; 2], chunk: bool| {
         let mut inv = lease.prepare_invoke();
         for k in keys.iter().chain(&windows) {
             inv.key(k);
         }
-        inv.arg(now)
+        inv.arg(at)
             .arg("L:bench")
             .arg(1_000_000_000_000i64)
             .arg(0)
@@ -146,13 +148,21 @@ async fn lease_time(conn: &mut MultiplexedConnection, ahead: bool, n: usize) -> 
         inv
     };
     // The share, taken once: set aside from an allowance far larger than it.
-    let _: Vec<Value> = call([0, 0], [10_112, 128], [0, 0], false)
+    let _: Vec<Value> = call(now, [0, 0], [10_112, 128], [0, 0], false)
+        .invoke_async(conn)
+        .await
+        .expect("lease");
+    // The first payment opens the hour's spend bucket.
+    let _: Vec<Value> = call(now, [9_769, 121], [0, 0], [343, 7], false)
         .invoke_async(conn)
         .await
         .expect("lease");
     reset_stats(conn).await;
-    for _ in 0..n {
-        let _: Vec<Value> = call([9_769, 121], [0, 0], [343, 7], ahead)
+    // An hour apart, within the week (its sums are rebuilt once the oldest bucket leaves it).
+    let n = if hourly { n.min(160) } else { n };
+    for i in 1..=n as i64 {
+        let at = if hourly { now + i * HOUR } else { now };
+        let _: Vec<Value> = call(at, [9_769, 121], [0, 0], [343, 7], ahead)
             .invoke_async(conn)
             .await
             .expect("lease");
@@ -209,11 +219,12 @@ async fn main() {
     println!();
     println!("| lease renewal | evalsha µs per call (server) |");
     println!("|---|---:|");
-    for (what, ahead) in [
-        ("set-aside settlements paid", false),
-        ("the same and the next minute's chunk", true),
+    for (what, ahead, hourly) in [
+        ("set-aside settlements paid", false, false),
+        ("the same, the first of an hour", false, true),
+        ("the same and the next minute's chunk", true, false),
     ] {
-        let us = lease_time(&mut conn, ahead, n).await;
+        let us = lease_time(&mut conn, ahead, hourly, n).await;
         println!("| {what} | {us:.1} |");
     }
 }
