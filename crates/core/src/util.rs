@@ -12,8 +12,6 @@ pub type FastHash = foldhash::quality::RandomState;
 
 const BASE62: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
 
-/// Milliseconds since the Unix epoch: the unit every stored timestamp uses, so both databases
-/// compare and index them as plain integers.
 /// Creates `dir` and any missing parents with mode 0700: the data directory holds the
 /// database, secrets, journal and pid file, none of them for other local users. A directory
 /// that exists is left as the operator set it. The error names the directory.
@@ -26,6 +24,8 @@ pub fn create_private_dir(dir: &std::path::Path) -> Result<(), String> {
         .map_err(|e| format!("cannot create {}: {e}", dir.display()))
 }
 
+/// Milliseconds since the Unix epoch: the unit every stored timestamp uses, so both databases
+/// compare and index them as plain integers.
 pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

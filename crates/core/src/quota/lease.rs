@@ -25,7 +25,9 @@
 //! back, or the sweep would release it: one plain `ZADD`, with a plain read of the lots for
 //! the tier hint, unless the set-aside settlements are due to be booked), and when another
 //! instance drained the account (`q:drains`, heard within a `FLUSH_EVERY`: `drains`). A lease
-//! nothing changed costs Redis nothing.
+//! nothing changed costs Redis nothing. What falls due on a clock (the start time, the next
+//! minute's chunk, an idle lease) waits for the next clock round (`CLOCK_EVERY_MS`), so the
+//! accounts it falls due for share that round's round trips.
 //!
 //! Exactness:
 //! - the lease is a reservation, so what all instances admit never exceeds the balance;
@@ -68,6 +70,14 @@ use crate::util::{now_ms, FastHash};
 
 /// How often settlements are paid, leases with something to do renewed, and drains polled.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
+/// How often (ms) a round also does the work that waits on a clock rather than on traffic: a
+/// lease's start time pushed back (every third of the reservation timeout), the next minute's
+/// chunks (in a minute's second half), an idle lease given back. Each has seconds to spare,
+/// and the accounts due in one round share its one pipeline and one script call, where spread
+/// over every round each account's would be a round trip of its own: a round trip costs Redis
+/// far more than the commands in it, so at thousands of accounts the spread was most of what
+/// they cost it.
+const CLOCK_EVERY_MS: i64 = 1_000;
 /// A lease unused this long (ms) is given back: long enough that an account sending a request
 /// every minute or so keeps its lease (taking one is a call on the request path), while a held
 /// lease costs Redis nothing.
@@ -293,7 +303,10 @@ impl Slot {
     /// Whether the periodic renewal has something to do for this account (see the module's
     /// doc): nothing on a clock but the reservation timeout.
     /// `booking`: Redis answers, so what only waits to be booked in Redis is due too.
-    fn due(&self, now: i64, timeout_ms: i64, closing: bool, booking: bool) -> bool {
+    /// `clock`: the round is a clock round (`CLOCK_EVERY`), so the work that waits on a clock
+    /// (the next minute's chunk, giving an idle lease back, pushing the start time back) is due
+    /// too; what the account's traffic or another instance asks for is due every round.
+    fn due(&self, now: i64, timeout_ms: i64, closing: bool, booking: bool, clock: bool) -> bool {
         if self.renewing {
             return false;
         }
@@ -317,12 +330,17 @@ impl Slot {
         let running_short = self.admitted > 0
             && self.held != [0, 0]
             && (free[0] < self.top_up[0] || free[1] < self.top_up[1]);
+        let on_clock = clock
+            && ((!idle && self.chunks.values().any(|c| c.wants_ahead(now, false)))
+                || (holds && idle)
+                || (self.held != [0, 0] && self.clocks(now, timeout_ms, 1) & 1 != 0));
         !self.pending.is_empty()
             || (booking && (!self.late_fixes.is_empty() || unbooked))
             || running_short
-            || (!idle && self.chunks.values().any(|c| c.wants_ahead(now, false)))
-            || (holds && (self.wake || idle))
-            || (self.held != [0, 0] && self.clocks(now, timeout_ms, 1) & 1 != 0)
+            || (holds && self.wake)
+            // A push found the lease released by the sweep: what it holds is checked at once.
+            || (self.held != [0, 0] && self.recheck)
+            || on_clock
     }
 }
 
@@ -349,6 +367,8 @@ pub struct Leases {
     cells: dashmap::DashMap<String, Arc<Cell>, FastHash>,
     /// The instance is stopping: every lease is given back at the next round.
     closing: std::sync::atomic::AtomicBool,
+    /// When (ms) the next clock round may come (`CLOCK_EVERY_MS`).
+    next_clock: std::sync::atomic::AtomicI64,
 }
 
 /// One scope of a `lease.lua` call: whether its chunk for this minute is renewed (given back,
@@ -437,6 +457,7 @@ impl Leases {
             id: format!("L:{instance}"),
             cells: Default::default(),
             closing: Default::default(),
+            next_clock: Default::default(),
         }
     }
 
@@ -1028,10 +1049,21 @@ impl Leases {
     }
 
     pub(super) fn due(&self, now: i64, timeout_ms: i64, booking: bool) -> Vec<String> {
-        let closing = self.closing.load(std::sync::atomic::Ordering::Relaxed);
+        use std::sync::atomic::Ordering::Relaxed;
+        let closing = self.closing.load(Relaxed);
+        // A clock round at most every `CLOCK_EVERY_MS` (rounds come from one task).
+        let clock = now >= self.next_clock.load(Relaxed);
+        if clock {
+            self.next_clock.store(now + CLOCK_EVERY_MS, Relaxed);
+        }
         self.cells
             .iter()
-            .filter(|e| e.value().slot.lock().due(now, timeout_ms, closing, booking))
+            .filter(|e| {
+                e.value()
+                    .slot
+                    .lock()
+                    .due(now, timeout_ms, closing, booking, clock)
+            })
             .map(|e| e.key().clone())
             .collect()
     }
@@ -1048,7 +1080,7 @@ impl Leases {
         let closing = self.closing.load(std::sync::atomic::Ordering::Relaxed);
         self.cells.iter().any(|e| {
             let s = e.value().slot.lock();
-            s.renewing || s.due(now_ms(), i64::MAX, closing, true)
+            s.renewing || s.due(now_ms(), i64::MAX, closing, true, true)
         })
     }
 
@@ -1392,7 +1424,10 @@ mod tests {
             let cell = leases.cells.get("u").unwrap().clone();
             let s = cell.slot.lock();
             assert_eq!(s.aside_paid, [60, 1]);
-            assert!(!s.due(now, 900_000, false, true), "set-aside cost waits");
+            assert!(
+                !s.due(now, 900_000, false, true, true),
+                "set-aside cost waits"
+            );
         }
         let (call, pending) = leases
             .begin("p:", "u", 900_000, now, true)
@@ -1406,8 +1441,41 @@ mod tests {
         let s = cell.slot.lock();
         assert_eq!(s.aside_paid, [60, 1]);
         assert!(!s.aside);
-        assert!(s.due(now, 900_000, false, true));
-        assert!(!s.due(now, 900_000, false, false), "not during an outage");
+        assert!(
+            s.due(now, 900_000, false, true, false),
+            "sent again at any round"
+        );
+        assert!(
+            !s.due(now, 900_000, false, false, true),
+            "not during an outage"
+        );
+    }
+
+    #[test]
+    fn clock_work_waits_for_a_clock_round_and_traffic_work_does_not() {
+        let leases = set_aside_lease();
+        let now = crate::util::now_ms();
+        // The lease's start time is due to be pushed back (a third of the timeout passed).
+        leases.cells.get("u").unwrap().slot.lock().refreshed = now - 301_000;
+        assert_eq!(
+            leases.due(now, 900_000, true),
+            ["u"],
+            "the first round is a clock round"
+        );
+        assert!(
+            leases.due(now + 100, 900_000, true).is_empty(),
+            "the next is not"
+        );
+        assert!(leases.due(now + 999, 900_000, true).is_empty());
+        assert_eq!(
+            leases.due(now + 1_000, 900_000, true),
+            ["u"],
+            "a second later it is"
+        );
+        // A settlement waiting to be paid (the limits fell since the lease was set aside) is
+        // due at every round.
+        assert!(settle(&leases, 5_000).is_none());
+        assert_eq!(leases.due(now + 1_100, 900_000, true), ["u"]);
     }
 
     fn lot(id: &str, kind: LotKind, n: u64) -> (String, LotKind, u64) {
@@ -1510,7 +1578,14 @@ mod tests {
             s.lots_read = now - 301_000;
             s.booked = now - booked_ago;
             s.aside_paid = [79, 1];
-            assert!(s.due(now, 900_000, false, true), "the start time is due");
+            assert!(
+                s.due(now, 900_000, false, true, true),
+                "the start time is due"
+            );
+            assert!(
+                !s.due(now, 900_000, false, true, false),
+                "at a clock round only"
+            );
         }
         let (call, pending) = leases.begin("p:", "u", 900_000, now, plain).unwrap();
         assert!(pending.is_empty());
@@ -1553,7 +1628,7 @@ mod tests {
             .unwrap()
             .slot
             .lock()
-            .due(now, 900_000, false, true));
+            .due(now, 900_000, false, true, false));
         let (call, _) = leases.begin("p:", "u", 900_000, now + 100, true).unwrap();
         assert!(call.plain.is_none());
         assert_eq!(call.aside_paid, [79, 1]);

@@ -439,8 +439,7 @@ impl Engine {
                 s.recover(&self.db).await;
             } else if now_ms() - last_sweep >= 1_000 {
                 last_sweep = now_ms();
-                s.register_instance(last_sweep).await;
-                s.sweep(last_sweep, timeout.as_millis() as i64).await;
+                s.heartbeat(last_sweep, timeout.as_millis() as i64).await;
             }
         }
     }

@@ -62,33 +62,86 @@ impl Shared {
         }
     }
 
-    /// Releases reservations older than `timeout_ms` on every account that holds one, so a
-    /// reservation whose instance died is freed whether or not its account sends anything.
-    /// On one Redis the accounts due in a pass are swept in one script call; on a cluster
-    /// (each account's keys in their own slot, the set in another) one call each, the set
-    /// moved after it.
-    pub async fn sweep(&self, now: i64, timeout_ms: i64) {
+    /// Says this instance is alive, learns how many are, and releases reservations older than
+    /// `timeout_ms` on every account that holds one, so a reservation whose instance died is
+    /// freed whether or not its account sends anything: every second while Redis answers. The
+    /// heartbeat and the sweep's question share one pipeline (a round trip costs Redis more
+    /// than the commands in it). During an outage the last count of instances sets this
+    /// instance's share of every limit and balance.
+    pub async fn heartbeat(&self, now: i64, timeout_ms: i64) {
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZADD")
+            .arg(&self.instances_key)
+            .arg(now)
+            .arg(&self.instance)
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&self.instances_key)
+            .arg("-inf")
+            .arg(format!("({}", now - INSTANCE_TTL_MS))
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&self.instances_key)
+            .arg(INSTANCE_TTL_MS)
+            .ignore()
+            .cmd("ZCARD")
+            .arg(&self.instances_key);
+        let mut due_query = redis::cmd("ZRANGEBYSCORE");
+        due_query
+            .arg(&self.due_key)
+            .arg("-inf")
+            .arg(format!("({}", now - timeout_ms))
+            .arg("LIMIT")
+            .arg(0)
+            .arg(SWEEP_BATCH);
         let mut conn = self.conn();
-        let due: Vec<String> = match self
-            .guarded(
-                "sweep",
-                redis::cmd("ZRANGEBYSCORE")
-                    .arg(&self.due_key)
-                    .arg("-inf")
-                    .arg(format!("({}", now - timeout_ms))
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(SWEEP_BATCH)
-                    .query_async(&mut conn),
+        // A cluster keeps the two sets in different slots: a call each there.
+        let cluster = self.connector.is_cluster();
+        if !cluster {
+            pipe.add_command(due_query.clone());
+        }
+        let answer = if cluster {
+            match self
+                .guarded("instances", pipe.query_async::<(u64,)>(&mut conn))
+                .await
+            {
+                Ok((live,)) => self
+                    .guarded("sweep", due_query.query_async::<Vec<String>>(&mut conn))
+                    .await
+                    .map(|due| (live, due)),
+                Err(e) => Err(e),
+            }
+        } else {
+            self.guarded(
+                "instances",
+                pipe.query_async::<(u64, Vec<String>)>(&mut conn),
             )
             .await
-        {
-            Ok(d) => d,
+        };
+        let due = match answer {
+            Ok((live, due)) => {
+                self.fallback.set_share(live);
+                due
+            }
             Err(Unreachable(e)) => {
                 log::warn!("{e}");
                 return;
             }
         };
+        self.sweep(&mut conn, &due, now, timeout_ms).await;
+    }
+
+    /// Releases the stale reservations of the accounts `due` (the sweep's set says they may
+    /// hold some). On one Redis they are swept in one script call; on a cluster (each
+    /// account's keys in their own slot, the set in another) one call each, the set moved
+    /// after it.
+    async fn sweep(
+        &self,
+        conn: &mut super::redis_conn::Conn,
+        due: &[String],
+        now: i64,
+        timeout_ms: i64,
+    ) {
         if due.is_empty() {
             return;
         }
@@ -96,7 +149,7 @@ impl Shared {
         let calls: Vec<&[String]> = if cluster {
             due.chunks(1).collect()
         } else {
-            vec![&due[..]]
+            vec![due]
         };
         for users in calls {
             let mut inv = self.sweep.prepare_invoke();
@@ -112,7 +165,7 @@ impl Shared {
                 inv.arg(user_id);
             }
             let swept = match self
-                .guarded("sweep", inv.invoke_async::<Vec<i64>>(&mut conn))
+                .guarded("sweep", inv.invoke_async::<Vec<i64>>(&mut *conn))
                 .await
             {
                 Ok(r) => r,
@@ -127,7 +180,7 @@ impl Shared {
                     log::warn!("released {released} stale reservation(s) of {user_id}");
                 }
                 if cluster {
-                    self.rescore(&mut conn, user_id, *oldest).await;
+                    self.rescore(conn, user_id, *oldest).await;
                 }
             }
         }
@@ -147,37 +200,6 @@ impl Shared {
         };
         if let Err(Unreachable(e)) = self.guarded("sweep", cmd.query_async::<i64>(conn)).await {
             log::warn!("{e}");
-        }
-    }
-
-    /// Says this instance is alive and learns how many are (seen within `INSTANCE_TTL_MS`):
-    /// one pipelined call, every second while Redis answers. During an outage the last count
-    /// sets this instance's share of every limit and balance.
-    pub async fn register_instance(&self, now: i64) {
-        let mut pipe = redis::pipe();
-        pipe.cmd("ZADD")
-            .arg(&self.instances_key)
-            .arg(now)
-            .arg(&self.instance)
-            .ignore()
-            .cmd("ZREMRANGEBYSCORE")
-            .arg(&self.instances_key)
-            .arg("-inf")
-            .arg(format!("({}", now - INSTANCE_TTL_MS))
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(&self.instances_key)
-            .arg(INSTANCE_TTL_MS)
-            .ignore()
-            .cmd("ZCARD")
-            .arg(&self.instances_key);
-        let mut conn = self.conn();
-        match self
-            .guarded("instances", pipe.query_async::<(u64,)>(&mut conn))
-            .await
-        {
-            Ok((live,)) => self.fallback.set_share(live),
-            Err(Unreachable(e)) => log::warn!("{e}"),
         }
     }
 
