@@ -644,10 +644,13 @@ async fn until_into(minute: i64, at_ms: i64) {
 
 /// An account that sends nothing for one minute keeps its chunk ahead for the minute after
 /// (taken in the idle minute's second half), so its next request does not wait for a script.
-/// The cap is roomy: the lease sizes that chunk from the rate of the opening burst.
+/// The cap is roomy: the lease sizes that chunk from the rate of the opening burst, and two
+/// instances' chunks for the idle minute and the next must stay within half of it wherever in
+/// the second half the asks fall (`next_minutes_chunk_refused_past_half_the_cap` tests that
+/// rule).
 async fn next_minutes_chunk_kept_over_a_skipped_minute(store: Store) {
     let p = pair(&store, &roomy());
-    let (user_id, key, key_id) = user_with_key(&p, "skip@example.com", "6000");
+    let (user_id, key, key_id) = user_with_key(&p, "skip@example.com", "60000");
     // Requests in a minute's second half: chunks, and the next minute's ahead.
     let minute = second_half_of_a_minute().await;
     answered_by_both(&p, &key, 6).await;

@@ -75,8 +75,7 @@ pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 /// chunks (in a minute's second half), an idle lease given back. Each has seconds to spare,
 /// and the accounts due in one round share its one pipeline and one script call, where spread
 /// over every round each account's would be a round trip of its own: a round trip costs Redis
-/// far more than the commands in it, so at thousands of accounts the spread was most of what
-/// they cost it.
+/// far more than the commands in it.
 const CLOCK_EVERY_MS: i64 = 1_000;
 /// A lease unused this long (ms) is given back: long enough that an account sending a request
 /// every minute or so keeps its lease (taking one is a call on the request path), while a held
@@ -303,7 +302,7 @@ impl Slot {
     /// Whether the periodic renewal has something to do for this account (see the module's
     /// doc): nothing on a clock but the reservation timeout.
     /// `booking`: Redis answers, so what only waits to be booked in Redis is due too.
-    /// `clock`: the round is a clock round (`CLOCK_EVERY`), so the work that waits on a clock
+    /// `clock`: the round is a clock round (`CLOCK_EVERY_MS`), so the work that waits on a clock
     /// (the next minute's chunk, giving an idle lease back, pushing the start time back) is due
     /// too; what the account's traffic or another instance asks for is due every round.
     fn due(&self, now: i64, timeout_ms: i64, closing: bool, booking: bool, clock: bool) -> bool {
