@@ -96,11 +96,7 @@ impl Shared {
             .arg(SWEEP_BATCH);
         let mut conn = self.conn();
         // A cluster keeps the two sets in different slots: a call each there.
-        let cluster = self.connector.is_cluster();
-        if !cluster {
-            pipe.add_command(due_query.clone());
-        }
-        let answer = if cluster {
+        let answer = if self.connector.is_cluster() {
             match self
                 .guarded("instances", pipe.query_async::<(u64,)>(&mut conn))
                 .await
@@ -112,6 +108,7 @@ impl Shared {
                 Err(e) => Err(e),
             }
         } else {
+            pipe.add_command(due_query);
             self.guarded(
                 "instances",
                 pipe.query_async::<(u64, Vec<String>)>(&mut conn),
