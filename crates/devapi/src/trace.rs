@@ -7,19 +7,21 @@
 //! every span is built, queued, encoded and sent, and with every request sampled that work is
 //! a measurable share of the request.
 //!
+//! The spans are plain records ([`SpanRecord`]) that wait in the request's list as they end and
+//! go to the export thread together when the server span ends: one hand-off per request. A
+//! request whose trace is not sampled records nothing; its ids still reach the provider.
+//!
 //! With telemetry off, [`begin`] returns `None` and every other step is skipped by the caller's
 //! `if let`: no span, no allocation. Nothing secret is recorded: ids (key, account, request),
 //! names (model, deployment), counts; never a key, a header value, a prompt or an answer (with
 //! `[telemetry] capture_sizes`, their sizes in bytes).
 
 use std::borrow::Cow;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use gateway_core::domain::ProviderStyle;
-use gateway_telemetry::{KeyValue, SdkSpan, Span, SpanKind, Status, Tracer};
-use opentelemetry::trace::TraceContextExt;
-use opentelemetry::Context;
+use gateway_telemetry::{Attr, SpanContext, SpanKind, SpanRecord, Telemetry, TraceState};
 
 use crate::ctx::RequestCtx;
 use crate::pipeline::Admitted;
@@ -29,10 +31,13 @@ use crate::Session;
 
 /// The spans of one request under way.
 pub struct RequestTrace {
-    telemetry: &'static gateway_telemetry::Telemetry,
-    server: SdkSpan,
-    /// The server span as the parent of the request's other spans.
-    cx: Context,
+    telemetry: &'static Telemetry,
+    /// The server span's context: the parent of the request's other spans.
+    context: SpanContext,
+    /// The server span, filled in as the request goes, and the request's other spans as they
+    /// end (all handed to the export together when the server span ends); `None` when the
+    /// trace is not sampled (its context still reaches the provider, unsampled).
+    server: Option<(SpanRecord, Ended)>,
     /// The trace id (32 hex digits), for the access line.
     pub trace_id: String,
     started: SystemTime,
@@ -44,6 +49,17 @@ pub struct RequestTrace {
     finish_reasons: Vec<String>,
 }
 
+/// A request's spans that have ended, waiting for the server span's end.
+type Ended = Arc<Mutex<Vec<SpanRecord>>>;
+
+/// Adds `span`, ended now, to its request's ended spans.
+fn ended(list: &Ended, mut span: SpanRecord) {
+    span.end = SystemTime::now();
+    if let Ok(mut list) = list.lock() {
+        list.push(span);
+    }
+}
+
 /// Starts the request's server span, as a child of the client's `traceparent` when it sent
 /// one; `None` when telemetry is off.
 pub fn begin(session: &Session) -> Option<Box<RequestTrace>> {
@@ -52,34 +68,43 @@ pub fn begin(session: &Session) -> Option<Box<RequestTrace>> {
     let parent = if req.headers.contains_key(&TRACEPARENT) {
         telemetry.parent_from(&req.headers)
     } else {
-        Context::new()
+        None
+    };
+    let trace_id = parent
+        .as_ref()
+        .map_or_else(gateway_telemetry::new_trace_id, SpanContext::trace_id);
+    let sampled = telemetry.sampled(parent.as_ref(), trace_id);
+    let context = match &parent {
+        Some(p) => gateway_telemetry::child(trace_id, sampled, p.trace_state()),
+        None => gateway_telemetry::child(trace_id, sampled, &TraceState::NONE),
     };
     let started = SystemTime::now();
-    let method: Cow<'static, str> = match req.method.as_str() {
-        "POST" => Cow::Borrowed("POST"),
-        "GET" => Cow::Borrowed("GET"),
-        other => Cow::Owned(other.to_owned()),
-    };
-    // Room for every attribute `finish` adds: the list is not grown on the way.
-    let mut attrs = Vec::with_capacity(SERVER_ATTRIBUTES);
-    attrs.extend([
-        KeyValue::new("http.request.method", method.clone()),
-        KeyValue::new("url.path", req.uri.path().to_owned()),
-        KeyValue::new("url.scheme", "http"),
-        KeyValue::new("network.protocol.version", "1.1"),
-    ]);
-    let builder = telemetry
-        .tracer()
-        .span_builder(method)
-        .with_kind(SpanKind::Server)
-        .with_start_time(started)
-        .with_attributes(attrs);
-    let server = telemetry.tracer().build_with_context(builder, &parent);
-    let span_context = server.span_context().clone();
+    let server = sampled.then(|| {
+        let method: (&'static str, Attr) = match req.method.as_str() {
+            "POST" => ("POST", Attr::Static("POST")),
+            "GET" => ("GET", Attr::Static("GET")),
+            other => ("HTTP", Attr::Text(other.to_owned())),
+        };
+        // Room for every attribute `finish` adds: the list is not grown on the way.
+        let mut span = SpanRecord::start(
+            context.clone(),
+            parent.as_ref().map(|p| (p, true)),
+            method.0,
+            SpanKind::Server,
+            started,
+            SERVER_ATTRIBUTES,
+        );
+        span.set("http.request.method", method.1);
+        span.set("url.path", req.uri.path().to_owned());
+        span.set("url.scheme", "http");
+        span.set("network.protocol.version", "1.1");
+        // Room for the admission, one attempt and the server span itself.
+        (span, Arc::new(Mutex::new(Vec::with_capacity(3))))
+    });
     Some(Box::new(RequestTrace {
         telemetry,
-        trace_id: gateway_telemetry::trace_id_hex(&span_context),
-        cx: Context::new().with_remote_span_context(span_context),
+        trace_id: gateway_telemetry::trace_id_hex(&context),
+        context,
         server,
         started,
         settled_at: None,
@@ -105,108 +130,154 @@ fn spaced(a: &str, b: &str) -> String {
 const SERVER_ATTRIBUTES: usize = 24;
 /// The most attributes an attempt span carries.
 const ATTEMPT_ATTRIBUTES: usize = 10;
+/// The most attributes a phase span carries.
+const PHASE_ATTRIBUTES: usize = 1;
 
-/// A phase of the request (admission) under way.
-pub struct Phase(SdkSpan);
+/// A phase of the request (admission) under way; empty when the trace is not sampled. One
+/// dropped without [`Phase::end`] still ends (without an outcome), as an SDK span would.
+pub struct Phase(Option<(Ended, SpanRecord)>);
 
 impl Phase {
     /// Ends the phase; `error` is the gateway's error code when the phase refused the request.
     pub fn end(mut self, error: Option<&'static str>) {
+        let Some((list, mut span)) = self.0.take() else {
+            return;
+        };
         if let Some(code) = error {
-            self.0.set_attribute(KeyValue::new("error.type", code));
-            self.0.set_status(Status::error(code));
+            span.set("error.type", code);
+            span.error = Some(Cow::Borrowed(code));
         }
-        self.0.end();
-    }
-
-    pub fn set(&mut self, kv: KeyValue) {
-        self.0.set_attribute(kv);
+        ended(&list, span);
     }
 
     /// Marks the moment a step of the phase begins (`gateway.quota.reserve`).
     pub fn mark(&mut self, name: &'static str) {
-        self.0.add_event(name, Vec::new());
+        if let Some((_, span)) = &mut self.0 {
+            span.event(name, SystemTime::now(), Vec::new());
+        }
     }
 }
 
-/// One upstream attempt: a client span, ended with its outcome.
-pub struct Attempt(SdkSpan);
+impl Drop for Phase {
+    fn drop(&mut self) {
+        if let Some((list, span)) = self.0.take() {
+            ended(&list, span);
+        }
+    }
+}
+
+/// One upstream attempt: a client span, ended with its outcome (or, dropped without
+/// [`Attempt::end`], without one).
+pub struct Attempt {
+    telemetry: &'static Telemetry,
+    context: SpanContext,
+    /// `None` when the trace is not sampled.
+    span: Option<(Ended, SpanRecord)>,
+}
 
 impl Attempt {
     /// The W3C headers that make this attempt the parent of the provider's work.
     pub fn headers(&self) -> Vec<(&'static str, String)> {
-        gateway_telemetry::get()
-            .map(|t| t.headers_for(self.0.span_context()))
-            .unwrap_or_default()
+        self.telemetry.headers_for(&self.context)
     }
 
     /// Ends the attempt: `outcome` is `ok`, `request_error`, `failover`, the failure's label,
     /// or how the relay ended; `status` the provider's HTTP status when it answered.
     pub fn end(mut self, outcome: &'static str, status: Option<u16>) {
-        self.0
-            .set_attribute(KeyValue::new("gateway.attempt.outcome", outcome));
+        let Some((list, mut span)) = self.span.take() else {
+            return;
+        };
+        span.set("gateway.attempt.outcome", outcome);
         if let Some(s) = status {
-            self.0
-                .set_attribute(KeyValue::new("http.response.status_code", i64::from(s)));
+            span.set("http.response.status_code", i64::from(s));
         }
         let failed = !matches!(outcome, "ok" | "complete" | "request_error");
         if failed {
-            self.0.set_attribute(KeyValue::new("error.type", outcome));
-            self.0.set_status(Status::error(outcome));
+            span.set("error.type", outcome);
+            span.error = Some(Cow::Borrowed(outcome));
         }
-        self.0.end();
+        ended(&list, span);
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if let Some((list, span)) = self.span.take() {
+            ended(&list, span);
+        }
     }
 }
 
 impl RequestTrace {
+    /// A span under the server span, when the trace is sampled.
+    fn child(
+        &self,
+        context: &SpanContext,
+        name: impl Into<Cow<'static, str>>,
+        kind: SpanKind,
+        attributes: usize,
+    ) -> SpanRecord {
+        SpanRecord::start(
+            context.clone(),
+            Some((&self.context, false)),
+            name,
+            kind,
+            SystemTime::now(),
+            attributes,
+        )
+    }
+
+    fn child_context(&self) -> SpanContext {
+        gateway_telemetry::child(
+            self.context.trace_id(),
+            self.context.is_sampled(),
+            self.context.trace_state(),
+        )
+    }
+
     /// Starts a phase span (`gateway.admission`).
     pub fn phase(&self, name: &'static str) -> Phase {
-        let builder = self
-            .telemetry
-            .tracer()
-            .span_builder(name)
-            .with_kind(SpanKind::Internal);
-        Phase(
-            self.telemetry
-                .tracer()
-                .build_with_context(builder, &self.cx),
-        )
+        let Some((_, list)) = &self.server else {
+            return Phase(None);
+        };
+        let context = self.child_context();
+        let span = self.child(&context, name, SpanKind::Internal, PHASE_ATTRIBUTES);
+        Phase(Some((list.clone(), span)))
     }
 
     /// Starts the client span of attempt `n` (0-based) at `target`.
     pub fn attempt(&self, target: &Target, n: usize, adm: &Admitted) -> Attempt {
-        let p = &target.provider;
-        let model = target.upstream_model.as_deref().unwrap_or(&adm.model_name);
-        let mut attrs = Vec::with_capacity(ATTEMPT_ATTRIBUTES);
-        attrs.extend([
-            KeyValue::new("gen_ai.provider.name", provider_name(p.style)),
-            KeyValue::new("gateway.deployment", target.label().to_owned()),
-            KeyValue::new("gateway.attempt", n as i64 + 1),
-            KeyValue::new("server.address", p.host.clone()),
-            KeyValue::new("server.port", i64::from(p.port)),
-        ]);
-        if !model.is_empty() {
-            attrs.push(KeyValue::new("gen_ai.request.model", model.to_owned()));
+        let context = self.child_context();
+        let span = self.server.as_ref().map(|(_, list)| {
+            let p = &target.provider;
+            let model = target.upstream_model.as_deref().unwrap_or(&adm.model_name);
+            let name = match operation(adm.endpoint) {
+                Some(op) if !model.is_empty() => spaced(op, model),
+                _ => spaced("attempt", target.label()),
+            };
+            let mut span = self.child(&context, name, SpanKind::Client, ATTEMPT_ATTRIBUTES);
+            span.set("gen_ai.provider.name", provider_name(p.style));
+            span.set("gateway.deployment", target.label().to_owned());
+            span.set("gateway.attempt", n as i64 + 1);
+            span.set("server.address", p.host.clone());
+            span.set("server.port", i64::from(p.port));
+            if !model.is_empty() {
+                span.set("gen_ai.request.model", model.to_owned());
+            }
+            (list.clone(), span)
+        });
+        Attempt {
+            telemetry: self.telemetry,
+            context,
+            span,
         }
-        let name = match operation(adm.endpoint) {
-            Some(op) if !model.is_empty() => spaced(op, model),
-            _ => spaced("attempt", target.label()),
-        };
-        let builder = self
-            .telemetry
-            .tracer()
-            .span_builder(name)
-            .with_kind(SpanKind::Client)
-            .with_attributes(attrs);
-        Attempt(
-            self.telemetry
-                .tracer()
-                .build_with_context(builder, &self.cx),
-        )
     }
 
     /// Notes which deployment gave the answer the client gets.
     pub fn answered_by(&self, target: &Target, adm: &Admitted) {
+        if self.server.is_none() {
+            return;
+        }
         let model = target.upstream_model.as_deref().unwrap_or(&adm.model_name);
         let _ = self
             .answered
@@ -215,36 +286,34 @@ impl RequestTrace {
 
     /// Notes what admission learnt: the operation, the model, whether streamed.
     pub fn admitted(&mut self, adm: &Admitted) {
-        let s = &mut self.server;
+        let Some((s, _)) = &mut self.server else {
+            return;
+        };
         if let Some(op) = operation(adm.endpoint) {
-            s.set_attribute(KeyValue::new("gen_ai.operation.name", op));
+            s.set("gen_ai.operation.name", op);
         }
         if !adm.model_name.is_empty() {
-            s.set_attribute(KeyValue::new(
-                "gen_ai.request.model",
-                adm.model_name.clone(),
-            ));
+            s.set("gen_ai.request.model", adm.model_name.clone());
         }
         if !adm.endpoint.is_get() {
-            s.set_attribute(KeyValue::new("gateway.stream", adm.stream));
+            s.set("gateway.stream", adm.stream);
         }
         if self.telemetry.capture_sizes && !adm.body.is_empty() {
-            s.set_attribute(KeyValue::new(
-                "http.request.body.size",
-                adm.body.len() as i64,
-            ));
+            s.set("http.request.body.size", adm.body.len() as i64);
         }
     }
 
     /// Notes that settlement begins (an event on the server span).
     pub fn settling(&mut self) {
-        self.settled_at = Some(SystemTime::now());
+        if self.server.is_some() {
+            self.settled_at = Some(SystemTime::now());
+        }
     }
 
     /// Whether the request's spans are recorded (sampled): what is read only for them
     /// (the finish reasons) is skipped otherwise.
     pub fn recording(&self) -> bool {
-        self.server.is_recording()
+        self.server.is_some()
     }
 
     /// Notes the settled usage that the access line does not carry.
@@ -255,77 +324,71 @@ impl RequestTrace {
 
     /// Ends the server span with what the request came to.
     pub fn finish(mut self, ctx: &RequestCtx) {
-        let s = &mut self.server;
+        let Some((mut s, list)) = self.server.take() else {
+            return;
+        };
         if let Some(e) = ctx.endpoint {
-            s.set_attribute(KeyValue::new("http.route", e.path()));
+            s.set("http.route", e.path());
         }
-        s.set_attribute(KeyValue::new("gateway.request_id", ctx.request_id.clone()));
-        s.set_attribute(KeyValue::new(
-            "http.response.status_code",
-            i64::from(ctx.status),
-        ));
+        s.set("gateway.request_id", ctx.request_id.clone());
+        s.set("http.response.status_code", i64::from(ctx.status));
         if let Some(who) = &ctx.identity {
-            s.set_attribute(KeyValue::new("gateway.key.id", who.key.id.clone()));
-            s.set_attribute(KeyValue::new("gateway.account.id", who.user.id.clone()));
+            s.set("gateway.key.id", who.key.id.clone());
+            s.set("gateway.account.id", who.user.id.clone());
         }
         if let Some((provider, model)) = self.answered.take() {
-            s.set_attribute(KeyValue::new("gen_ai.provider.name", provider));
-            s.set_attribute(KeyValue::new("gen_ai.response.model", model));
+            s.set("gen_ai.provider.name", provider);
+            s.set("gen_ai.response.model", model);
         }
         if let Some(d) = &ctx.deployment {
-            s.set_attribute(KeyValue::new("gateway.deployment", d.clone()));
+            s.set("gateway.deployment", d.clone());
         }
         if ctx.input_tokens > 0 || ctx.output_tokens > 0 {
-            s.set_attribute(KeyValue::new(
-                "gen_ai.usage.input_tokens",
-                ctx.input_tokens as i64,
-            ));
-            s.set_attribute(KeyValue::new(
-                "gen_ai.usage.output_tokens",
-                ctx.output_tokens as i64,
-            ));
-            s.set_attribute(KeyValue::new(
+            s.set("gen_ai.usage.input_tokens", ctx.input_tokens as i64);
+            s.set("gen_ai.usage.output_tokens", ctx.output_tokens as i64);
+            s.set(
                 "gen_ai.usage.cache_read.input_tokens",
                 self.cached_tokens as i64,
-            ));
+            );
         }
         if !self.finish_reasons.is_empty() {
-            let reasons = std::mem::take(&mut self.finish_reasons);
-            s.set_attribute(KeyValue::new(
+            s.set(
                 "gen_ai.response.finish_reasons",
-                opentelemetry::Value::Array(opentelemetry::Array::String(
-                    reasons.into_iter().map(Into::into).collect(),
-                )),
-            ));
+                std::mem::take(&mut self.finish_reasons),
+            );
         }
         if let Some(ms) = ctx.ttfb_ms {
             let at = self.started + Duration::from_millis(ms);
-            s.add_event_with_timestamp(
+            s.event(
                 "gateway.first_byte",
                 at,
-                vec![KeyValue::new("gateway.ttfb_ms", ms as i64)],
+                vec![("gateway.ttfb_ms", Attr::Int(ms as i64))],
             );
         }
         if let Some(at) = self.settled_at {
-            s.add_event_with_timestamp("gateway.settle", at, Vec::new());
+            s.event("gateway.settle", at, Vec::new());
         }
         let name = match (ctx.endpoint.and_then(operation), ctx.model.as_deref()) {
-            (Some(op), Some(model)) => Some(Cow::Owned(spaced(op, model))),
-            _ => ctx
-                .endpoint
-                .map(|e| Cow::Owned(spaced(method_of(e), e.path()))),
+            (Some(op), Some(model)) => Some(spaced(op, model)),
+            _ => ctx.endpoint.map(|e| spaced(method_of(e), e.path())),
         };
         if let Some(name) = name {
-            s.update_name(name);
+            s.name = Cow::Owned(name);
         }
         if let Some(code) = ctx.error_code {
-            s.set_attribute(KeyValue::new("error.type", code));
-            s.set_attribute(KeyValue::new("gateway.error_code", code));
+            s.set("error.type", code);
+            s.set("gateway.error_code", code);
         }
         if ctx.status >= 500 || (ctx.error_code.is_some() && ctx.status >= 400) {
-            s.set_status(Status::error(ctx.error_code.unwrap_or("error")));
+            s.error = Some(Cow::Borrowed(ctx.error_code.unwrap_or("error")));
         }
-        s.end();
+        s.end = SystemTime::now();
+        let mut spans = list
+            .lock()
+            .map(|mut l| std::mem::take(&mut *l))
+            .unwrap_or_default();
+        spans.push(s);
+        self.telemetry.submit(spans);
     }
 }
 

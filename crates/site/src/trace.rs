@@ -3,44 +3,54 @@
 //! when telemetry is on ([`crate::router`]); nothing of a request (cookies, bodies, query
 //! values) is recorded.
 
+use std::borrow::Cow;
+use std::time::SystemTime;
+
 use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::response::Response;
-use gateway_telemetry::{KeyValue, Span, SpanKind, Status, Tracer};
+use gateway_telemetry::{SpanContext, SpanKind, SpanRecord, TraceState};
 
 /// Wraps one routed request in a server span.
 pub async fn span(req: Request, next: Next) -> Response {
     let Some(t) = gateway_telemetry::get() else {
         return next.run(req).await;
     };
+    let parent = t.parent_from(req.headers());
+    let trace_id = parent
+        .as_ref()
+        .map_or_else(gateway_telemetry::new_trace_id, SpanContext::trace_id);
+    if !t.sampled(parent.as_ref(), trace_id) {
+        return next.run(req).await;
+    }
     let method = req.method().as_str().to_owned();
     let route = req
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| req.uri().path().to_owned(), |m| m.as_str().to_owned());
-    let parent = t.parent_from(req.headers());
-    let builder = t
-        .tracer()
-        .span_builder(format!("{method} {route}"))
-        .with_kind(SpanKind::Server)
-        .with_attributes([
-            KeyValue::new("http.request.method", method),
-            KeyValue::new("http.route", route),
-            KeyValue::new("url.scheme", "http"),
-        ]);
-    let mut span = t.tracer().build_with_context(builder, &parent);
+    let state = parent
+        .as_ref()
+        .map_or(TraceState::NONE, |p| p.trace_state().clone());
+    let mut span = SpanRecord::start(
+        gateway_telemetry::child(trace_id, true, &state),
+        parent.as_ref().map(|p| (p, true)),
+        format!("{method} {route}"),
+        SpanKind::Server,
+        SystemTime::now(),
+        6,
+    );
+    span.set("http.request.method", method);
+    span.set("http.route", route);
+    span.set("url.scheme", "http");
     let resp = next.run(req).await;
     let status = resp.status();
-    let outcome = crate::outcome(status);
-    span.set_attribute(KeyValue::new(
-        "http.response.status_code",
-        i64::from(status.as_u16()),
-    ));
-    span.set_attribute(KeyValue::new("gateway.outcome", outcome));
+    span.set("http.response.status_code", i64::from(status.as_u16()));
+    span.set("gateway.outcome", crate::outcome(status));
     if status.is_server_error() {
-        span.set_attribute(KeyValue::new("error.type", status.as_u16().to_string()));
-        span.set_status(Status::error(status.as_u16().to_string()));
+        span.set("error.type", status.as_u16().to_string());
+        span.error = Some(Cow::Owned(status.as_u16().to_string()));
     }
-    span.end();
+    span.end = SystemTime::now();
+    t.submit(vec![span]);
     resp
 }

@@ -1,36 +1,41 @@
-//! The way out: OTLP over HTTP through the workspace's reqwest, or over gRPC through tonic,
-//! behind the SDK's batch processor with a bounded queue whose drops are counted.
+//! The way out: a queue the request threads hand finished spans to, and one export thread that
+//! takes them off in batches and sends them over OTLP: HTTP through the workspace's reqwest, or
+//! gRPC through tonic.
 //!
 //! OTLP/HTTP with protobuf, the default, is sent by [`Protobuf`], which writes each batch with
-//! [`crate::wire`]; JSON and gRPC go through `opentelemetry-otlp`'s own exporters.
+//! [`crate::wire`]; JSON and gRPC go through `opentelemetry-otlp`'s own exporters, given the
+//! SDK's form of each span.
 //!
-//! The SDK's `BatchSpanProcessor` exports from its own thread and never blocks the caller, but
-//! keeps the count of spans it drops to itself. So the queue is bounded one step earlier, by
-//! [`Bounded`]: it counts the spans handed on and not yet taken for export, refuses (and counts)
-//! one more than the processor's queue holds, so the processor itself never has to drop; and
-//! [`Counted`] counts the spans of an export that failed.
+//! Handing a request's spans over is a counter and one channel send: the export thread does
+//! not wait on the span channel, so no hand-off wakes it. It wakes once a second ([`DELAY`]),
+//! when a batch's worth is waiting (one signal, not one per hand-off), or to flush at shutdown,
+//! as the SDK's batch processor does. The queue is bounded by that counter: spans that would
+//! take it past [`QUEUE`] are dropped and counted (`queue_full`), as are the spans of an export
+//! that failed
+//! (`export_failed`); the request path never waits for the collector.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use bytes::Bytes;
-use opentelemetry::Context;
+use opentelemetry::InstrumentationScope;
 use opentelemetry_http::{HttpClient, HttpError};
 use opentelemetry_otlp::tonic_types::metadata::MetadataMap;
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
-use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, SpanData, SpanExporter, SpanProcessor,
-};
+use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use opentelemetry_sdk::Resource;
 use prometheus::IntCounter;
 
 use gateway_core::config::{OtlpProtocol, TelemetryConfig};
 
 use crate::protobuf::Protobuf;
+use crate::record::SpanRecord;
 
+/// The instrumentation scope every span of the gateway is in.
+pub const SCOPE: &str = "gateway";
 /// Spans waiting for export at most; past it new spans are dropped (and counted).
 pub const QUEUE: usize = 4096;
 /// Spans per export request.
@@ -47,7 +52,7 @@ pub fn exporter(
     t: &TelemetryConfig,
     endpoint: &str,
     rt: tokio::runtime::Handle,
-) -> Result<Counted<Otlp>, String> {
+) -> Result<Otlp, String> {
     let headers = match std::env::var(&t.headers_env) {
         Ok(text) => parse_headers(&text).map_err(|e| format!("{}: {e}", t.headers_env))?,
         Err(_) => HashMap::new(),
@@ -92,11 +97,7 @@ pub fn exporter(
             }
         }
     };
-    Ok(Counted {
-        inner,
-        pending: Arc::new(AtomicUsize::new(0)),
-        failed: gateway_core::metrics::SPANS_DROPPED.with_label_values(&["export_failed"]),
-    })
+    Ok(inner)
 }
 
 /// The OTLP exporter of the configured protocol.
@@ -114,13 +115,14 @@ pub enum Otlp {
     },
 }
 
-impl SpanExporter for Otlp {
-    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+impl Otlp {
+    async fn export(&self, batch: &[SpanRecord]) -> OTelSdkResult {
         match self {
             Otlp::Protobuf(e) => e.export(batch).await,
-            Otlp::Http(e) => e.export(batch).await,
+            Otlp::Http(e) => e.export(span_data(batch)).await,
             Otlp::Grpc { inner, rt } => {
                 let inner = inner.clone();
+                let batch = span_data(batch);
                 rt.spawn(async move { inner.export(batch).await })
                     .await
                     .map_err(|e| OTelSdkError::InternalFailure(e.to_string()))?
@@ -128,7 +130,7 @@ impl SpanExporter for Otlp {
         }
     }
 
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+    fn shutdown(&self, timeout: Duration) -> OTelSdkResult {
         match self {
             Otlp::Protobuf(_) => Ok(()),
             Otlp::Http(e) => e.shutdown_with_timeout(timeout),
@@ -136,19 +138,12 @@ impl SpanExporter for Otlp {
         }
     }
 
-    fn force_flush(&self) -> OTelSdkResult {
-        match self {
-            Otlp::Protobuf(_) => Ok(()),
-            Otlp::Http(e) => e.force_flush(),
-            Otlp::Grpc { inner, .. } => inner.force_flush(),
-        }
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
+    /// Tells the exporter the process's resource (the service name); before the first export.
+    pub fn set_resource(&mut self, resource: &Resource) {
         match self {
             Otlp::Protobuf(e) => e.set_resource(resource),
             Otlp::Http(e) => e.set_resource(resource),
-            // Set once, when the processor is built and before any export shares the exporter.
+            // Set before the exporter is shared with any export.
             Otlp::Grpc { inner, .. } => {
                 if let Some(e) = Arc::get_mut(inner) {
                     e.set_resource(resource);
@@ -156,6 +151,12 @@ impl SpanExporter for Otlp {
             }
         }
     }
+}
+
+/// The SDK's form of `batch`, for `opentelemetry-otlp`'s exporters.
+fn span_data(batch: &[SpanRecord]) -> Vec<SpanData> {
+    let scope = InstrumentationScope::builder(SCOPE).build();
+    batch.iter().map(|s| s.to_span_data(&scope)).collect()
 }
 
 /// `k1=v1,k2=v2` into header pairs. A pair without `=` is an error naming its position, never
@@ -219,21 +220,6 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The batch processor behind the bounded queue.
-pub fn bounded(exporter: Counted<Otlp>) -> Bounded {
-    let pending = exporter.pending.clone();
-    let config = BatchConfigBuilder::default()
-        .with_max_queue_size(QUEUE)
-        .with_max_export_batch_size(BATCH)
-        .with_scheduled_delay(DELAY)
-        .build();
-    Bounded {
-        inner: BatchSpanProcessor::new(exporter, config),
-        pending,
-        full: gateway_core::metrics::SPANS_DROPPED.with_label_values(&["queue_full"]),
-    }
-}
-
 /// Sends export requests with the workspace's reqwest on the storage runtime (the batch
 /// processor's thread has no runtime of its own).
 #[derive(Debug)]
@@ -263,72 +249,152 @@ impl HttpClient for Collector {
     }
 }
 
-/// Bounds the spans queued for export and counts the ones refused.
-#[derive(Debug)]
-pub struct Bounded {
-    inner: BatchSpanProcessor,
-    /// Spans handed to `inner` and not yet taken for export (shared with [`Counted`]).
+/// What wakes the export thread besides its clock.
+enum Signal {
+    /// A batch's worth of spans is waiting.
+    Batch,
+    /// Export everything waiting, stop the exporter and say so.
+    Stop(mpsc::SyncSender<()>),
+}
+
+/// The request threads' side of the export queue.
+pub struct Queue {
+    /// A request's spans travel together: one hand-off per request, not per span.
+    spans: mpsc::Sender<Vec<SpanRecord>>,
+    signals: mpsc::Sender<Signal>,
+    /// Spans handed over and not yet taken by the export thread.
     pending: Arc<AtomicUsize>,
+    /// A `Batch` signal is on its way and not yet taken.
+    signalled: Arc<AtomicBool>,
     full: IntCounter,
 }
 
-impl SpanProcessor for Bounded {
-    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &Context) {
-        self.inner.on_start(span, cx);
+impl Queue {
+    /// Starts the export thread, which owns `exporter`.
+    pub fn start(exporter: Otlp) -> Result<Queue, String> {
+        let (spans, span_rx) = mpsc::channel();
+        let (signals, signal_rx) = mpsc::channel();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let signalled = Arc::new(AtomicBool::new(false));
+        let worker = Worker {
+            exporter,
+            spans: span_rx,
+            signals: signal_rx,
+            pending: pending.clone(),
+            signalled: signalled.clone(),
+            batch: Vec::with_capacity(BATCH),
+            failed: gateway_core::metrics::SPANS_DROPPED.with_label_values(&["export_failed"]),
+        };
+        std::thread::Builder::new()
+            .name("otlp-export".into())
+            .spawn(move || worker.run())
+            .map_err(|e| format!("telemetry: cannot start the export thread: {e}"))?;
+        Ok(Queue {
+            spans,
+            signals,
+            pending,
+            signalled,
+            full: gateway_core::metrics::SPANS_DROPPED.with_label_values(&["queue_full"]),
+        })
     }
 
-    fn on_end(&self, span: SpanData) {
-        if self.pending.fetch_add(1, Ordering::AcqRel) >= QUEUE {
-            self.pending.fetch_sub(1, Ordering::AcqRel);
-            self.full.inc();
+    /// Hands finished spans to the export thread, or drops (and counts) them when they would
+    /// take the queue past its bound. Never blocks.
+    pub fn submit(&self, spans: Vec<SpanRecord>) {
+        let n = spans.len();
+        if n == 0 {
             return;
         }
-        self.inner.on_end(span);
+        let waiting = self.pending.fetch_add(n, Ordering::AcqRel) + n;
+        if waiting > QUEUE {
+            self.pending.fetch_sub(n, Ordering::AcqRel);
+            self.full.inc_by(n as u64);
+            return;
+        }
+        if self.spans.send(spans).is_err() {
+            // The export thread has stopped (shutdown): nothing will take them.
+            self.pending.fetch_sub(n, Ordering::AcqRel);
+            return;
+        }
+        if waiting >= BATCH
+            && !self.signalled.load(Ordering::Relaxed)
+            && !self.signalled.swap(true, Ordering::AcqRel)
+        {
+            let _ = self.signals.send(Signal::Batch);
+        }
     }
 
-    fn force_flush(&self) -> OTelSdkResult {
-        self.inner.force_flush()
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.inner.shutdown_with_timeout(timeout)
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        self.inner.set_resource(resource);
+    /// Exports what is waiting and stops the exporter; waits for at most `timeout`.
+    pub fn stop(&self, timeout: Duration) -> bool {
+        let (done, finished) = mpsc::sync_channel(1);
+        if self.signals.send(Signal::Stop(done)).is_err() {
+            return true;
+        }
+        finished.recv_timeout(timeout).is_ok()
     }
 }
 
-/// The exporter, counting what leaves the queue and what fails to reach the collector.
-#[derive(Debug)]
-pub struct Counted<E> {
-    inner: E,
+/// The export thread: takes the waiting spans off the queue in batches and exports each.
+struct Worker {
+    exporter: Otlp,
+    spans: mpsc::Receiver<Vec<SpanRecord>>,
+    signals: mpsc::Receiver<Signal>,
     pending: Arc<AtomicUsize>,
+    signalled: Arc<AtomicBool>,
+    /// The batch being filled; kept between exports for its room.
+    batch: Vec<SpanRecord>,
     failed: IntCounter,
 }
 
-impl<E: SpanExporter> SpanExporter for Counted<E> {
-    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-        let n = batch.len();
-        self.pending.fetch_sub(n, Ordering::AcqRel);
-        let result = self.inner.export(batch).await;
-        if let Err(e) = &result {
+impl Worker {
+    fn run(mut self) {
+        loop {
+            match self.signals.recv_timeout(DELAY) {
+                Ok(Signal::Batch) => {
+                    self.signalled.store(false, Ordering::Release);
+                    self.drain();
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => self.drain(),
+                Ok(Signal::Stop(done)) => {
+                    self.drain();
+                    if let Err(e) = self.exporter.shutdown(DELAY) {
+                        log::debug!("telemetry: exporter not stopped cleanly: {e}");
+                    }
+                    let _ = done.send(());
+                    return;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    self.drain();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Exports every span waiting, in batches of at most [`BATCH`].
+    fn drain(&mut self) {
+        while let Ok(spans) = self.spans.try_recv() {
+            self.pending.fetch_sub(spans.len(), Ordering::AcqRel);
+            for span in spans {
+                self.batch.push(span);
+                if self.batch.len() == BATCH {
+                    self.export();
+                }
+            }
+        }
+        if !self.batch.is_empty() {
+            self.export();
+        }
+    }
+
+    fn export(&mut self) {
+        let n = self.batch.len();
+        let result = futures::executor::block_on(self.exporter.export(&self.batch));
+        self.batch.clear();
+        if let Err(e) = result {
             self.failed.inc_by(n as u64);
             log::debug!("telemetry: {n} spans not exported: {e}");
         }
-        result
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.inner.shutdown_with_timeout(timeout)
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.inner.force_flush()
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        self.inner.set_resource(resource);
     }
 }
 
@@ -346,5 +412,42 @@ mod tests {
         assert!(parse_headers("bad name=1").is_err());
         assert_eq!(percent_decode("100%"), "100%");
         assert_eq!(percent_decode("%4a%zz"), "J%zz");
+    }
+
+    /// A collector that takes the connection and never answers holds the export thread in its
+    /// first export (for the export's ten-second deadline): the spans handed over meanwhile
+    /// beyond the queue's bound are dropped at once and counted, and handing over never waits.
+    #[test]
+    fn a_full_queue_drops_and_counts_without_blocking() {
+        use crate::record::{child, new_trace_id, SpanRecord};
+        use opentelemetry::trace::{SpanKind, TraceState};
+
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/v1/traces", silent.local_addr().unwrap());
+        let exporter = Protobuf::new(&url, http::HeaderMap::new(), rt.handle().clone()).unwrap();
+        let queue = Queue::start(Otlp::Protobuf(Box::new(exporter))).unwrap();
+        let full = gateway_core::metrics::SPANS_DROPPED.with_label_values(&["queue_full"]);
+        let before = full.get();
+        let span = SpanRecord::start(
+            child(new_trace_id(), true, &TraceState::NONE),
+            None,
+            "POST",
+            SpanKind::Server,
+            std::time::SystemTime::now(),
+            0,
+        );
+        let handed = 3 * QUEUE;
+        for _ in 0..handed {
+            queue.submit(vec![span.clone()]);
+        }
+        let dropped = (full.get() - before) as usize;
+        // Taken by the export thread before it blocked: at most one batch.
+        assert!(
+            dropped >= handed - QUEUE - BATCH && dropped <= handed - QUEUE,
+            "{dropped} of {handed} dropped"
+        );
+        assert!(queue.pending.load(Ordering::Acquire) <= QUEUE);
+        drop(silent);
     }
 }

@@ -1,51 +1,52 @@
-//! OpenTelemetry traces for both services: the tracer, built once at start from `[telemetry]`,
-//! and the W3C trace context read from and written into HTTP headers.
+//! OpenTelemetry traces for both services: the export queue and thread, built once at start
+//! from `[telemetry]`, the sampling decision, and the W3C trace context read from and written
+//! into HTTP headers.
 //!
 //! Off (no `otlp_endpoint`), nothing is built: [`get`] is `None` and callers skip every span,
-//! so the request path pays one branch. On, spans are handed to the SDK's batch processor,
-//! which exports them from its own thread over OTLP (HTTP or gRPC); the request path never
-//! waits for the collector. The queue in front of it is bounded ([`export`]): a span that finds it full, or
-//! whose export fails, is dropped and counted in `gateway_telemetry_spans_dropped_total`.
+//! so the request path pays one branch. On, a request's spans are plain [`SpanRecord`]s handed
+//! to the export queue together when it ends ([`Telemetry::submit`]); one thread exports them over OTLP
+//! (HTTP or gRPC) in batches, and the request path never waits for the collector. The queue is
+//! bounded ([`export`]): a span that finds it full, or whose export fails, is dropped and
+//! counted in `gateway_telemetry_spans_dropped_total`.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod export;
 pub mod protobuf;
+pub mod record;
 pub mod sampler;
 mod wire;
 
 use std::sync::OnceLock;
 
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{SpanContext, TraceContextExt, TraceState, TracerProvider as _};
-use opentelemetry::Context;
+use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 
 use gateway_core::state::SharedState;
 
-pub use opentelemetry::trace::{Span, SpanKind, Status, Tracer};
-pub use opentelemetry::KeyValue;
-pub use opentelemetry_sdk::trace::Span as SdkSpan;
+pub use opentelemetry::trace::{SpanContext, SpanId, SpanKind, TraceId, TraceState};
+pub use record::{child, new_span_id, new_trace_id, Attr, Attrs, SpanRecord};
 
-/// The running tracer, once telemetry is on.
+/// The running export, once telemetry is on.
 pub struct Telemetry {
-    provider: SdkTracerProvider,
-    tracer: SdkTracer,
+    queue: export::Queue,
     propagator: TraceContextPropagator,
+    /// The config in force: the sample ratio is read from it for each trace started here.
+    state: SharedState,
     /// `[telemetry] capture_sizes`: spans carry prompt and answer sizes.
     pub capture_sizes: bool,
 }
 
 static TELEMETRY: OnceLock<Telemetry> = OnceLock::new();
 
-/// The tracer when telemetry is on: the one check the request path makes.
+/// The telemetry when it is on: the one check the request path makes.
 #[inline]
 pub fn get() -> Option<&'static Telemetry> {
     TELEMETRY.get()
 }
 
-/// Builds the tracer from the config's `[telemetry]` when it names a collector. Exports run
+/// Starts the export from the config's `[telemetry]` when it names a collector. Exports run
 /// their HTTP requests on `rt`. An exporter that cannot be built (bad headers variable) is an
 /// error: the operator asked for traces and would otherwise get none without knowing.
 pub fn start(state: &SharedState, rt: tokio::runtime::Handle) -> Result<(), String> {
@@ -54,21 +55,16 @@ pub fn start(state: &SharedState, rt: tokio::runtime::Handle) -> Result<(), Stri
     let Some(endpoint) = t.endpoint.as_deref() else {
         return Ok(());
     };
-    let exporter = export::exporter(t, endpoint, rt)?;
-    let provider = SdkTracerProvider::builder()
-        .with_span_processor(export::bounded(exporter))
-        .with_sampler(sampler::LiveRatio::parent_based(state.clone()))
-        .with_resource(
-            opentelemetry_sdk::Resource::builder()
-                .with_service_name(t.service_name.clone())
-                .build(),
-        )
-        .build();
-    let tracer = provider.tracer("gateway");
+    let mut exporter = export::exporter(t, endpoint, rt)?;
+    exporter.set_resource(
+        &opentelemetry_sdk::Resource::builder()
+            .with_service_name(t.service_name.clone())
+            .build(),
+    );
     let telemetry = Telemetry {
-        provider,
-        tracer,
+        queue: export::Queue::start(exporter)?,
         propagator: TraceContextPropagator::new(),
+        state: state.clone(),
         capture_sizes: t.capture_sizes,
     };
     if TELEMETRY.set(telemetry).is_err() {
@@ -89,26 +85,36 @@ pub fn shutdown() {
         return;
     }
     if let Some(t) = get() {
-        if let Err(e) = t
-            .provider
-            .shutdown_with_timeout(std::time::Duration::from_secs(2))
-        {
-            log::warn!("telemetry: spans not exported at shutdown: {e}");
+        if !t.queue.stop(std::time::Duration::from_secs(2)) {
+            log::warn!(
+                "telemetry: spans not exported at shutdown: the collector did not answer in time"
+            );
         }
     }
 }
 
 impl Telemetry {
-    pub fn tracer(&self) -> &SdkTracer {
-        &self.tracer
+    /// The trace context a request carries in `traceparent` / `tracestate`, as the parent of
+    /// the span the gateway starts for it; `None` when it carries none, or an invalid one.
+    pub fn parent_from(&self, headers: &http::HeaderMap) -> Option<SpanContext> {
+        let cx = self
+            .propagator
+            .extract(&opentelemetry_http::HeaderExtractor(headers));
+        let parent = cx.span().span_context().clone();
+        parent.is_valid().then_some(parent)
     }
 
-    /// The trace context a request carries in `traceparent` / `tracestate`, as the parent of
-    /// the span the gateway starts for it (an empty context when it carries none, or an
-    /// invalid one).
-    pub fn parent_from(&self, headers: &http::HeaderMap) -> Context {
-        self.propagator
-            .extract(&opentelemetry_http::HeaderExtractor(headers))
+    /// Whether a trace is recorded: `parent`'s decision, else the live sample ratio's for
+    /// `trace_id`.
+    pub fn sampled(&self, parent: Option<&SpanContext>, trace_id: TraceId) -> bool {
+        let ratio = self.state.config.load().telemetry.sample_ratio;
+        sampler::sampled(ratio, parent, trace_id)
+    }
+
+    /// Hands finished spans (a request's, together) to the export thread; never blocks: they
+    /// are dropped and counted when the queue is full.
+    pub fn submit(&self, spans: Vec<SpanRecord>) {
+        self.queue.submit(spans);
     }
 
     /// The `traceparent` (and `tracestate`, when there is one) that make `span` the parent of
@@ -156,9 +162,4 @@ fn push_hex(out: &mut String, bytes: &[u8]) {
     if hex::encode_to_slice(&bytes[..n / 2], &mut digits[..n]).is_ok() {
         out.push_str(std::str::from_utf8(&digits[..n]).unwrap_or_default());
     }
-}
-
-/// The context whose parent is `span`, for starting its children.
-pub fn child_context(span: &SpanContext) -> Context {
-    Context::new().with_remote_span_context(span.clone())
 }

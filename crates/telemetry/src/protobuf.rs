@@ -1,5 +1,5 @@
 //! OTLP/HTTP with protobuf bodies: each batch written by [`crate::wire`] and posted with the
-//! workspace's reqwest on the storage runtime (the batch processor's thread has none).
+//! workspace's reqwest on the storage runtime (the export thread has none).
 //!
 //! Failures are retried as OTLP/HTTP asks: a connection or transport failure, 429, 502, 503 and
 //! 504, with growing pauses, within the export's deadline; any other status fails the batch at
@@ -14,11 +14,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
-use opentelemetry_sdk::trace::SpanData;
 use opentelemetry_sdk::Resource;
 use prost::Message;
 
-use crate::export::EXPORT_TIMEOUT;
+use crate::export::{EXPORT_TIMEOUT, SCOPE};
+use crate::record::SpanRecord;
 use crate::wire;
 
 /// A collector that does not take the connection in this long counts as unreachable.
@@ -27,6 +27,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const RETRIES: u32 = 3;
 /// The pause before the first retry; each later one doubles it.
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
+/// The most room kept per span in a new body: an odd long span does not make every later body
+/// large.
+const SPAN_ROOM: usize = 2048;
 /// The longest `Retry-After` waited for; a collector asking for more gets the batch dropped.
 const LONGEST_PAUSE: Duration = Duration::from_secs(5);
 
@@ -39,8 +42,9 @@ pub struct Protobuf {
     /// The process's `Resource` message, written once.
     resource: Vec<u8>,
     schema_url: String,
-    /// The last body's size: the next one starts with room for it.
-    last_len: AtomicUsize,
+    /// The most bytes a span has taken in a body (at most [`SPAN_ROOM`]): each body starts
+    /// with room for its spans at that size, so that it is not grown while written.
+    span_len: AtomicUsize,
     rejected: prometheus::IntCounter,
 }
 
@@ -74,7 +78,7 @@ impl Protobuf {
             headers,
             resource: wire::resource(&Resource::builder_empty().build()),
             schema_url: String::new(),
-            last_len: AtomicUsize::new(0),
+            span_len: AtomicUsize::new(0),
             rejected: gateway_core::metrics::SPANS_DROPPED.with_label_values(&["export_failed"]),
         })
     }
@@ -84,12 +88,14 @@ impl Protobuf {
         self.schema_url = resource.schema_url().unwrap_or_default().to_owned();
     }
 
-    pub async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-        let last = self.last_len.load(Ordering::Relaxed);
-        let mut body = Vec::with_capacity(last + last / 4);
-        wire::export_request(&mut body, &self.resource, &self.schema_url, &batch);
-        drop(batch);
-        self.last_len.store(body.len(), Ordering::Relaxed);
+    pub async fn export(&self, batch: &[SpanRecord]) -> OTelSdkResult {
+        let span_len = self.span_len.load(Ordering::Relaxed);
+        let mut body = Vec::with_capacity(self.resource.len() + 64 + batch.len() * span_len);
+        wire::export_request(&mut body, &self.resource, &self.schema_url, SCOPE, batch);
+        if let Some(per_span) = body.len().checked_div(batch.len()) {
+            self.span_len
+                .fetch_max(per_span.min(SPAN_ROOM), Ordering::Relaxed);
+        }
         let body = Bytes::from(body);
         let client = self.client.clone();
         let url = self.endpoint.clone();

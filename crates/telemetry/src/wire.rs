@@ -1,26 +1,25 @@
 //! A batch of finished spans as the body of an OTLP/HTTP protobuf export request
-//! (`ExportTraceServiceRequest`), written in one pass from the SDK's [`SpanData`].
+//! (`ExportTraceServiceRequest`), written in one pass from the gateway's [`SpanRecord`]s.
 //!
 //! `opentelemetry-otlp` gets there by copying every span into `opentelemetry-proto`'s message
 //! structs (each attribute key and string value becomes a new `String`) and letting prost encode
-//! the tree, which sizes every nested message once per level above it. For the few spans of
-//! each request that is most of what tracing costs the gateway, and all of it is spent on the
-//! export thread sharing the request threads' cores. Here each message is written where it
-//! ends up: a nested message's length is either summed from its parts (attributes and their
-//! values), filled in when the message closes (spans, events, links: their content is moved up
-//! against the length, a few hundred bytes), or, for the two groups that hold the whole batch
-//! (the resource's and the scope's), written in a fixed five bytes so that nothing moves.
-//! A varint with redundant continuation bytes is valid protobuf that decoders read (Google's
-//! protobuf tests decoding them), and three or four bytes of a whole batch is the price.
-//! The result decodes to exactly what the library's own conversion produces, which the tests
-//! check field by field through `opentelemetry-proto`.
+//! the tree, which sizes every nested message once per level above it. Here each message is
+//! written where it ends up: a nested message's length is either summed from its parts
+//! (attributes and their values), filled in when the message closes (spans, events: their
+//! content is moved up against the length, a few hundred bytes), or, for the two groups that
+//! hold the whole batch (the resource's and the scope's), written in a fixed five bytes so that
+//! nothing moves. A varint with redundant continuation bytes is valid protobuf that decoders
+//! read (Google's protobuf tests decoding them), and three or four bytes of a whole batch is the
+//! price. The result decodes to exactly what the library's own conversion of the same spans
+//! produces, which the tests check field by field through `opentelemetry-proto`.
 
-use opentelemetry::trace::{SpanId, SpanKind, Status, TraceState};
-use opentelemetry::{Array, InstrumentationScope, Value};
-use opentelemetry_sdk::trace::SpanData;
+use opentelemetry::trace::{SpanKind, TraceState};
+use opentelemetry::{Array, Value};
 use opentelemetry_sdk::Resource;
 use prost::encoding::{encode_varint, encoded_len_varint, WireType};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::record::{Attr, SpanRecord};
 
 /// Room kept for a message's length until it is known: a varint of up to 2^35 - 1 bytes.
 const LEN_ROOM: usize = 5;
@@ -40,95 +39,59 @@ pub fn resource(resource: &Resource) -> Vec<u8> {
 }
 
 /// The export request for `spans`, under the resource written by [`resource`] and its schema
-/// URL, grouped by instrumentation scope in order of first appearance (as the library does).
-pub fn export_request(out: &mut Vec<u8>, resource: &[u8], schema_url: &str, spans: &[SpanData]) {
+/// URL, all in the instrumentation scope named `scope`.
+pub fn export_request(
+    out: &mut Vec<u8>,
+    resource: &[u8],
+    schema_url: &str,
+    scope: &str,
+    spans: &[SpanRecord],
+) {
     out.clear();
     let resource_spans = open(out, 1);
     bytes_field(out, 1, resource, true);
-    // Each span's scope found once (scopes compare field by field). A scope that is not equal
-    // to itself (a NaN attribute) gets a group per span, as the library gives it.
-    let mut scopes: Vec<&InstrumentationScope> = Vec::with_capacity(1);
-    let mut scope_of: Vec<usize> = Vec::with_capacity(spans.len());
-    for span in spans {
-        let scope = &span.instrumentation_scope;
-        let i = match scopes.iter().position(|s| *s == scope) {
-            Some(i) => i,
-            None => {
-                scopes.push(scope);
-                scopes.len() - 1
-            }
-        };
-        scope_of.push(i);
-    }
-    for (i, scope) in scopes.iter().enumerate() {
+    if !spans.is_empty() {
         let scope_spans = open(out, 2);
         let head = open(out, 1);
-        string(out, 1, scope.name());
-        string(out, 2, scope.version().unwrap_or_default());
-        for kv in scope.attributes() {
-            key_value(out, 3, kv.key.as_str(), &kv.value);
-        }
+        string(out, 1, scope);
         close(out, head);
-        for (span, _) in spans.iter().zip(&scope_of).filter(|(_, s)| **s == i) {
+        for span in spans {
             span_message(out, span);
         }
-        string(out, 3, scope.schema_url().unwrap_or_default());
         close_in_place(out, scope_spans);
     }
     string(out, 3, schema_url);
     close_in_place(out, resource_spans);
 }
 
-fn span_message(out: &mut Vec<u8>, span: &SpanData) {
+fn span_message(out: &mut Vec<u8>, span: &SpanRecord) {
     let msg = open(out, 2);
-    let cx = &span.span_context;
+    let cx = &span.context;
     bytes_field(out, 1, &cx.trace_id().to_bytes(), false);
     bytes_field(out, 2, &cx.span_id().to_bytes(), false);
     trace_state(out, 3, cx.trace_state());
-    if span.parent_span_id != SpanId::INVALID {
+    if span.parent_span_id != opentelemetry::trace::SpanId::INVALID {
         bytes_field(out, 4, &span.parent_span_id.to_bytes(), false);
     }
     string(out, 5, &span.name);
-    uint(out, 6, kind(&span.span_kind));
-    fixed64(out, 7, nanos(span.start_time));
-    fixed64(out, 8, nanos(span.end_time));
-    for kv in &span.attributes {
-        key_value(out, 9, kv.key.as_str(), &kv.value);
+    uint(out, 6, kind(&span.kind));
+    fixed64(out, 7, nanos(span.start));
+    fixed64(out, 8, nanos(span.end));
+    for (k, v) in &span.attributes {
+        attribute(out, 9, k, v);
     }
-    uint(out, 10, u64::from(span.dropped_attributes_count));
-    for event in span.events.iter() {
+    for event in &span.events {
         let e = open(out, 11);
-        fixed64(out, 1, nanos(event.timestamp));
-        string(out, 2, &event.name);
-        for kv in &event.attributes {
-            key_value(out, 3, kv.key.as_str(), &kv.value);
+        fixed64(out, 1, nanos(event.at));
+        string(out, 2, event.name);
+        for (k, v) in &event.attributes {
+            attribute(out, 3, k, v);
         }
-        uint(out, 4, u64::from(event.dropped_attributes_count));
         close(out, e);
     }
-    uint(out, 12, u64::from(span.events.dropped_count));
-    for link in span.links.iter() {
-        let l = open(out, 13);
-        let lcx = &link.span_context;
-        bytes_field(out, 1, &lcx.trace_id().to_bytes(), false);
-        bytes_field(out, 2, &lcx.span_id().to_bytes(), false);
-        trace_state(out, 3, lcx.trace_state());
-        for kv in &link.attributes {
-            key_value(out, 4, kv.key.as_str(), &kv.value);
-        }
-        uint(out, 5, u64::from(link.dropped_attributes_count));
-        fixed32(
-            out,
-            6,
-            flags(lcx.is_remote(), u32::from(lcx.trace_flags().to_u8())),
-        );
-        close(out, l);
-    }
-    uint(out, 14, u64::from(span.links.dropped_count));
-    let (code, message) = match &span.status {
-        Status::Unset => (0, ""),
-        Status::Ok => (1, ""),
-        Status::Error { description } => (2, description.as_ref()),
+    let (code, message) = match &span.error {
+        None => (0, ""),
+        Some(description) => (2, description.as_ref()),
     };
     let status_len = string_len(2, message) + uint_len(3, code);
     field_key(out, 15, WireType::LengthDelimited);
@@ -138,10 +101,7 @@ fn span_message(out: &mut Vec<u8>, span: &SpanData) {
     fixed32(
         out,
         16,
-        flags(
-            span.parent_span_is_remote,
-            u32::from(cx.trace_flags().to_u8()),
-        ),
+        flags(span.parent_is_remote, u32::from(cx.trace_flags().to_u8())),
     );
     close(out, msg);
 }
@@ -289,6 +249,63 @@ fn fixed32(out: &mut Vec<u8>, tag: u32, v: u32) {
     }
 }
 
+/// A `KeyValue` message holding one of the gateway's attributes, as field `tag`: the same
+/// bytes [`key_value`] writes for the SDK's value of it.
+fn attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: &Attr) {
+    let value_len = attr_len(value);
+    let len = string_len(1, key) + key_len(2) + encoded_len_varint(value_len as u64) + value_len;
+    field_key(out, tag, WireType::LengthDelimited);
+    varint(out, len as u64);
+    string(out, 1, key);
+    field_key(out, 2, WireType::LengthDelimited);
+    varint(out, value_len as u64);
+    match value {
+        Attr::Static(s) => bytes_field(out, 1, s.as_bytes(), true),
+        Attr::Text(s) => bytes_field(out, 1, s.as_bytes(), true),
+        Attr::Int(i) => {
+            field_key(out, 3, WireType::Varint);
+            varint(out, *i as u64);
+        }
+        Attr::Bool(b) => {
+            field_key(out, 2, WireType::Varint);
+            varint(out, u64::from(*b));
+        }
+        Attr::Texts(v) => {
+            field_key(out, 5, WireType::LengthDelimited);
+            varint(out, texts_len(v) as u64);
+            for s in v {
+                field_key(out, 1, WireType::LengthDelimited);
+                varint(out, one_string_len(s) as u64);
+                bytes_field(out, 1, s.as_bytes(), true);
+            }
+        }
+    }
+}
+
+/// The length of the `AnyValue` holding `value`.
+fn attr_len(value: &Attr) -> usize {
+    match value {
+        Attr::Static(s) => one_string_len(s),
+        Attr::Text(s) => one_string_len(s),
+        Attr::Int(i) => 1 + encoded_len_varint(*i as u64),
+        Attr::Bool(_) => 2,
+        Attr::Texts(v) => {
+            let len = texts_len(v);
+            1 + encoded_len_varint(len as u64) + len
+        }
+    }
+}
+
+/// The content of an `ArrayValue` of strings.
+fn texts_len(v: &[String]) -> usize {
+    v.iter()
+        .map(|s| {
+            let item = one_string_len(s);
+            1 + encoded_len_varint(item as u64) + item
+        })
+        .sum()
+}
+
 /// A `KeyValue` message as field `tag`; its value is always present, as the library writes it.
 fn key_value(out: &mut Vec<u8>, tag: u32, key: &str, value: &Value) {
     let value_len = any_value_len(value);
@@ -386,22 +403,22 @@ fn array_items(out: &mut Vec<u8>, array: &Array) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opentelemetry::trace::{Event, Link, SpanContext, TraceFlags, TraceId, TraceState};
-    use opentelemetry::{KeyValue, StringValue};
+    use crate::record::{Attrs, SpanRecord};
+    use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId};
+    use opentelemetry::{InstrumentationScope, KeyValue};
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
     use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
-    use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
     use prost::Message;
     use std::borrow::Cow;
     use std::time::Duration;
 
-    fn context(trace: u128, span: u64, state: &str, remote: bool) -> SpanContext {
+    fn context(trace: u128, span: u64, state: &str) -> SpanContext {
         SpanContext::new(
             TraceId::from(trace),
             SpanId::from(span),
             TraceFlags::SAMPLED,
-            remote,
+            false,
             TraceState::from_key_value(
                 state
                     .split(',')
@@ -414,65 +431,41 @@ mod tests {
 
     /// Every kind of value an attribute can hold, defaults (which proto3 would leave out of
     /// a plain field) and long strings (lengths past one varint byte) among them.
-    fn attributes() -> Vec<KeyValue> {
+    fn attributes() -> Attrs {
         vec![
-            KeyValue::new("gen_ai.request.model", "gpt-4o-mini"),
-            KeyValue::new("empty", ""),
-            KeyValue::new("long", "x".repeat(300)),
-            KeyValue::new("gen_ai.usage.input_tokens", 1234_i64),
-            KeyValue::new("zero", 0_i64),
-            KeyValue::new("negative", -7_i64),
-            KeyValue::new("ratio", 0.25_f64),
-            KeyValue::new("yes", true),
-            KeyValue::new("no", false),
-            KeyValue::new(
+            ("gen_ai.request.model", Attr::Static("gpt-4o-mini")),
+            ("owned", Attr::Text("mock-gpt".into())),
+            ("empty", Attr::Static("")),
+            ("long", Attr::Text("x".repeat(300))),
+            ("gen_ai.usage.input_tokens", Attr::Int(1234)),
+            ("zero", Attr::Int(0)),
+            ("negative", Attr::Int(-7)),
+            ("yes", Attr::Bool(true)),
+            ("no", Attr::Bool(false)),
+            (
                 "gen_ai.response.finish_reasons",
-                Value::Array(Array::String(vec![
-                    StringValue::from("stop"),
-                    StringValue::from(""),
-                ])),
+                Attr::Texts(vec!["stop".into(), String::new()]),
             ),
-            KeyValue::new("ints", Value::Array(Array::I64(vec![0, 1, -1, i64::MAX]))),
-            KeyValue::new("floats", Value::Array(Array::F64(vec![0.0, 1.5]))),
-            KeyValue::new("bools", Value::Array(Array::Bool(vec![true, false]))),
-            KeyValue::new("none", Value::Array(Array::String(vec![]))),
+            ("none", Attr::Texts(vec![])),
         ]
     }
 
-    fn span(n: u64, scope: &InstrumentationScope) -> SpanData {
+    fn span(n: u64) -> SpanRecord {
         let start = UNIX_EPOCH + Duration::from_nanos(1_700_000_000_123_456_789 + n);
-        let mut events = SpanEvents::default();
-        events.events.push(Event::new(
-            "first_byte",
-            start + Duration::from_millis(3),
-            vec![KeyValue::new("n", n as i64)],
-            0,
-        ));
-        events.events.push(Event::new("bare", start, vec![], 2));
-        events.dropped_count = u32::from(n == 2);
-        let mut links = SpanLinks::default();
-        if n == 1 {
-            links.links.push(Link::new(
-                context(9, 10, "vendor=x", true),
-                vec![KeyValue::new("why", "retry")],
-                1,
-            ));
-            links.dropped_count = 3;
-        }
-        SpanData {
-            span_context: context(
+        let parent = context(0x0af7651916cd43dd8448eb211c80319c, 99, "");
+        let mut span = SpanRecord::start(
+            context(
                 0x0af7651916cd43dd8448eb211c80319c,
                 n + 1,
                 if n == 0 { "a=1,b=2" } else { "" },
-                false,
             ),
-            parent_span_id: if n == 0 {
-                SpanId::INVALID
+            (n > 0).then_some((&parent, n == 3)),
+            if n == 2 {
+                Cow::Borrowed("gateway.admission")
             } else {
-                SpanId::from(1)
+                Cow::Owned(format!("span {n}"))
             },
-            parent_span_is_remote: n == 3,
-            span_kind: [
+            [
                 SpanKind::Server,
                 SpanKind::Internal,
                 SpanKind::Client,
@@ -480,38 +473,49 @@ mod tests {
                 SpanKind::Consumer,
             ][n as usize % 5]
                 .clone(),
-            name: Cow::Owned(format!("span {n}")),
-            start_time: start,
-            end_time: start + Duration::from_micros(250),
-            attributes: if n == 4 { vec![] } else { attributes() },
-            dropped_attributes_count: n as u32,
-            events,
-            links,
-            status: match n % 3 {
-                0 => Status::Unset,
-                1 => Status::Ok,
-                _ => Status::error("upstream_error"),
-            },
-            instrumentation_scope: scope.clone(),
+            start,
+            4,
+        );
+        span.end = start + Duration::from_micros(250);
+        if n != 4 {
+            span.attributes = attributes();
         }
+        span.event(
+            "gateway.first_byte",
+            start + Duration::from_millis(3),
+            vec![("gateway.ttfb_ms", Attr::Int(n as i64))],
+        );
+        span.event("gateway.settle", start, Vec::new());
+        span.error = match n % 3 {
+            0 => None,
+            1 => Some(Cow::Borrowed("upstream_error")),
+            _ => Some(Cow::Owned(String::new())),
+        };
+        span
+    }
+
+    fn scope() -> InstrumentationScope {
+        InstrumentationScope::builder("gateway").build()
     }
 
     /// What `opentelemetry-otlp` would send for the same spans.
-    fn library(spans: Vec<SpanData>, resource: &Resource) -> ExportTraceServiceRequest {
+    fn library(spans: &[SpanRecord], resource: &Resource) -> ExportTraceServiceRequest {
+        let scope = scope();
         ExportTraceServiceRequest {
             resource_spans: group_spans_by_resource_and_scope(
-                spans,
+                spans.iter().map(|s| s.to_span_data(&scope)).collect(),
                 &ResourceAttributesWithSchema::from(resource),
             ),
         }
     }
 
-    fn ours(spans: &[SpanData], resource: &Resource) -> ExportTraceServiceRequest {
+    fn ours(spans: &[SpanRecord], resource: &Resource) -> ExportTraceServiceRequest {
         let mut out = Vec::new();
         export_request(
             &mut out,
             &super::resource(resource),
             resource.schema_url().unwrap_or_default(),
+            "gateway",
             spans,
         );
         ExportTraceServiceRequest::decode(out.as_slice()).unwrap()
@@ -519,12 +523,6 @@ mod tests {
 
     #[test]
     fn a_batch_decodes_to_what_the_library_would_send() {
-        let gateway = InstrumentationScope::builder("gateway").build();
-        let other = InstrumentationScope::builder("other")
-            .with_version("1.2.3")
-            .with_schema_url("https://opentelemetry.io/schemas/1.30.0")
-            .with_attributes([KeyValue::new("scope.attr", 5_i64)])
-            .build();
         let resource = Resource::builder()
             .with_service_name("llm-gateway")
             .with_schema_url(
@@ -532,55 +530,44 @@ mod tests {
                 "https://opentelemetry.io/schemas/1.30.0",
             )
             .build();
-        // Scopes interleaved: the library groups them in order of first appearance.
-        let spans: Vec<SpanData> = (0..6)
-            .map(|n| span(n, if n % 2 == 1 { &other } else { &gateway }))
-            .collect();
-        let want = library(spans.clone(), &resource);
+        let spans: Vec<SpanRecord> = (0..6).map(span).collect();
         let got = ours(&spans, &resource);
-        assert_eq!(got, want);
-        assert_eq!(got.resource_spans[0].scope_spans.len(), 2);
-        assert_eq!(got.resource_spans[0].scope_spans[0].spans.len(), 3);
-    }
-
-    #[test]
-    fn a_scope_unequal_to_itself_loses_no_span() {
-        let odd = InstrumentationScope::builder("odd")
-            .with_attributes([KeyValue::new("nan", f64::NAN)])
-            .build();
-        let resource = Resource::builder().with_service_name("g").build();
-        let spans: Vec<SpanData> = (0..3).map(|n| span(n, &odd)).collect();
-        let got = ours(&spans, &resource);
-        let sent: usize = got.resource_spans[0]
-            .scope_spans
-            .iter()
-            .map(|s| s.spans.len())
-            .sum();
-        assert_eq!(sent, 3);
-        let want = library(spans.clone(), &resource);
-        assert_eq!(
-            got.resource_spans[0].scope_spans.len(),
-            want.resource_spans[0].scope_spans.len()
-        );
+        assert_eq!(got, library(&spans, &resource));
+        assert_eq!(got.resource_spans[0].scope_spans.len(), 1);
+        assert_eq!(got.resource_spans[0].scope_spans[0].spans.len(), 6);
     }
 
     #[test]
     fn one_span_and_none_decode_as_the_library_sends_them() {
-        let scope = InstrumentationScope::builder("gateway").build();
         let resource = Resource::builder_empty().build();
-        let one = vec![span(4, &scope)];
-        assert_eq!(ours(&one, &resource), library(one.clone(), &resource));
-        assert_eq!(ours(&[], &resource), library(vec![], &resource));
+        let one = vec![span(4)];
+        assert_eq!(ours(&one, &resource), library(&one, &resource));
+        assert_eq!(ours(&[], &resource), library(&[], &resource));
     }
 
     #[test]
     fn a_span_past_a_two_byte_length_closes_right() {
-        let scope = InstrumentationScope::builder("gateway").build();
         let resource = Resource::builder().with_service_name("g").build();
-        let mut big = span(0, &scope);
-        big.attributes
-            .push(KeyValue::new("big", "y".repeat(70_000)));
-        let spans: Vec<SpanData> = (0..3).map(|_| big.clone()).collect();
-        assert_eq!(ours(&spans, &resource), library(spans.clone(), &resource));
+        let mut big = span(0);
+        big.set("big", "y".repeat(70_000));
+        let spans: Vec<SpanRecord> = (0..3).map(|_| big.clone()).collect();
+        assert_eq!(ours(&spans, &resource), library(&spans, &resource));
+    }
+
+    #[test]
+    fn resource_values_of_every_kind_decode_as_the_library_sends_them() {
+        let resource = Resource::builder_empty()
+            .with_attributes([
+                KeyValue::new("s", "v"),
+                KeyValue::new("i", -3_i64),
+                KeyValue::new("f", 0.25_f64),
+                KeyValue::new("b", false),
+                KeyValue::new("a", Value::Array(Array::I64(vec![0, 1, i64::MAX]))),
+                KeyValue::new("fs", Value::Array(Array::F64(vec![0.0, 1.5]))),
+                KeyValue::new("bs", Value::Array(Array::Bool(vec![true, false]))),
+            ])
+            .build();
+        let one = vec![span(1)];
+        assert_eq!(ours(&one, &resource), library(&one, &resource));
     }
 }
