@@ -84,12 +84,19 @@ impl ProxyHttp for SiteEdge {
             .unwrap_or_default();
         upstream_request.insert_header("x-gateway-client-ip", client)?;
         upstream_request.remove_header("x-forwarded-for");
+        if !session.is_body_empty() {
+            // A request with a body gets a connection of its own. The account service may
+            // answer before it has read the body (a refusal decided from the head); its HTTP
+            // server then closes the connection after the answer, possibly after it went back
+            // to the pool, and the next request on it failed (a 502 on a sign-in step). The
+            // socket is local: a fresh connection per mutation costs little.
+            upstream_request.insert_header(http::header::CONNECTION, "close")?;
+        }
         Ok(())
     }
 
-    /// A pooled connection to the account service may have been closed by it while idle (it
-    /// closes after answering without reading a body, e.g. a refused webhook). Writing the next
-    /// request then fails; the service cannot have received that request whole, so it is
+    /// A pooled connection to the account service may have been closed by it while idle.
+    /// Writing the next request then fails; the service cannot have received that request whole, so it is
     /// retried on a fresh connection whatever its method (Pingora's default retries only
     /// idempotent methods, which answered a POST with 502).
     fn error_while_proxy(
