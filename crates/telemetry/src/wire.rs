@@ -249,16 +249,21 @@ fn fixed32(out: &mut Vec<u8>, tag: u32, v: u32) {
     }
 }
 
-/// A `KeyValue` message holding one of the gateway's attributes, as field `tag`: the same
-/// bytes [`key_value`] writes for the SDK's value of it.
-fn attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: &Attr) {
-    let value_len = attr_len(value);
+/// A `KeyValue` message's field key and length, its key, and its value's field key and length:
+/// all of it but the value's content (`value_len` bytes).
+fn key_value_head(out: &mut Vec<u8>, tag: u32, key: &str, value_len: usize) {
     let len = string_len(1, key) + key_len(2) + encoded_len_varint(value_len as u64) + value_len;
     field_key(out, tag, WireType::LengthDelimited);
     varint(out, len as u64);
     string(out, 1, key);
     field_key(out, 2, WireType::LengthDelimited);
     varint(out, value_len as u64);
+}
+
+/// A `KeyValue` message holding one of the gateway's attributes, as field `tag`: the same
+/// bytes [`key_value`] writes for the SDK's value of it.
+fn attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: &Attr) {
+    key_value_head(out, tag, key, attr_len(value));
     match value {
         Attr::Static(s) => bytes_field(out, 1, s.as_bytes(), true),
         Attr::Text(s) => bytes_field(out, 1, s.as_bytes(), true),
@@ -308,13 +313,7 @@ fn texts_len(v: &[String]) -> usize {
 
 /// A `KeyValue` message as field `tag`; its value is always present, as the library writes it.
 fn key_value(out: &mut Vec<u8>, tag: u32, key: &str, value: &Value) {
-    let value_len = any_value_len(value);
-    let len = string_len(1, key) + key_len(2) + encoded_len_varint(value_len as u64) + value_len;
-    field_key(out, tag, WireType::LengthDelimited);
-    varint(out, len as u64);
-    string(out, 1, key);
-    field_key(out, 2, WireType::LengthDelimited);
-    varint(out, value_len as u64);
+    key_value_head(out, tag, key, any_value_len(value));
     any_value(out, value);
 }
 
