@@ -96,9 +96,9 @@ impl ProxyHttp for SiteEdge {
     }
 
     /// A pooled connection to the account service may have been closed by it while idle.
-    /// Writing the next request then fails; the service cannot have received that request whole, so it is
-    /// retried on a fresh connection whatever its method (Pingora's default retries only
-    /// idempotent methods, which answered a POST with 502).
+    /// Writing the next request then fails; the service cannot have received that request
+    /// whole, so it is retried on a fresh connection whatever its method (Pingora's default
+    /// retries only idempotent methods, which answered a POST with 502).
     fn error_while_proxy(
         &self,
         peer: &HttpPeer,

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use gateway_core::domain::ProviderStyle;
-use gateway_telemetry::{Attr, SpanContext, SpanKind, SpanRecord, Telemetry, TraceState};
+use gateway_telemetry::{Attr, SpanContext, SpanKind, SpanRecord, Telemetry};
 
 use crate::ctx::RequestCtx;
 use crate::pipeline::Admitted;
@@ -70,16 +70,9 @@ pub fn begin(session: &Session) -> Option<Box<RequestTrace>> {
     } else {
         None
     };
-    let trace_id = parent
-        .as_ref()
-        .map_or_else(gateway_telemetry::new_trace_id, SpanContext::trace_id);
-    let sampled = telemetry.sampled(parent.as_ref(), trace_id);
-    let context = match &parent {
-        Some(p) => gateway_telemetry::child(trace_id, sampled, p.trace_state()),
-        None => gateway_telemetry::child(trace_id, sampled, &TraceState::NONE),
-    };
+    let context = telemetry.server_context(parent.as_ref());
     let started = SystemTime::now();
-    let server = sampled.then(|| {
+    let server = context.is_sampled().then(|| {
         let method: (&'static str, Attr) = match req.method.as_str() {
             "POST" => ("POST", Attr::Static("POST")),
             "GET" => ("GET", Attr::Static("GET")),

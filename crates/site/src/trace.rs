@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::response::Response;
-use gateway_telemetry::{SpanContext, SpanKind, SpanRecord, TraceState};
+use gateway_telemetry::{SpanKind, SpanRecord};
 
 /// Wraps one routed request in a server span.
 pub async fn span(req: Request, next: Next) -> Response {
@@ -17,10 +17,8 @@ pub async fn span(req: Request, next: Next) -> Response {
         return next.run(req).await;
     };
     let parent = t.parent_from(req.headers());
-    let trace_id = parent
-        .as_ref()
-        .map_or_else(gateway_telemetry::new_trace_id, SpanContext::trace_id);
-    if !t.sampled(parent.as_ref(), trace_id) {
+    let context = t.server_context(parent.as_ref());
+    if !context.is_sampled() {
         return next.run(req).await;
     }
     let method = req.method().as_str().to_owned();
@@ -28,11 +26,8 @@ pub async fn span(req: Request, next: Next) -> Response {
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| req.uri().path().to_owned(), |m| m.as_str().to_owned());
-    let state = parent
-        .as_ref()
-        .map_or(TraceState::NONE, |p| p.trace_state().clone());
     let mut span = SpanRecord::start(
-        gateway_telemetry::child(trace_id, true, &state),
+        context,
         parent.as_ref().map(|p| (p, true)),
         format!("{method} {route}"),
         SpanKind::Server,

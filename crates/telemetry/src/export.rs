@@ -11,8 +11,7 @@
 //! when a batch's worth is waiting (one signal, not one per hand-off), or to flush at shutdown,
 //! as the SDK's batch processor does. The queue is bounded by that counter: spans that would
 //! take it past [`QUEUE`] are dropped and counted (`queue_full`), as are the spans of an export
-//! that failed
-//! (`export_failed`); the request path never waits for the collector.
+//! that failed (`export_failed`); the request path never waits for the collector.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -4,10 +4,10 @@
 //!
 //! Off (no `otlp_endpoint`), nothing is built: [`get`] is `None` and callers skip every span,
 //! so the request path pays one branch. On, a request's spans are plain [`SpanRecord`]s handed
-//! to the export queue together when it ends ([`Telemetry::submit`]); one thread exports them over OTLP
-//! (HTTP or gRPC) in batches, and the request path never waits for the collector. The queue is
-//! bounded ([`export`]): a span that finds it full, or whose export fails, is dropped and
-//! counted in `gateway_telemetry_spans_dropped_total`.
+//! to the export queue together when it ends ([`Telemetry::submit`]); one thread exports them
+//! over OTLP (HTTP or gRPC) in batches, and the request path never waits for the collector. The
+//! queue is bounded ([`export`]): spans that find it full, or whose export fails, are dropped
+//! and counted in `gateway_telemetry_spans_dropped_total`.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
@@ -25,8 +25,10 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 
 use gateway_core::state::SharedState;
 
-pub use opentelemetry::trace::{SpanContext, SpanId, SpanKind, TraceId, TraceState};
-pub use record::{child, new_span_id, new_trace_id, Attr, Attrs, SpanRecord};
+pub use opentelemetry::trace::{SpanContext, SpanKind, TraceState};
+pub use record::{child, Attr, SpanRecord};
+
+use record::new_trace_id;
 
 /// The running export, once telemetry is on.
 pub struct Telemetry {
@@ -104,11 +106,18 @@ impl Telemetry {
         parent.is_valid().then_some(parent)
     }
 
-    /// Whether a trace is recorded: `parent`'s decision, else the live sample ratio's for
-    /// `trace_id`.
-    pub fn sampled(&self, parent: Option<&SpanContext>, trace_id: TraceId) -> bool {
+    /// The context of the server span the gateway starts for a request: a child of `parent`
+    /// (the caller's span, from [`Telemetry::parent_from`]) in its trace, with its decision
+    /// and `tracestate`; without one, the root of a new trace sampled at the live ratio. Its
+    /// sampled flag says whether the request's spans are recorded.
+    pub fn server_context(&self, parent: Option<&SpanContext>) -> SpanContext {
+        let trace_id = parent.map_or_else(new_trace_id, SpanContext::trace_id);
         let ratio = self.state.config.load().telemetry.sample_ratio;
-        sampler::sampled(ratio, parent, trace_id)
+        let sampled = sampler::sampled(ratio, parent, trace_id);
+        match parent {
+            Some(p) => child(trace_id, sampled, p.trace_state()),
+            None => child(trace_id, sampled, &TraceState::NONE),
+        }
     }
 
     /// Hands finished spans (a request's, together) to the export thread; never blocks: they
