@@ -80,6 +80,8 @@ def redis_info(url):
     return {
         "commands": int(info["total_commands_processed"]),
         "cpu": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
+        # Reads from clients' sockets: one per round trip (a pipeline's commands share one).
+        "reads": int(info.get("total_reads_processed", 0)),
         "scripts": sum(calls.get(n, 0) for n in script_names),
         # Time inside script calls (the commands they run included), as Redis counts it.
         "script_usec": sum(usec.get(n, 0) for n in script_names),
@@ -144,7 +146,10 @@ async def drive(args):
         await asyncio.sleep(args.settle)
         i0 = redis_info(args.redis_url)
         await asyncio.sleep(args.idle)
-        idle = (redis_info(args.redis_url)["cpu"] - i0["cpu"]) / args.idle
+        i1 = redis_info(args.redis_url)
+        idle = (i1["cpu"] - i0["cpu"]) / args.idle
+        # The INFO calls themselves are one read each.
+        idle_reads = (i1["reads"] - i0["reads"] - 1) / args.idle
         tasks = set()
         start = time.perf_counter()
         interval = 1.0 / args.rate
@@ -192,6 +197,8 @@ async def drive(args):
                 "answered_in_window": answered,
                 "redis_cpu_us": round((r1["cpu"] - r0["cpu"]) * 1e6 / per, 2),
                 "redis_commands": round((r1["commands"] - r0["commands"]) / per, 2),
+                "redis_round_trips": round((r1["reads"] - r0["reads"] - 1) / per, 3),
+                "redis_idle_round_trips_per_s": round(idle_reads, 2),
                 "redis_scripts": round((r1["scripts"] - r0["scripts"]) / per, 3),
                 "redis_script_us": round((r1["script_usec"] - r0["script_usec"]) / per, 2),
                 # Redis's own CPU with this traffic's clients connected and no request, per

@@ -16,9 +16,11 @@
 //!   and the next minute's first requests are admitted against it;
 //! - leases set aside from the allowance: every request is recorded at once, and a graceful
 //!   stop books what was settled within them and gives them back;
-//! - a drain is published to the other instance, which then polls `q:drains` twice a second,
-//!   not every round, while it holds leases (one Redis: watched with `MONITOR`); a Redis user
-//!   without channel rights makes them poll every round instead, and say so once.
+//! - a drain is published to the other instance, which then polls `q:drains` once a second in
+//!   its heartbeat, not every round (one Redis: watched with `MONITOR`); a Redis user without
+//!   channel rights makes them poll every round instead, and say so once;
+//! - several accounts' renewals share one round trip, and its script call is made again when
+//!   Redis has lost its scripts.
 
 mod common;
 
@@ -415,6 +417,48 @@ async fn set_aside_leases_are_booked_and_given_back_on_stop(store: Store) {
     assert!(held.is_empty(), "{held:?}");
 }
 
+/// Several accounts' leases are renewed in one round trip (their script call among plain
+/// commands): when Redis has lost its scripts, the call is made again on its own, so a graceful
+/// stop still books every account's set-aside settlements and gives its lease back.
+async fn a_rounds_script_call_survives_redis_losing_its_scripts(store: Store) {
+    let Store::Single(_) = &store else {
+        // A cluster renews each account in a call of its own (`Script::invoke` reloads).
+        return;
+    };
+    let mut p = pair(&store, &roomy());
+    let mut accounts = Vec::new();
+    for i in 0..3 {
+        let (user_id, key) = p.a.user_and_key(&format!("flushed{i}@example.com"));
+        for _ in 0..3 {
+            assert_eq!(send(&p.a, &key).await.0, 200);
+        }
+        accounts.push(user_id);
+    }
+    let events = p.a.wait_usage(9).await;
+    let mut c = store.conn().await;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut c)
+        .await
+        .expect("SCRIPT FLUSH");
+    assert!(p.a.terminate());
+    assert!(p.b.terminate());
+    for user_id in &accounts {
+        let charged: i64 = events
+            .iter()
+            .filter(|e| e["user_id"].as_str() == Some(user_id.as_str()))
+            .map(|e| e["quota_charged"].as_i64().expect("quota_charged"))
+            .sum();
+        assert!(charged > 0, "{events:?}");
+        let meta = format!("{}q:{{{user_id}}}", p.prefix);
+        let m: std::collections::HashMap<String, String> = c.hgetall(&meta).await.expect("hgetall");
+        assert_eq!(m.get("sa"), Some(&charged.to_string()), "{m:?}");
+        assert_eq!(m.get("xa").map(String::as_str), Some("0"), "{m:?}");
+        let held: Vec<String> = c.hkeys(format!("{meta}:res")).await.expect("hkeys");
+        assert!(held.is_empty(), "{held:?}");
+    }
+}
+
 /// How many of the commands Redis runs during `span` have a `MONITOR` line `wanted`.
 async fn monitored(url: &str, wanted: impl Fn(&str) -> bool, span: Duration) -> usize {
     use futures::StreamExt;
@@ -447,7 +491,8 @@ async fn drains_published_and_polled_slowly(store: Store) {
     };
     let leased = pair(&store, &roomy());
     let polls = drain_polls_with_leases(url, &leased, "leased@example.com", 3).await;
-    // Two instances listening: about two polls a second each (every round would be 60).
+    // Two instances listening: one poll a second each, in the heartbeat (every round would
+    // be 60).
     assert!(
         (1..=16).contains(&polls),
         "{polls} polls of q:drains in 3 s"
@@ -805,7 +850,8 @@ on_both_stores! {
     the_next_minutes_chunk_is_taken_ahead_in_the_second_half_of_a_minute => next_minutes_chunk_taken_ahead,
     a_next_minutes_chunk_past_half_the_cap_is_given_back => next_minutes_chunk_refused_past_half_the_cap,
     a_skipped_minute_keeps_the_next_minutes_chunk_ahead => next_minutes_chunk_kept_over_a_skipped_minute,
-    a_drain_is_published_and_drains_are_polled_twice_a_second => drains_published_and_polled_slowly,
+    a_drain_is_published_and_drains_are_polled_once_a_second => drains_published_and_polled_slowly,
     without_pub_sub_drains_are_polled_every_round => drains_polled_every_round_without_pub_sub,
     a_leases_start_time_is_pushed_back_with_plain_commands => start_time_pushed_back_with_plain_commands,
+    a_rounds_script_call_is_made_again_when_redis_lost_its_scripts => a_rounds_script_call_survives_redis_losing_its_scripts,
 }

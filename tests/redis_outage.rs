@@ -334,6 +334,13 @@ async fn a_killed_instances_reservation_is_swept_without_a_request() {
     let open: u64 = c.hlen(&held).await.unwrap();
     assert_eq!(open, 1, "the dead instance's reservation is held");
     let killed_at = Instant::now();
+    // Redis forgets its scripts (as a restart would): the sweep's call, which rides the
+    // heartbeat's round trip, loads its script again.
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut c)
+        .await
+        .unwrap();
 
     // Another instance (the same config, started afresh) sweeps it once it is older than the
     // reservation timeout (5 s), with no request from the account at all.

@@ -37,39 +37,23 @@ const WINDOW_TTL_S: i64 = 150;
 const FIELDS: [&str; 3] = ["r", "i", "o"];
 
 impl Shared {
-    /// Does the plain renewals `calls` (each `Call::plain`) and hands each account its answer.
-    /// When Redis does not answer, no chunk is taken (a count that did land errs high), the
-    /// tier hint stays, and the start time is pushed back at a later round.
+    /// Does the plain renewals `calls` (each `Call::plain`) in a round trip of their own and
+    /// hands each account its answer (`renew_batch` sends them with the round's script call
+    /// instead).
     pub(super) async fn take_ahead(&self, calls: &[(&str, &Call)]) {
-        let taken = if self.breaker.is_open() {
+        let mut pipe = redis::pipe();
+        self.ahead_commands(&mut pipe, calls);
+        let replies = if self.breaker.is_open() {
             Err(Unreachable("redis is down".into()))
         } else {
-            self.count_ahead(calls).await
+            self.round_trip("ahead", &pipe).await
         };
-        let taken = taken.unwrap_or_else(|Unreachable(e)| {
-            log::warn!("{e}; next-minute chunks of {} accounts", calls.len());
-            calls
-                .iter()
-                .map(|(_, call)| PlainAnswer {
-                    chunks: vec![([0; 3], [0; 3]); asks(call).len()],
-                    ..PlainAnswer::default()
-                })
-                .collect()
-        });
-        for ((user_id, call), answer) in calls.iter().zip(taken) {
-            if let Some(top) = answer.top {
-                if let Some(mut hint) = self.hints.get_mut(*user_id) {
-                    hint.1 = top;
-                }
-            }
-            self.leases.finish_ahead(user_id, call, &answer);
-        }
+        self.finish_ahead(calls, replies).await;
     }
 
-    /// One pipeline counting every chunk, pushing start times back and reading lots, then,
-    /// when needed, one giving back the chunks the rule refuses.
-    async fn count_ahead(&self, calls: &[(&str, &Call)]) -> Result<Vec<PlainAnswer>, Unreachable> {
-        let mut pipe = redis::pipe();
+    /// Adds to `pipe` the commands of the plain renewals `calls`: every chunk counted, start
+    /// times pushed back, lots read. Their replies, in order, are `finish_ahead`'s.
+    pub(super) fn ahead_commands(&self, pipe: &mut redis::Pipeline, calls: &[(&str, &Call)]) {
         for (_, call) in calls {
             let only = call.plain.as_ref();
             if only.is_some_and(|o| o.push) {
@@ -88,16 +72,73 @@ impl Shared {
                 let [prev, curr, next] = ask.windows.map(|i| call.window(i));
                 // Counted first, read after: a request admitted this minute before the count
                 // is in what is read, one admitted after it found the count.
-                add_chunk(&mut pipe, next, ask, 1, false);
+                add_chunk(pipe, next, ask, 1, false);
                 pipe.cmd("HMGET").arg(curr).arg(&FIELDS);
                 pipe.cmd("HMGET").arg(prev).arg(&FIELDS);
                 // The next window is new as a rule (an expiry given again is harmless).
-                pipe.cmd("EXPIRE").arg(next).arg(WINDOW_TTL_S).ignore();
+                pipe.cmd("EXPIRE").arg(next).arg(WINDOW_TTL_S);
             }
         }
-        let mut conn = self.conn();
-        let replies: Vec<RedisValue> = self.guarded("ahead", pipe.query_async(&mut conn)).await?;
-        let mut replies = replies.into_iter();
+    }
+
+    /// Reads the plain renewals' replies (`ahead_commands`'), gives back the chunks the rule
+    /// refuses and hands each account its answer. When Redis did not answer, or refused any
+    /// of the commands, no chunk is taken (a count that did land errs high), the tier hint
+    /// stays, and the start time is pushed back at a later round.
+    pub(super) async fn finish_ahead(
+        &self,
+        calls: &[(&str, &Call)],
+        replies: Result<Vec<RedisValue>, Unreachable>,
+    ) {
+        let taken = replies.and_then(|replies| {
+            if let Some(RedisValue::ServerError(e)) = replies
+                .iter()
+                .find(|r| matches!(r, RedisValue::ServerError(_)))
+            {
+                return Err(Unreachable(format!("redis ahead: {e:?}")));
+            }
+            Ok(self.read_ahead(calls, replies.into_iter()))
+        });
+        let taken = match taken {
+            Ok((answers, follow_up)) => {
+                if let Some(follow_up) = follow_up {
+                    // Not given back when Redis fails now: the windows then err high, never
+                    // low.
+                    let mut conn = self.conn();
+                    let _ = self
+                        .guarded("ahead", follow_up.query_async::<()>(&mut conn))
+                        .await;
+                }
+                answers
+            }
+            Err(Unreachable(e)) => {
+                log::warn!("{e}; next-minute chunks of {} accounts", calls.len());
+                calls
+                    .iter()
+                    .map(|(_, call)| PlainAnswer {
+                        chunks: vec![([0; 3], [0; 3]); asks(call).len()],
+                        ..PlainAnswer::default()
+                    })
+                    .collect()
+            }
+        };
+        for ((user_id, call), answer) in calls.iter().zip(taken) {
+            if let Some(top) = answer.top {
+                if let Some(mut hint) = self.hints.get_mut(*user_id) {
+                    hint.1 = top;
+                }
+            }
+            self.leases.finish_ahead(user_id, call, &answer);
+        }
+    }
+
+    /// Each plain renewal's answer from its replies, checked against the rule, and the
+    /// pipeline giving back the chunks it refuses (if any).
+    fn read_ahead(
+        &self,
+        calls: &[(&str, &Call)],
+        mut replies: impl Iterator<Item = RedisValue>,
+    ) -> (Vec<PlainAnswer>, Option<redis::Pipeline>) {
         let mut next = || replies.next().unwrap_or(RedisValue::Nil);
         let num = |v: &RedisValue| as_i64(v).unwrap_or(0).max(0) as u64;
         // Chunks given back.
@@ -125,6 +166,7 @@ impl Shared {
                     _ => vec![0; 3],
                 };
                 let (curr, prev): (Vec<u64>, Vec<u64>) = (read(), read());
+                next(); // EXPIRE
                 let mut ok = true;
                 let mut counted = [0u64; 3];
                 for (d, counted) in counted.iter_mut().enumerate() {
@@ -153,13 +195,7 @@ impl Shared {
                 lease_gone,
             });
         }
-        if any_follow_up {
-            // Not given back when Redis fails now: the windows then err high, never low.
-            let _ = self
-                .guarded("ahead", follow_up.query_async::<()>(&mut conn))
-                .await;
-        }
-        Ok(out)
+        (out, any_follow_up.then_some(follow_up))
     }
 }
 

@@ -4,19 +4,20 @@
 //! The instance that finds an account too short for leases records it in `q:drains` (by when)
 //! and publishes the account on the channel of the same name. Every instance listens on that
 //! channel over a connection of its own and polls `q:drains` every round only while it is not
-//! listening (at start, after a lost connection); otherwise every `SLOW_POLL_MS`, for a notice
-//! lost with a connection that died quietly or a node that no longer hears the cluster's
-//! publications: soon enough that a request refused while shares are held still sees them
-//! given back (`DRAIN_WAIT` × `DRAIN_TRIES`). A poll every round would cost Redis a round trip
-//! ten times a second per instance whatever the traffic, which at a few hundred requests a
-//! second is more than the requests' own Redis work.
+//! listening (at start, after a lost connection); otherwise the keeper's heartbeat reads it in
+//! its pipeline once a second (`Shared::heartbeat`), for a notice lost with a connection that
+//! died quietly or a node that no longer hears the cluster's publications: soon enough that a
+//! request refused while shares are held still sees them given back (`DRAIN_WAIT` ×
+//! `DRAIN_TRIES`). A poll of its own, every round or every half second, would cost Redis a round
+//! trip each time whatever the traffic, which at a few hundred requests a second is more than
+//! the requests' own Redis work.
 //!
 //! Every drain heard, by notice or by poll, is applied to this instance's leases again at each
 //! round for `DRAIN_SEEN_MS`, as when each round polled that span: a renewal in flight when the
 //! notice came may still bring back a share, which a later round then gives back.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -27,10 +28,6 @@ use crate::util::now_ms;
 
 /// How long (ms) a drain is applied to the leases after it was made.
 const DRAIN_SEEN_MS: i64 = 3_000;
-/// How often (ms) `q:drains` is polled while the listener is connected: a drain it reads is
-/// applied at the next round and given back by the one after, within the 810 ms a refused
-/// request waits for shares (`lease::DRAIN_WAIT` × `lease::DRAIN_TRIES`).
-const SLOW_POLL_MS: i64 = 500;
 /// How often the listener checks that it hears the channel: it publishes a probe of its own
 /// there and expects it back within the call deadline. A probe, not a `PING`: a connection can
 /// answer while it hears nothing (a subscription refused by an ACL but not failed by the
@@ -42,42 +39,38 @@ const RELISTEN_AFTER: Duration = Duration::from_secs(1);
 /// What this instance knows of drains made anywhere.
 #[derive(Default)]
 pub(super) struct DrainNotices {
-    /// The listener is subscribed: `q:drains` is polled slowly.
+    /// The listener is subscribed: the heartbeat polls `q:drains`, the rounds do not.
     listening: AtomicBool,
-    /// When `q:drains` was last polled (ms; 0: poll at the next round).
-    last_poll: AtomicI64,
+    /// The next round polls `q:drains` even while listening: the drains made before the
+    /// subscription.
+    catch_up: AtomicBool,
     /// Drains heard: account → when the drain was made (ms).
     heard: Mutex<HashMap<String, i64>>,
 }
 
 impl DrainNotices {
-    /// Whether this round polls `q:drains` (and, if so, counts it as polled now).
-    fn poll_due(&self, now: i64) -> bool {
-        let every = if self.listening.load(Ordering::Relaxed) {
-            SLOW_POLL_MS
-        } else {
-            0
-        };
-        let last = self.last_poll.load(Ordering::Relaxed);
-        if now - last < every {
-            return false;
-        }
-        self.last_poll.store(now, Ordering::Relaxed);
-        true
+    /// Whether this round polls `q:drains`: every round while not listening, once after the
+    /// subscription (the drains made before it); while listening the heartbeat polls.
+    fn round_polls(&self) -> bool {
+        !self.listening.load(Ordering::Relaxed) || self.catch_up.swap(false, Ordering::Relaxed)
+    }
+
+    /// Whether the heartbeat polls `q:drains` (the listener is subscribed).
+    pub(super) fn heartbeat_polls(&self) -> bool {
+        self.listening.load(Ordering::Relaxed)
     }
 
     fn set_listening(&self, on: bool) {
         let was = self.listening.swap(on, Ordering::Relaxed);
         if on && !was {
-            // Drains made before the subscription: read once at the next round.
-            self.last_poll.store(0, Ordering::Relaxed);
+            self.catch_up.store(true, Ordering::Relaxed);
         }
     }
 
     /// A drain made at `at` (by its instance's clock; never later than `now`), heard at `now`.
     /// Drains past their span are forgotten here too, so an instance holding no lease (whose
     /// rounds never ask for `recent`) keeps none.
-    fn hear(&self, user_id: String, at: i64, now: i64) {
+    pub(super) fn hear(&self, user_id: String, at: i64, now: i64) {
         let at = at.min(now);
         let mut heard = self.heard.lock();
         heard.retain(|_, seen| now - *seen < DRAIN_SEEN_MS);
@@ -97,7 +90,7 @@ impl Shared {
     /// The round's part: polls `q:drains` when due and wakes the leases of every account
     /// drained lately (`Leases::drained`).
     pub(super) async fn apply_drains(&self, now: i64) {
-        if self.drains.poll_due(now) {
+        if self.drains.round_polls() {
             self.poll_drains(now).await;
         }
         for user_id in self.drains.recent(now) {
@@ -106,27 +99,31 @@ impl Shared {
     }
 
     /// Reads which accounts were drained lately (`q:drains`).
-    async fn poll_drains(&self, now: i64) {
+    pub(super) async fn poll_drains(&self, now: i64) {
         let mut conn = self.conn();
-        let mut pipe = redis::pipe();
-        pipe.cmd("ZRANGEBYSCORE")
-            .arg(&self.drains_key)
+        match self
+            .guarded("drains", self.drains_query(now).query_async(&mut conn))
+            .await
+        {
+            Ok(drained) => self.hear_polled(drained, now),
+            Err(Unreachable(e)) => log::warn!("{e}"),
+        }
+    }
+
+    /// The poll's command: the drains made within `DRAIN_SEEN_MS` of `now`, with when.
+    pub(super) fn drains_query(&self, now: i64) -> redis::Cmd {
+        let mut cmd = redis::cmd("ZRANGEBYSCORE");
+        cmd.arg(&self.drains_key)
             .arg(format!("({}", now - DRAIN_SEEN_MS))
             .arg("+inf")
             .arg("WITHSCORES");
-        match self
-            .guarded(
-                "drains",
-                pipe.query_async::<(Vec<(String, i64)>,)>(&mut conn),
-            )
-            .await
-        {
-            Ok((drained,)) => {
-                for (user_id, at) in drained {
-                    self.drains.hear(user_id, at, now);
-                }
-            }
-            Err(Unreachable(e)) => log::warn!("{e}"),
+        cmd
+    }
+
+    /// Hears the drains a poll read (`drains_query`'s reply).
+    pub(super) fn hear_polled(&self, drained: Vec<(String, i64)>, now: i64) {
+        for (user_id, at) in drained {
+            self.drains.hear(user_id, at, now);
         }
     }
 
@@ -259,17 +256,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn drains_are_polled_every_round_until_the_listener_is_subscribed_then_slowly() {
+    fn rounds_poll_drains_until_the_listener_is_subscribed_then_the_heartbeat_does() {
         let n = DrainNotices::default();
-        assert!(n.poll_due(10_000));
-        assert!(n.poll_due(10_100), "not listening: every round");
+        assert!(n.round_polls());
+        assert!(n.round_polls(), "not listening: every round");
+        assert!(!n.heartbeat_polls());
         n.set_listening(true);
-        assert!(n.poll_due(10_200), "subscribing reads what came before it");
-        assert!(!n.poll_due(10_300));
-        assert!(!n.poll_due(10_200 + SLOW_POLL_MS - 1));
-        assert!(n.poll_due(10_200 + SLOW_POLL_MS));
+        assert!(n.round_polls(), "subscribing reads what came before it");
+        assert!(!n.round_polls());
+        assert!(!n.round_polls());
+        assert!(n.heartbeat_polls());
+        n.set_listening(true);
+        assert!(!n.round_polls(), "still subscribed: nothing to catch up");
         n.set_listening(false);
-        assert!(n.poll_due(10_200 + SLOW_POLL_MS + 100));
+        assert!(n.round_polls());
+        assert!(!n.heartbeat_polls());
     }
 
     #[test]

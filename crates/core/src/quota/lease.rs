@@ -121,10 +121,11 @@ const PLAIN_CAP_RATIO: u64 = 4;
 /// How long a request waits for a renewal in progress before it is reserved exactly.
 pub(super) const WAIT_FOR_RENEWAL: Duration = Duration::from_millis(500);
 /// How long a reservation refused while leases hold unused shares waits before asking again,
-/// and how often it asks.
-/// A drain reaches every lease within two `FLUSH_EVERY` (the poll, then the renewal).
+/// and how often it asks. A drain reaches every lease within two `FLUSH_EVERY` of its notice
+/// (heard, then given back by the renewal); a notice lost with a connection that died quietly
+/// is read by the next heartbeat's poll, within a second and a half in all.
 pub const DRAIN_WAIT: Duration = Duration::from_millis(270);
-pub const DRAIN_TRIES: usize = 3;
+pub const DRAIN_TRIES: usize = 6;
 
 /// Requests, input tokens, output tokens.
 type Dims = [u64; 3];

@@ -119,8 +119,9 @@ impl Shared {
         }
     }
 
-    /// One `lease_batch.lua` call for several accounts. An account Redis does not hold any
-    /// more (`load`) is loaded and renewed on its own.
+    /// One round trip for several accounts: the plain renewals' commands (`ahead`) and one
+    /// `lease_batch.lua` call for the others. An account Redis does not hold any more
+    /// (`load`) is loaded and renewed on its own.
     async fn renew_batch(&self, db: &Db, users: &[String], timeout_ms: i64) {
         let now = now_ms();
         let plain = !self.connector.is_cluster();
@@ -134,16 +135,12 @@ impl Shared {
         let (plain, begun): (Vec<_>, Vec<_>) = begun
             .into_iter()
             .partition(|(_, call, _)| call.plain.is_some());
-        if !plain.is_empty() {
-            let calls: Vec<(&str, &Call)> = plain.iter().map(|(u, c, _)| (u.as_str(), c)).collect();
-            self.take_ahead(&calls).await;
-        }
-        if begun.is_empty() {
-            return;
-        }
-        let replies = if self.breaker.is_open() {
-            Err(Unreachable("redis is down".into()))
-        } else {
+        // The plain renewals' commands and the others' script call share one round trip.
+        let plain: Vec<(&str, &Call)> = plain.iter().map(|(u, c, _)| (u.as_str(), c)).collect();
+        let mut pipe = redis::pipe();
+        self.ahead_commands(&mut pipe, &plain);
+        let ahead_len = pipe.len();
+        let script = (!begun.is_empty()).then(|| {
             let mut inv = self.lease_batch.prepare_invoke();
             inv.arg(begun.len());
             for (_, call, _) in &begun {
@@ -155,9 +152,34 @@ impl Shared {
                     inv.arg(a);
                 }
             }
-            let mut conn = self.conn();
-            self.guarded("lease", inv.invoke_async::<Vec<RedisValue>>(&mut conn))
-                .await
+            inv
+        });
+        if let Some(inv) = &script {
+            pipe.invoke_script(inv);
+        }
+        let sent = if self.breaker.is_open() {
+            Err(Unreachable("redis is down".into()))
+        } else {
+            self.round_trip("lease", &pipe).await
+        };
+        let (ahead, script_reply) = match sent {
+            Ok(mut replies) => {
+                let script_reply = replies.split_off(ahead_len).into_iter().next();
+                (Ok(replies), Ok(script_reply))
+            }
+            Err(Unreachable(e)) => (Err(Unreachable(e.clone())), Err(Unreachable(e))),
+        };
+        if !plain.is_empty() {
+            self.finish_ahead(&plain, ahead).await;
+        }
+        let Some(inv) = script else { return };
+        let replies = match script_reply {
+            Ok(Some(reply)) => {
+                self.script_reply::<Vec<RedisValue>>("lease", reply, &inv)
+                    .await
+            }
+            Ok(None) => Err(Unreachable("redis lease: no reply".into())),
+            Err(e) => Err(e),
         };
         match replies {
             Ok(replies) if replies.len() == begun.len() => {

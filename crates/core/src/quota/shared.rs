@@ -116,6 +116,8 @@ pub struct Shared {
     pub(super) prefix: String,
     /// The sorted set of accounts holding reservations (`sweep.lua`).
     pub(super) due_key: String,
+    /// The accounts the last heartbeat found due, swept by the next one (one Redis).
+    pub(super) sweep_next: Mutex<Vec<String>>,
     /// The sorted set of accounts drained lately, by when (`lease`), and the channel their
     /// notices go out on (`drains`).
     pub(super) drains_key: String,
@@ -167,6 +169,7 @@ impl Shared {
             leases: Leases::new(&instance),
             prefix: prefix.to_string(),
             due_key: format!("{prefix}q:due"),
+            sweep_next: Mutex::new(Vec::new()),
             drains_key: format!("{prefix}q:drains"),
             drains: Default::default(),
             instances_key: format!("{prefix}instances"),
@@ -232,6 +235,50 @@ impl Shared {
         };
         self.failed(what, failure.1, &failure.0);
         Err(Unreachable(failure.0))
+    }
+
+    /// Sends `pipe` (plain commands and script calls, on one Redis) in one round trip and
+    /// returns each command's own reply, an error included: a script Redis lost (a restart, a
+    /// `SCRIPT FLUSH`) fails only its own call, which `script_reply` then makes again alone,
+    /// without sending the rest twice. A round trip costs Redis far more than the commands in
+    /// it, so work that falls due together goes out together.
+    pub(super) async fn round_trip(
+        &self,
+        what: &str,
+        pipe: &redis::Pipeline,
+    ) -> Result<Vec<RedisValue>, Unreachable> {
+        use redis::aio::ConnectionLike;
+        let mut conn = self.conn();
+        let n = pipe.len();
+        let replies = self
+            .guarded(what, conn.req_packed_commands(pipe, 0, n))
+            .await?;
+        if replies.len() != n {
+            return Err(Unreachable(format!(
+                "redis {what}: {} replies for {n} commands",
+                replies.len()
+            )));
+        }
+        Ok(replies)
+    }
+
+    /// A script call's reply from `round_trip`; when Redis had lost the script, the call
+    /// (`invocation`, loading it) is made again on its own.
+    pub(super) async fn script_reply<T: redis::FromRedisValue>(
+        &self,
+        what: &str,
+        reply: RedisValue,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, Unreachable> {
+        let reply = match reply {
+            RedisValue::ServerError(e) if e.code() == "NOSCRIPT" => {
+                let mut conn = self.conn();
+                return self.guarded(what, invocation.invoke_async(&mut conn)).await;
+            }
+            RedisValue::ServerError(e) => Err(redis::RedisError::from(e)),
+            reply => T::from_redis_value(&reply),
+        };
+        reply.map_err(|e| Unreachable(format!("redis {what}: {e}")))
     }
 
     /// Waits for a call past its deadline, for at most `LATE_WAIT` and only while the breaker

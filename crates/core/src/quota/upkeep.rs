@@ -6,9 +6,13 @@ use std::time::Duration;
 /// An instance not heard from for this long (ms) no longer counts among those sharing the
 /// accounts.
 const INSTANCE_TTL_MS: i64 = 10_000;
+/// The heartbeat pipeline's replies before the count of live instances.
+const HEARTBEAT_IGNORED: usize = 3;
 
 use super::scripts::ACCOUNT_TTL_SECS;
 use super::scripts::{account_keys, lot_value};
+use redis::{FromRedisValue, Value as RedisValue};
+
 use super::shared::{LoadError, Shared, Unreachable, MIN_CONNECT, SWEEP_BATCH};
 use crate::domain::Lot;
 use crate::storage::Db;
@@ -64,105 +68,125 @@ impl Shared {
 
     /// Says this instance is alive, learns how many are, and releases reservations older than
     /// `timeout_ms` on every account that holds one, so a reservation whose instance died is
-    /// freed whether or not its account sends anything: every second while Redis answers. The
-    /// heartbeat and the sweep's question share one pipeline (a round trip costs Redis more
-    /// than the commands in it). During an outage the last count of instances sets this
-    /// instance's share of every limit and balance.
+    /// freed whether or not its account sends anything: every second while Redis answers.
+    /// During an outage the last count of instances sets this instance's share of every limit
+    /// and balance.
+    ///
+    /// On one Redis it is one round trip a second: the heartbeat, the sweep of the accounts the
+    /// last heartbeat found due (a second late is nothing against a reservation timeout),
+    /// the question which accounts are due now (after the sweep, which moves those it visited),
+    /// and, while the drain listener is subscribed, the poll of `q:drains` (`drains`).
     pub async fn heartbeat(&self, now: i64, timeout_ms: i64) {
+        if self.connector.is_cluster() {
+            return self.heartbeat_cluster(now, timeout_ms).await;
+        }
+        let due = std::mem::take(&mut *self.sweep_next.lock());
+        let mut pipe = self.heartbeat_pipe(now);
+        let sweep = (!due.is_empty()).then(|| self.sweep_invocation(&due, now, timeout_ms, true));
+        if let Some(inv) = &sweep {
+            pipe.invoke_script(inv);
+        }
+        pipe.add_command(self.due_query(now, timeout_ms));
+        let poll = self.drains.heartbeat_polls();
+        if poll {
+            pipe.add_command(self.drains_query(now));
+        }
+        let replies = match self.round_trip("instances", &pipe).await {
+            Ok(replies) => replies,
+            Err(Unreachable(e)) => {
+                // The accounts due are asked for again next time: the sweep did not move them.
+                log::warn!("{e}");
+                return;
+            }
+        };
+        let mut replies = replies.into_iter().skip(HEARTBEAT_IGNORED);
+        let mut next = || replies.next().unwrap_or(RedisValue::Nil);
+        let live = next();
+        if let Ok(live) = u64::from_redis_value(&live) {
+            self.fallback.set_share(live);
+        }
+        if let Some(inv) = &sweep {
+            match self.script_reply::<Vec<i64>>("sweep", next(), inv).await {
+                Ok(swept) => self.log_swept(&due, &swept),
+                Err(Unreachable(e)) => log::warn!("{e}"),
+            }
+        }
+        match Vec::<String>::from_redis_value(&next()) {
+            Ok(due) => *self.sweep_next.lock() = due,
+            Err(e) => log::warn!("redis sweep set: {e}"),
+        }
+        if poll {
+            match Vec::<(String, i64)>::from_redis_value(&next()) {
+                Ok(drained) => self.hear_polled(drained, now),
+                Err(e) => log::warn!("redis drains: {e}"),
+            }
+        }
+    }
+
+    /// The heartbeat's commands: this instance alive now, the silent ones forgotten, the
+    /// count of those left (the pipeline's first reply that is read: `HEARTBEAT_IGNORED`).
+    fn heartbeat_pipe(&self, now: i64) -> redis::Pipeline {
         let mut pipe = redis::pipe();
         pipe.cmd("ZADD")
             .arg(&self.instances_key)
             .arg(now)
             .arg(&self.instance)
-            .ignore()
             .cmd("ZREMRANGEBYSCORE")
             .arg(&self.instances_key)
             .arg("-inf")
             .arg(format!("({}", now - INSTANCE_TTL_MS))
-            .ignore()
             .cmd("PEXPIRE")
             .arg(&self.instances_key)
             .arg(INSTANCE_TTL_MS)
-            .ignore()
             .cmd("ZCARD")
             .arg(&self.instances_key);
-        let mut due_query = redis::cmd("ZRANGEBYSCORE");
-        due_query
-            .arg(&self.due_key)
+        pipe
+    }
+
+    /// The accounts whose oldest reservation is past the timeout (`SWEEP_BATCH` at most).
+    fn due_query(&self, now: i64, timeout_ms: i64) -> redis::Cmd {
+        let mut cmd = redis::cmd("ZRANGEBYSCORE");
+        cmd.arg(&self.due_key)
             .arg("-inf")
             .arg(format!("({}", now - timeout_ms))
             .arg("LIMIT")
             .arg(0)
             .arg(SWEEP_BATCH);
+        cmd
+    }
+
+    /// On a cluster the sets live in different slots than each other and the accounts: the
+    /// heartbeat, the due question, each account's sweep and, while listening, the drains
+    /// poll are calls of their own.
+    async fn heartbeat_cluster(&self, now: i64, timeout_ms: i64) {
+        let pipe = self.heartbeat_pipe(now);
         let mut conn = self.conn();
-        // A cluster keeps the two sets in different slots: a call each there.
-        let answer = if self.connector.is_cluster() {
-            match self
-                .guarded("instances", pipe.query_async::<(u64,)>(&mut conn))
-                .await
-            {
-                Ok((live,)) => self
-                    .guarded("sweep", due_query.query_async::<Vec<String>>(&mut conn))
+        let answer = match self.round_trip("instances", &pipe).await {
+            Ok(replies) => match replies.get(HEARTBEAT_IGNORED).map(u64::from_redis_value) {
+                Some(Ok(live)) => {
+                    self.fallback.set_share(live);
+                    self.guarded(
+                        "sweep",
+                        self.due_query(now, timeout_ms)
+                            .query_async::<Vec<String>>(&mut conn),
+                    )
                     .await
-                    .map(|due| (live, due)),
-                Err(e) => Err(e),
-            }
-        } else {
-            pipe.add_command(due_query);
-            self.guarded(
-                "instances",
-                pipe.query_async::<(u64, Vec<String>)>(&mut conn),
-            )
-            .await
+                }
+                _ => Err(Unreachable("redis instances: no count".into())),
+            },
+            Err(e) => Err(e),
         };
         let due = match answer {
-            Ok((live, due)) => {
-                self.fallback.set_share(live);
-                due
-            }
+            Ok(due) => due,
             Err(Unreachable(e)) => {
                 log::warn!("{e}");
                 return;
             }
         };
-        self.sweep(&mut conn, &due, now, timeout_ms).await;
-    }
-
-    /// Releases the stale reservations of the accounts `due` (the sweep's set says they may
-    /// hold some). On one Redis they are swept in one script call; on a cluster (each
-    /// account's keys in their own slot, the set in another) one call each, the set moved
-    /// after it.
-    async fn sweep(
-        &self,
-        conn: &mut super::redis_conn::Conn,
-        due: &[String],
-        now: i64,
-        timeout_ms: i64,
-    ) {
-        if due.is_empty() {
-            return;
-        }
-        let cluster = self.connector.is_cluster();
-        let calls: Vec<&[String]> = if cluster {
-            due.chunks(1).collect()
-        } else {
-            vec![due]
-        };
-        for users in calls {
-            let mut inv = self.sweep.prepare_invoke();
-            for user_id in users {
-                let k = account_keys(&self.prefix, user_id);
-                inv.key(&k[0]).key(&k[1]).key(&k[4]);
-            }
-            if !cluster {
-                inv.key(&self.due_key);
-            }
-            inv.arg(now).arg(timeout_ms);
-            for user_id in users {
-                inv.arg(user_id);
-            }
+        for user_id in &due {
+            let inv = self.sweep_invocation(std::slice::from_ref(user_id), now, timeout_ms, false);
             let swept = match self
-                .guarded("sweep", inv.invoke_async::<Vec<i64>>(&mut *conn))
+                .guarded("sweep", inv.invoke_async::<Vec<i64>>(&mut conn))
                 .await
             {
                 Ok(r) => r,
@@ -171,14 +195,46 @@ impl Shared {
                     return;
                 }
             };
-            for (user_id, pair) in users.iter().zip(swept.chunks(2)) {
-                let [released, oldest] = pair else { continue };
-                if *released > 0 {
-                    log::warn!("released {released} stale reservation(s) of {user_id}");
-                }
-                if cluster {
-                    self.rescore(conn, user_id, *oldest).await;
-                }
+            self.log_swept(std::slice::from_ref(user_id), &swept);
+            if let [_, oldest] = swept[..] {
+                self.rescore(&mut conn, user_id, oldest).await;
+            }
+        }
+        if self.drains.heartbeat_polls() && self.leases.any() {
+            self.poll_drains(now).await;
+        }
+    }
+
+    /// `sweep.lua`'s call for `users`: their stale reservations released and, on one Redis
+    /// (`with_set`), each moved in the sweep's set to its oldest reservation left.
+    fn sweep_invocation(
+        &self,
+        users: &[String],
+        now: i64,
+        timeout_ms: i64,
+        with_set: bool,
+    ) -> redis::ScriptInvocation<'_> {
+        let mut inv = self.sweep.prepare_invoke();
+        for user_id in users {
+            let k = account_keys(&self.prefix, user_id);
+            inv.key(&k[0]).key(&k[1]).key(&k[4]);
+        }
+        if with_set {
+            inv.key(&self.due_key);
+        }
+        inv.arg(now).arg(timeout_ms);
+        for user_id in users {
+            inv.arg(user_id);
+        }
+        inv
+    }
+
+    /// Says which accounts had stale reservations released (`sweep.lua`'s reply: released,
+    /// oldest left, per account).
+    fn log_swept(&self, users: &[String], swept: &[i64]) {
+        for (user_id, pair) in users.iter().zip(swept.chunks(2)) {
+            if pair[0] > 0 {
+                log::warn!("released {} stale reservation(s) of {user_id}", pair[0]);
             }
         }
     }
