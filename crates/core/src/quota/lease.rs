@@ -20,7 +20,8 @@
 //!
 //! Redis work follows the account's own traffic, not the clock: a lease is touched only when
 //! settlements outside a set-aside share wait to be paid, when it is short (a request did not
-//! fit, or fewer than a quarter of the requests it is sized for are left), when it has been idle
+//! fit, or fewer than a quarter of the requests it is sized for are left: at the next clock
+//! round while that covers `TOP_UP_WAITS_MS` of its traffic), when it has been idle
 //! `IDLE_MS` (given back), when it nears the reservation timeout (its start time is pushed
 //! back, or the sweep would release it: one plain `ZADD`, with a plain read of the lots for
 //! the tier hint, unless the set-aside settlements are due to be booked), and when another
@@ -110,6 +111,12 @@ const SHARE_MIN_REQUESTS: f64 = 128.0;
 /// lease gives back unbooked is what it settled within about one timeout, the time the sweep
 /// holds that lease before releasing it anyway.
 const TOP_UP_AT: u64 = 4;
+/// A share running short waits for the next clock round (`CLOCK_EVERY_MS`) while what is left
+/// covers this long (ms) of the account's traffic: an account at a request every few seconds
+/// then tops up in the round trip the clock round makes anyway, with every other account due,
+/// instead of in a round trip of its own; a busy account (half a second of traffic left at
+/// `TOP_UP_AT`) still tops up at the next round.
+const TOP_UP_WAITS_MS: i64 = 3_000;
 /// The most requests one lease covers.
 const MAX_REQUESTS: f64 = 100_000.0;
 /// A next-minute chunk is taken with plain commands (counted first, given back if a window
@@ -293,6 +300,16 @@ impl Slot {
         u8::from(push) | (u8::from(lots) << 1)
     }
 
+    /// Whether what is left unused (`free`) covers `ms` of the account's traffic here, at the
+    /// larger of its rate as last estimated and its rate since the last renewal.
+    fn lasts(&self, free: [u64; 2], now: i64, ms: i64) -> bool {
+        let since = (now - self.last_renewal).max(1) as f64;
+        let rate = self.rate_per_s.max(self.admitted as f64 * 1000.0 / since);
+        let requests = rate * ms as f64 / 1000.0;
+        let per_request = [self.avg_tokens.max(1.0), 1.0];
+        (0..2).all(|i| self.top_up[i] == 0 || free[i] as f64 >= requests * per_request[i])
+    }
+
     fn free(&self) -> [u64; 2] {
         [0, 1].map(|i| {
             self.held[i]
@@ -330,13 +347,15 @@ impl Slot {
         let running_short = self.admitted > 0
             && self.held != [0, 0]
             && (free[0] < self.top_up[0] || free[1] < self.top_up[1]);
+        let top_up_waits = running_short && self.lasts(free, now, TOP_UP_WAITS_MS);
         let on_clock = clock
             && ((!idle && self.chunks.values().any(|c| c.wants_ahead(now, false)))
                 || (holds && idle)
-                || (self.held != [0, 0] && self.clocks(now, timeout_ms, 1) & 1 != 0));
+                || (self.held != [0, 0] && self.clocks(now, timeout_ms, 1) & 1 != 0)
+                || top_up_waits);
         !self.pending.is_empty()
             || (booking && (!self.late_fixes.is_empty() || unbooked))
-            || running_short
+            || (running_short && !top_up_waits)
             || (holds && self.wake)
             // A push found the lease released by the sweep: what it holds is checked at once.
             || (self.held != [0, 0] && self.recheck)
@@ -1476,6 +1495,43 @@ mod tests {
         // due at every round.
         assert!(settle(&leases, 5_000).is_none());
         assert_eq!(leases.due(now + 1_100, 900_000, true), ["u"]);
+    }
+
+    #[test]
+    fn a_short_share_with_seconds_of_traffic_left_waits_for_the_clock_round() {
+        let leases = set_aside_lease();
+        let now = crate::util::now_ms();
+        assert_eq!(leases.due(now, 900_000, true), Vec::<String>::new());
+        let cell = leases.cells.get("u").unwrap().clone();
+        {
+            let mut s = cell.slot.lock();
+            // Sized for 128 requests of 100 tokens; 10 requests and 900 tokens left, under a
+            // quarter: short. At a request every two seconds that is 20 s of traffic.
+            s.top_up = [3_200, 32];
+            s.admitted = 1;
+            s.avg_tokens = 100.0;
+            s.rate_per_s = 0.5;
+            s.last_renewal = now - 2_000;
+        }
+        assert!(
+            leases.due(now + 100, 900_000, true).is_empty(),
+            "not a clock round: it waits"
+        );
+        assert_eq!(
+            leases.due(now + 1_000, 900_000, true),
+            ["u"],
+            "topped up in the clock round"
+        );
+        // At ten requests a second the same share lasts one second: topped up at once.
+        cell.slot.lock().rate_per_s = 10.0;
+        assert_eq!(leases.due(now + 1_100, 900_000, true), ["u"]);
+        // So does a burst since the last renewal, whatever the estimate said.
+        {
+            let mut s = cell.slot.lock();
+            s.rate_per_s = 0.5;
+            s.admitted = 20;
+        }
+        assert_eq!(leases.due(now + 1_200, 900_000, true), ["u"]);
     }
 
     fn lot(id: &str, kind: LotKind, n: u64) -> (String, LotKind, u64) {
