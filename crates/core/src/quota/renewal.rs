@@ -135,6 +135,10 @@ impl Shared {
         let (plain, begun): (Vec<_>, Vec<_>) = begun
             .into_iter()
             .partition(|(_, call, _)| call.plain.is_some());
+        if plain.is_empty() && begun.is_empty() {
+            // Every account was being renewed already.
+            return;
+        }
         // The plain renewals' commands and the others' script call share one round trip.
         let plain: Vec<(&str, &Call)> = plain.iter().map(|(u, c, _)| (u.as_str(), c)).collect();
         let mut pipe = redis::pipe();

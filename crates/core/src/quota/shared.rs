@@ -248,8 +248,11 @@ impl Shared {
         pipe: &redis::Pipeline,
     ) -> Result<Vec<RedisValue>, Unreachable> {
         use redis::aio::ConnectionLike;
-        let mut conn = self.conn();
         let n = pipe.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn();
         let replies = self
             .guarded(what, conn.req_packed_commands(pipe, 0, n))
             .await?;

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use redis::{FromRedisValue, Value as RedisValue};
+
 /// An instance not heard from for this long (ms) no longer counts among those sharing the
 /// accounts.
 const INSTANCE_TTL_MS: i64 = 10_000;
@@ -11,8 +13,6 @@ const HEARTBEAT_IGNORED: usize = 3;
 
 use super::scripts::ACCOUNT_TTL_SECS;
 use super::scripts::{account_keys, lot_value};
-use redis::{FromRedisValue, Value as RedisValue};
-
 use super::shared::{LoadError, Shared, Unreachable, MIN_CONNECT, SWEEP_BATCH};
 use crate::domain::Lot;
 use crate::storage::Db;
