@@ -4,8 +4,9 @@
 //! The instance that finds an account too short for leases records it in `q:drains` (by when)
 //! and publishes the account on the channel of the same name. Every instance listens on that
 //! channel over a connection of its own and polls `q:drains` every round only while it is not
-//! listening (at start, after a lost connection); otherwise the keeper's heartbeat reads it in
-//! its pipeline once a second (`Shared::heartbeat`), for a notice lost with a connection that
+//! listening (at start, after a lost connection); otherwise the keeper's heartbeat reads it
+//! once a second (`Shared::heartbeat`: on one Redis in the heartbeat's own round trip, on a
+//! cluster in a call of its own while leases are held), for a notice lost with a connection that
 //! died quietly or a node that no longer hears the cluster's publications: soon enough that a
 //! request refused while shares are held still sees them given back (`DRAIN_WAIT` ×
 //! `DRAIN_TRIES`). A poll of its own, every round or every half second, would cost Redis a round

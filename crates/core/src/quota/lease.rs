@@ -69,7 +69,8 @@ use crate::identity::Identity;
 use crate::pricing::Weights;
 use crate::util::{now_ms, FastHash};
 
-/// How often settlements are paid, leases with something to do renewed, and drains polled.
+/// How often settlements are paid and leases with something to do renewed (and drains polled,
+/// while the drain listener is not subscribed).
 pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 /// How often (ms) a round also does the work that waits on a clock rather than on traffic: a
 /// lease's start time pushed back (every third of the reservation timeout), the next minute's

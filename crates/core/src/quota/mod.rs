@@ -423,7 +423,8 @@ impl Engine {
     /// Redis's own upkeep, apart from the database feed so a slow database cannot delay it:
     /// every `PROBE_EVERY` while the breaker is open, a fresh connection is tried (and, once
     /// one answers, what was served in process is reconciled and the breaker closes); every
-    /// second while it is closed, reservations older than `timeout` are released.
+    /// second while it is closed, reservations found older than `timeout` are released (on one
+    /// Redis, by the next second's heartbeat).
     async fn run_redis_keeper(self: Arc<Self>, timeout: std::time::Duration) {
         let Backend::Shared(s) = &self.backend else {
             return;

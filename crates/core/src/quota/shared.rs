@@ -238,10 +238,13 @@ impl Shared {
     }
 
     /// Sends `pipe` (plain commands and script calls, on one Redis) in one round trip and
-    /// returns each command's own reply, an error included: a script Redis lost (a restart, a
-    /// `SCRIPT FLUSH`) fails only its own call, which `script_reply` then makes again alone,
-    /// without sending the rest twice. A round trip costs Redis far more than the commands in
-    /// it, so work that falls due together goes out together.
+    /// returns each command's reply. A script Redis lost (a restart, a `SCRIPT FLUSH`) fails
+    /// only its own call, which `script_reply` then makes again alone, without sending the rest
+    /// twice; any other error reply fails the whole round trip and counts against the breaker,
+    /// as a failed call does (a Redis answering only errors, loading or read-only, is as good
+    /// as gone). On a cluster the client fails the whole call on any error reply, NOSCRIPT
+    /// included. A round trip costs Redis far more than the commands in it, so work that falls
+    /// due together goes out together.
     pub(super) async fn round_trip(
         &self,
         what: &str,
@@ -253,9 +256,18 @@ impl Shared {
             return Ok(Vec::new());
         }
         let mut conn = self.conn();
-        let replies = self
-            .guarded(what, conn.req_packed_commands(pipe, 0, n))
-            .await?;
+        let call = async {
+            let replies = conn.req_packed_commands(pipe, 0, n).await?;
+            let failed = replies.iter().find_map(|r| match r {
+                RedisValue::ServerError(e) if e.code() != "NOSCRIPT" => Some(e.clone()),
+                _ => None,
+            });
+            match failed {
+                Some(e) => Err(redis::RedisError::from(e)),
+                None => Ok(replies),
+            }
+        };
+        let replies = self.guarded(what, call).await?;
         if replies.len() != n {
             return Err(Unreachable(format!(
                 "redis {what}: {} replies for {n} commands",

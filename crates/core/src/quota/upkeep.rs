@@ -94,7 +94,8 @@ impl Shared {
         let replies = match self.round_trip("instances", &pipe).await {
             Ok(replies) => replies,
             Err(Unreachable(e)) => {
-                // The accounts due are asked for again next time: the sweep did not move them.
+                // The accounts due are asked for again next time (a sweep that ran after all
+                // moved those it visited).
                 log::warn!("{e}");
                 return;
             }
@@ -156,8 +157,8 @@ impl Shared {
     }
 
     /// On a cluster the sets live in different slots than each other and the accounts: the
-    /// heartbeat, the due question, each account's sweep and, while listening, the drains
-    /// poll are calls of their own.
+    /// heartbeat, the due question, each account's sweep and, while listening and holding
+    /// leases, the drains poll are calls of their own.
     async fn heartbeat_cluster(&self, now: i64, timeout_ms: i64) {
         let pipe = self.heartbeat_pipe(now);
         let mut conn = self.conn();
@@ -183,6 +184,10 @@ impl Shared {
                 return;
             }
         };
+        // Before the sweeps, which may be many calls.
+        if self.drains.heartbeat_polls() && self.leases.any() {
+            self.poll_drains(now).await;
+        }
         for user_id in &due {
             let inv = self.sweep_invocation(std::slice::from_ref(user_id), now, timeout_ms, false);
             let swept = match self
@@ -192,16 +197,13 @@ impl Shared {
                 Ok(r) => r,
                 Err(Unreachable(e)) => {
                     log::warn!("{e}");
-                    return;
+                    break;
                 }
             };
             self.log_swept(std::slice::from_ref(user_id), &swept);
             if let [_, oldest] = swept[..] {
                 self.rescore(&mut conn, user_id, oldest).await;
             }
-        }
-        if self.drains.heartbeat_polls() && self.leases.any() {
-            self.poll_drains(now).await;
         }
     }
 
