@@ -49,23 +49,14 @@ pub struct RequestTrace {
     finish_reasons: Vec<String>,
 }
 
-/// A request's spans that have ended, waiting for the server span's end; `None` once it has
-/// ended and they were handed over.
-type Ended = Arc<Mutex<Option<Vec<SpanRecord>>>>;
+/// A request's spans that have ended, waiting for the server span's end.
+type Ended = Arc<Mutex<Vec<SpanRecord>>>;
 
-/// Adds `span`, ended now, to its request's ended spans; one that ends after the server span
-/// (an attempt whose guard outlives the request's logging) is handed over on its own.
+/// Adds `span`, ended now, to its request's ended spans.
 fn ended(list: &Ended, mut span: SpanRecord) {
     span.end = SystemTime::now();
-    let Ok(mut list) = list.lock() else { return };
-    match list.as_mut() {
-        Some(spans) => spans.push(span),
-        None => {
-            drop(list);
-            if let Some(telemetry) = gateway_telemetry::get() {
-                telemetry.submit(vec![span]);
-            }
-        }
+    if let Ok(mut list) = list.lock() {
+        list.push(span);
     }
 }
 
@@ -101,7 +92,7 @@ pub fn begin(session: &Session) -> Option<Box<RequestTrace>> {
         span.set("url.scheme", "http");
         span.set("network.protocol.version", "1.1");
         // Room for the admission, one attempt and the server span itself.
-        (span, Arc::new(Mutex::new(Some(Vec::with_capacity(3)))))
+        (span, Arc::new(Mutex::new(Vec::with_capacity(3))))
     });
     Some(Box::new(RequestTrace {
         telemetry,
@@ -387,8 +378,7 @@ impl RequestTrace {
         s.end = SystemTime::now();
         let mut spans = list
             .lock()
-            .ok()
-            .and_then(|mut l| l.take())
+            .map(|mut l| std::mem::take(&mut *l))
             .unwrap_or_default();
         spans.push(s);
         self.telemetry.submit(spans);
