@@ -82,23 +82,16 @@ impl Shared {
     }
 
     /// Reads the plain renewals' replies (`ahead_commands`'), gives back the chunks the rule
-    /// refuses and hands each account its answer. When Redis did not answer, or refused any
-    /// of the commands, no chunk is taken (a count that did land errs high), the tier hint
+    /// refuses and hands each account its answer. When Redis did not answer, or answered any
+    /// command with an error, no chunk is taken (a count that did land errs high), the tier hint
     /// stays, and the start time is pushed back at a later round.
     pub(super) async fn finish_ahead(
         &self,
         calls: &[(&str, &Call)],
         replies: Result<Vec<RedisValue>, Unreachable>,
     ) {
-        let taken = replies.and_then(|replies| {
-            if let Some(RedisValue::ServerError(e)) = replies
-                .iter()
-                .find(|r| matches!(r, RedisValue::ServerError(_)))
-            {
-                return Err(Unreachable(format!("redis ahead: {e:?}")));
-            }
-            Ok(self.read_ahead(calls, replies.into_iter()))
-        });
+        // `round_trip` fails on any error reply but a lost script's, and no script is here.
+        let taken = replies.map(|replies| self.read_ahead(calls, replies.into_iter()));
         let taken = match taken {
             Ok((answers, follow_up)) => {
                 if let Some(follow_up) = follow_up {
