@@ -141,6 +141,7 @@ impl Inner {
 
 /// Takes what is queued every `every` (or sooner when woken) and writes it, in batches.
 async fn run_writer(inner: Arc<Inner>, db: Db, every: Duration) {
+    let db = db.dedicated().await;
     loop {
         let _ = tokio::time::timeout(every, inner.wake.notified()).await;
         loop {

@@ -112,6 +112,30 @@ pub async fn within<T>(
 pub struct Db {
     pub pool: AnyPool,
     pub backend: Backend,
+    /// An in-memory SQLite: a pool of its own would open another database.
+    shared_only: bool,
+}
+
+/// The pool settings every handle shares: at most `max` connections, SQLite's pragmas on
+/// each new connection.
+fn pool_options(backend: Backend, max: u32, acquire: Duration) -> AnyPoolOptions {
+    AnyPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(acquire)
+        .after_connect(move |conn, _meta| {
+            Box::pin(async move {
+                if backend == Backend::Sqlite {
+                    // WAL lets readers run beside the single writer; busy_timeout makes a
+                    // second process (admin commands) wait instead of failing.
+                    conn.execute(
+                        "PRAGMA journal_mode=WAL; PRAGMA busy_timeout=10000; \
+                         PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;",
+                    )
+                    .await?;
+                }
+                Ok(())
+            })
+        })
 }
 
 impl Db {
@@ -141,31 +165,52 @@ impl Db {
         let opts = AnyConnectOptions::from_str(&url)?
             .log_statements(log::LevelFilter::Trace)
             .log_slow_statements(log::LevelFilter::Warn, Duration::from_millis(500));
-        let pool = AnyPoolOptions::new()
-            .max_connections(match backend {
-                Backend::Sqlite => 8,
-                Backend::Postgres => 16,
-            })
-            .acquire_timeout(acquire)
-            .after_connect(move |conn, _meta| {
-                Box::pin(async move {
-                    if backend == Backend::Sqlite {
-                        // WAL lets readers run beside the single writer; busy_timeout makes a
-                        // second process (admin commands) wait instead of failing.
-                        conn.execute(
-                            "PRAGMA journal_mode=WAL; PRAGMA busy_timeout=10000; \
-                             PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;",
-                        )
-                        .await?;
-                    }
-                    Ok(())
-                })
-            })
+        let max = match backend {
+            Backend::Sqlite => 8,
+            Backend::Postgres => 16,
+        };
+        let pool = pool_options(backend, max, acquire)
             .connect_with(opts)
             .await?;
-        let db = Db { pool, backend };
+        let db = Db {
+            pool,
+            backend,
+            shared_only: backend == Backend::Sqlite && sqlite_path(&url).is_none(),
+        };
         db.migrate().await?;
         Ok(db)
+    }
+
+    /// A handle on a pool of its own holding one connection that is kept (never retired for
+    /// age or idleness), for a task that writes batches one after another: the usage writer.
+    /// A connection keeps the statements it has prepared, and the writer's multi-row inserts
+    /// come in several sizes; on the shared pool each of its connections prepared each size
+    /// again (for SQLite a parse and a plan, several times what inserting the rows costs) and
+    /// lost them when retired. When that connection cannot be opened (or the database is an
+    /// in-memory SQLite, which a second connection would not see), this handle is returned.
+    pub async fn dedicated(&self) -> Db {
+        if self.shared_only {
+            return self.clone();
+        }
+        let opts = (*self.pool.connect_options()).clone();
+        let acquire = self.pool.options().get_acquire_timeout();
+        let pool = pool_options(self.backend, 1, acquire)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(opts)
+            .await;
+        match pool {
+            Ok(pool) => Db {
+                pool,
+                backend: self.backend,
+                shared_only: false,
+            },
+            Err(e) => {
+                log::warn!("a connection of its own for the usage writer: {e}; sharing the pool");
+                self.clone()
+            }
+        }
     }
 
     async fn migrate(&self) -> StoreResult<()> {
