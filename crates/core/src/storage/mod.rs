@@ -333,4 +333,43 @@ mod tests {
             Some(7)
         );
     }
+
+    #[tokio::test]
+    async fn the_writers_handle_is_one_kept_connection_on_the_same_database() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("g.db").display());
+        let db = Db::connect(&url).await.expect("connect");
+        let writer = db.dedicated().await;
+        let opts = writer.pool.options();
+        assert_eq!(opts.get_max_connections(), 1);
+        assert_eq!(
+            (opts.get_idle_timeout(), opts.get_max_lifetime()),
+            (None, None)
+        );
+        assert_eq!(db.pool.options().get_max_connections(), 8);
+        // What the writer commits, the shared pool reads (the pragmas hold on its connection).
+        sqlx::query("CREATE TABLE t (x INTEGER)")
+            .execute(&writer.pool)
+            .await
+            .expect("create");
+        sqlx::query("INSERT INTO t VALUES (7)")
+            .execute(&writer.pool)
+            .await
+            .expect("insert");
+        let x: i64 = sqlx::query_scalar("SELECT x FROM t")
+            .fetch_one(&db.pool)
+            .await
+            .expect("read");
+        assert_eq!(x, 7);
+        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&writer.pool)
+            .await
+            .expect("pragma");
+        assert_eq!(mode, "wal");
+
+        // An in-memory database exists only on its own connections: the writer shares them.
+        let memory = Db::connect("sqlite::memory:").await.expect("memory");
+        let shared = memory.dedicated().await;
+        assert_eq!(shared.pool.options().get_max_connections(), 8);
+    }
 }
