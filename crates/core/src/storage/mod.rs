@@ -1,5 +1,6 @@
-//! Storage: one small store per area (users, keys, …) over one sqlx `AnyPool`, so the same
-//! queries serve the embedded SQLite default and Postgres in production.
+//! Storage: one small store per area (users, keys, …) over a sqlx `AnyPool`, so the same
+//! queries serve the embedded SQLite default and Postgres in production. Requests share one
+//! pool; the usage writer has a connection of its own (`Db::dedicated`).
 //!
 //! Portability rules the stores follow: timestamps are `BIGINT` Unix milliseconds, flags are
 //! 0/1 integers, placeholders are `$1, $2, …` in first-use order (SQLite binds them by order of
