@@ -6,7 +6,6 @@
 //! before it is queued, and the event keeps its journal segments alive until its batch is
 //! committed: a killed process loses no usage (see `journal`).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -179,7 +178,7 @@ async fn write_all(db: &Db, buf: &mut Vec<UsageEvent>, written: &AtomicU64) {
     }
     let mut delay = Duration::from_millis(50);
     loop {
-        match db.usage().insert_batch(buf).await {
+        match db.usage().record_batch(buf).await {
             Ok(()) => break,
             Err(e) => {
                 log::error!("usage batch of {} failed, retrying: {e}", buf.len());
@@ -187,20 +186,6 @@ async fn write_all(db: &Db, buf: &mut Vec<UsageEvent>, written: &AtomicU64) {
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
         }
-    }
-    // Keyed by the events' own ids: a batch holds thousands of events of a few keys, and a
-    // copied id per event was an allocation and a free on this thread for each.
-    let mut last_used: HashMap<&str, i64> = HashMap::new();
-    for e in buf.iter() {
-        let at = last_used.entry(&e.key_id).or_insert(e.created_at);
-        *at = (*at).max(e.created_at);
-    }
-    let uses: Vec<(String, i64)> = last_used
-        .into_iter()
-        .map(|(key, at)| (key.to_owned(), at))
-        .collect();
-    if let Err(e) = db.keys().touch_last_used(&uses).await {
-        log::warn!("lastUsedAt update failed: {e}");
     }
     written.fetch_add(buf.len() as u64, Ordering::Relaxed);
     buf.clear();

@@ -319,22 +319,21 @@ impl KeyStore<'_> {
         Ok(rows.into_iter().map(KeyRecord::from).collect())
     }
 
-    /// Records last use for a batch of keys in one transaction. Deliberately does not bump
-    /// `updated_at`: last use is not a change the caches need to hear about.
-    pub async fn touch_last_used(&self, uses: &[(String, i64)]) -> StoreResult<()> {
-        if uses.is_empty() {
-            return Ok(());
-        }
-        let mut tx = self.db.pool.begin().await?;
+    /// Moves each key's last use forward (never back) inside the usage writer's transaction,
+    /// in key order. Deliberately does not bump `updated_at`: last use is not a change the
+    /// caches need to hear about.
+    pub(crate) async fn touch_last_used_tx(
+        tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+        uses: &std::collections::BTreeMap<&str, i64>,
+    ) -> StoreResult<()> {
         for (id, at) in uses {
             sqlx::query(sql::TOUCH_LAST_USED)
                 .bind(*at)
-                .bind(id)
+                .bind(*id)
                 .bind(*at)
-                .execute(&mut *tx)
+                .execute(&mut **tx)
                 .await?;
         }
-        tx.commit().await?;
         Ok(())
     }
 }

@@ -14,6 +14,7 @@ use sqlx::any::AnyArguments;
 use sqlx::error::BoxDynError;
 use sqlx::Arguments;
 
+use super::keys::KeyStore;
 use super::quota::{QuotaStore, HOUR_MS};
 
 use super::{Backend, Db, StoreError, StoreResult};
@@ -456,21 +457,37 @@ impl UsageStore<'_> {
     /// settlements' quota breakdowns and the rollup counts of the events that were new (an id
     /// already stored is skipped, and so is its count, so a retried batch never counts twice).
     pub async fn insert_batch(&self, events: &[UsageEvent]) -> StoreResult<()> {
-        match self.insert_new(events, &HashSet::new()).await {
+        self.write_batch(events, false).await
+    }
+
+    /// [`insert_batch`](Self::insert_batch), and in the same transaction each key's last use
+    /// moved forward to its newest event: the usage writer's batch, one commit (for Postgres
+    /// one flush of its log) where the last uses took a transaction of their own.
+    pub async fn record_batch(&self, events: &[UsageEvent]) -> StoreResult<()> {
+        self.write_batch(events, true).await
+    }
+
+    async fn write_batch(&self, events: &[UsageEvent], touch: bool) -> StoreResult<()> {
+        match self.insert_new(events, &HashSet::new(), touch).await {
             Err(StoreError::Conflict(_)) => {
                 // Some ids are stored already (a retry after a commit whose answer was lost):
                 // write only the others, in a fresh transaction.
                 let stored = self.stored_ids(events).await?;
-                self.insert_new(events, &stored).await
+                self.insert_new(events, &stored, touch).await
             }
             other => other,
         }
     }
 
     /// Inserts the events whose ids are not in `skip`, with their rollup counts and quota
-    /// breakdowns, in one transaction; `Conflict` (and nothing written) when an id turns out
-    /// to be stored already.
-    async fn insert_new(&self, events: &[UsageEvent], skip: &HashSet<String>) -> StoreResult<()> {
+    /// breakdowns (and with `touch`, their keys' last uses), in one transaction; `Conflict`
+    /// (and nothing written) when an id turns out to be stored already.
+    async fn insert_new(
+        &self,
+        events: &[UsageEvent],
+        skip: &HashSet<String>,
+        touch: bool,
+    ) -> StoreResult<()> {
         let events: Vec<&UsageEvent> = events.iter().filter(|e| !skip.contains(&e.id)).collect();
         if events.is_empty() {
             return Ok(());
@@ -517,6 +534,15 @@ impl UsageStore<'_> {
                 .bind(i(t.quota_charged))
                 .execute(&mut *tx)
                 .await?;
+        }
+        if touch {
+            // Sorted by key id, after the rollup rows, as every writer locks them.
+            let mut last_used: BTreeMap<&str, i64> = BTreeMap::new();
+            for e in &events {
+                let at = last_used.entry(e.key_id.as_str()).or_insert(e.created_at);
+                *at = (*at).max(e.created_at);
+            }
+            KeyStore::touch_last_used_tx(&mut tx, &last_used).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -763,5 +789,77 @@ mod tests {
             insert_sql(Backend::Sqlite, 64).as_ptr()
         ));
         assert!(matches!(insert_sql(Backend::Sqlite, 3), Cow::Owned(_)));
+    }
+
+    #[tokio::test]
+    async fn the_writers_batch_moves_its_keys_last_use_forward() {
+        use crate::domain::{LimitMode, Tier};
+        use crate::storage::NewKey;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("u.db").display());
+        let db = Db::connect(&url).await.expect("connect");
+        let user = db
+            .users()
+            .create("u@example.com", Tier::ALL[0], false)
+            .await
+            .expect("user");
+        let key = db
+            .keys()
+            .create(&NewKey {
+                user_id: user.id.clone(),
+                name: "k".into(),
+                key_hash: "h".into(),
+                key_prefix: "p".into(),
+                key_suffix: "s".into(),
+                scopes: vec![],
+                limit_mode: LimitMode::PerKey,
+                custom_input_tpm: None,
+                custom_output_tpm: None,
+                custom_rpm: None,
+                model_allowlist: vec![],
+                max_input_tokens: None,
+                max_output_tokens: None,
+                is_global: false,
+            })
+            .await
+            .expect("key");
+        let event = |id: &str, at: i64| UsageEvent {
+            id: id.into(),
+            user_id: user.id.clone(),
+            key_id: key.id.clone(),
+            model: "m".into(),
+            endpoint: "chat_completions",
+            status: 200,
+            settlement: "provider:complete",
+            created_at: at,
+            ..UsageEvent::default()
+        };
+        let last_used = || async {
+            let k = db.keys().get(&key.id).await.expect("get").expect("key");
+            k.last_used_at
+        };
+        // The journal's replay writes events and leaves the keys alone.
+        db.usage()
+            .insert_batch(&[event("evt_0", 5_000)])
+            .await
+            .expect("insert");
+        assert_eq!(last_used().await, None);
+        db.usage()
+            .record_batch(&[event("evt_2", 9_000), event("evt_1", 7_000)])
+            .await
+            .expect("record");
+        assert_eq!(last_used().await, Some(9_000));
+        // A batch retried after its commit (an id stored) writes the rest; never moved back.
+        db.usage()
+            .record_batch(&[event("evt_2", 9_000), event("evt_3", 8_000)])
+            .await
+            .expect("retried");
+        assert_eq!(last_used().await, Some(9_000));
+        let stored = db
+            .usage()
+            .stored_ids(&[0, 1, 2, 3].map(|n| event(&format!("evt_{n}"), 0)))
+            .await
+            .expect("stored");
+        assert_eq!(stored.len(), 4);
     }
 }
