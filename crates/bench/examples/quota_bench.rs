@@ -98,20 +98,9 @@ async fn main() {
     let key = db
         .keys()
         .create(&NewKey {
-            user_id: user.id.clone(),
-            name: "bench".into(),
-            key_hash: "h".into(),
-            key_prefix: "sk-".into(),
-            key_suffix: "x".into(),
             scopes: vec!["*".into()],
             limit_mode: LimitMode::AccountPool,
-            custom_input_tpm: None,
-            custom_output_tpm: None,
-            custom_rpm: None,
-            model_allowlist: vec![],
-            max_input_tokens: None,
-            max_output_tokens: None,
-            is_global: false,
+            ..NewKey::plain(&user.id, "bench", "h")
         })
         .await
         .expect("key");

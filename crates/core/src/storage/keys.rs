@@ -47,6 +47,29 @@ pub struct NewKey {
     pub is_global: bool,
 }
 
+impl NewKey {
+    /// A key of `user_id` with its own per-minute windows and nothing else set: no scopes, no
+    /// custom limits, no model list (tests and benchmarks fill in what they need).
+    pub fn plain(user_id: &str, name: &str, key_hash: &str) -> NewKey {
+        NewKey {
+            user_id: user_id.to_string(),
+            name: name.to_string(),
+            key_hash: key_hash.to_string(),
+            key_prefix: "sk-".into(),
+            key_suffix: "x".into(),
+            scopes: vec![],
+            limit_mode: LimitMode::PerKey,
+            custom_input_tpm: None,
+            custom_output_tpm: None,
+            custom_rpm: None,
+            model_allowlist: vec![],
+            max_input_tokens: None,
+            max_output_tokens: None,
+            is_global: false,
+        }
+    }
+}
+
 /// The outcome of a rotation: the new global key and the global keys it replaced (now
 /// revoked), which callers drop from their caches.
 #[derive(Debug, Clone)]

@@ -793,7 +793,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_writers_batch_moves_its_keys_last_use_forward() {
-        use crate::domain::{LimitMode, Tier};
+        use crate::domain::Tier;
         use crate::storage::NewKey;
         let dir = tempfile::tempdir().expect("tempdir");
         let url = format!("sqlite://{}", dir.path().join("u.db").display());
@@ -805,22 +805,7 @@ mod tests {
             .expect("user");
         let key = db
             .keys()
-            .create(&NewKey {
-                user_id: user.id.clone(),
-                name: "k".into(),
-                key_hash: "h".into(),
-                key_prefix: "p".into(),
-                key_suffix: "s".into(),
-                scopes: vec![],
-                limit_mode: LimitMode::PerKey,
-                custom_input_tpm: None,
-                custom_output_tpm: None,
-                custom_rpm: None,
-                model_allowlist: vec![],
-                max_input_tokens: None,
-                max_output_tokens: None,
-                is_global: false,
-            })
+            .create(&NewKey::plain(&user.id, "k", "h"))
             .await
             .expect("key");
         let event = |id: &str, at: i64| UsageEvent {
