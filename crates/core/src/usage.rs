@@ -178,7 +178,7 @@ async fn write_all(db: &Db, buf: &mut Vec<UsageEvent>, written: &AtomicU64) {
     }
     let mut delay = Duration::from_millis(50);
     loop {
-        match db.usage().record_batch(buf).await {
+        match db.usage().insert_batch(buf).await {
             Ok(()) => break,
             Err(e) => {
                 log::error!("usage batch of {} failed, retrying: {e}", buf.len());

@@ -113,8 +113,6 @@ pub async fn within<T>(
 pub struct Db {
     pub pool: AnyPool,
     pub backend: Backend,
-    /// An in-memory SQLite: a pool of its own would open another database.
-    shared_only: bool,
 }
 
 /// The pool settings every handle shares: at most `max` connections, SQLite's pragmas on
@@ -173,11 +171,7 @@ impl Db {
         let pool = pool_options(backend, max, acquire)
             .connect_with(opts)
             .await?;
-        let db = Db {
-            pool,
-            backend,
-            shared_only: backend == Backend::Sqlite && sqlite_path(&url).is_none(),
-        };
+        let db = Db { pool, backend };
         db.migrate().await?;
         Ok(db)
     }
@@ -190,10 +184,10 @@ impl Db {
     /// lost them when retired. When that connection cannot be opened (or the database is an
     /// in-memory SQLite, which a second connection would not see), this handle is returned.
     pub async fn dedicated(&self) -> Db {
-        if self.shared_only {
+        let opts = (*self.pool.connect_options()).clone();
+        if self.backend == Backend::Sqlite && sqlite_path(opts.database_url.as_str()).is_none() {
             return self.clone();
         }
-        let opts = (*self.pool.connect_options()).clone();
         let acquire = self.pool.options().get_acquire_timeout();
         let pool = pool_options(self.backend, 1, acquire)
             .min_connections(1)
@@ -205,7 +199,6 @@ impl Db {
             Ok(pool) => Db {
                 pool,
                 backend: self.backend,
-                shared_only: false,
             },
             Err(e) => {
                 log::warn!("a connection of its own for the usage writer: {e}; sharing the pool");

@@ -454,40 +454,25 @@ pub struct UsageStore<'a> {
 
 impl UsageStore<'_> {
     /// Inserts a batch in one transaction (one fsync for many requests) together with the
-    /// settlements' quota breakdowns and the rollup counts of the events that were new (an id
-    /// already stored is skipped, and so is its count, so a retried batch never counts twice).
+    /// settlements' quota breakdowns, the rollup counts of the events that were new (an id
+    /// already stored is skipped, and so is its count, so a retried batch never counts twice)
+    /// and each key's last use moved forward to its newest event.
     pub async fn insert_batch(&self, events: &[UsageEvent]) -> StoreResult<()> {
-        self.write_batch(events, false).await
-    }
-
-    /// [`insert_batch`](Self::insert_batch), and in the same transaction each key's last use
-    /// moved forward to its newest event: the usage writer's batch, one commit (for Postgres
-    /// one flush of its log) where the last uses took a transaction of their own.
-    pub async fn record_batch(&self, events: &[UsageEvent]) -> StoreResult<()> {
-        self.write_batch(events, true).await
-    }
-
-    async fn write_batch(&self, events: &[UsageEvent], touch: bool) -> StoreResult<()> {
-        match self.insert_new(events, &HashSet::new(), touch).await {
+        match self.insert_new(events, &HashSet::new()).await {
             Err(StoreError::Conflict(_)) => {
                 // Some ids are stored already (a retry after a commit whose answer was lost):
                 // write only the others, in a fresh transaction.
                 let stored = self.stored_ids(events).await?;
-                self.insert_new(events, &stored, touch).await
+                self.insert_new(events, &stored).await
             }
             other => other,
         }
     }
 
-    /// Inserts the events whose ids are not in `skip`, with their rollup counts and quota
-    /// breakdowns (and with `touch`, their keys' last uses), in one transaction; `Conflict`
-    /// (and nothing written) when an id turns out to be stored already.
-    async fn insert_new(
-        &self,
-        events: &[UsageEvent],
-        skip: &HashSet<String>,
-        touch: bool,
-    ) -> StoreResult<()> {
+    /// Inserts the events whose ids are not in `skip`, with their rollup counts, quota
+    /// breakdowns and keys' last uses, in one transaction; `Conflict` (and nothing written)
+    /// when an id turns out to be stored already.
+    async fn insert_new(&self, events: &[UsageEvent], skip: &HashSet<String>) -> StoreResult<()> {
         let events: Vec<&UsageEvent> = events.iter().filter(|e| !skip.contains(&e.id)).collect();
         if events.is_empty() {
             return Ok(());
@@ -535,15 +520,13 @@ impl UsageStore<'_> {
                 .execute(&mut *tx)
                 .await?;
         }
-        if touch {
-            // Sorted by key id, after the rollup rows, as every writer locks them.
-            let mut last_used: BTreeMap<&str, i64> = BTreeMap::new();
-            for e in &events {
-                let at = last_used.entry(e.key_id.as_str()).or_insert(e.created_at);
-                *at = (*at).max(e.created_at);
-            }
-            KeyStore::touch_last_used_tx(&mut tx, &last_used).await?;
+        // Sorted by key id, after the rollup rows, as every writer locks them.
+        let mut last_used: BTreeMap<&str, i64> = BTreeMap::new();
+        for e in &events {
+            let at = last_used.entry(e.key_id.as_str()).or_insert(e.created_at);
+            *at = (*at).max(e.created_at);
         }
+        KeyStore::touch_last_used_tx(&mut tx, &last_used).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -823,20 +806,20 @@ mod tests {
             let k = db.keys().get(&key.id).await.expect("get").expect("key");
             k.last_used_at
         };
-        // The journal's replay writes events and leaves the keys alone.
+        assert_eq!(last_used().await, None);
         db.usage()
             .insert_batch(&[event("evt_0", 5_000)])
             .await
             .expect("insert");
-        assert_eq!(last_used().await, None);
+        assert_eq!(last_used().await, Some(5_000));
         db.usage()
-            .record_batch(&[event("evt_2", 9_000), event("evt_1", 7_000)])
+            .insert_batch(&[event("evt_2", 9_000), event("evt_1", 7_000)])
             .await
             .expect("record");
         assert_eq!(last_used().await, Some(9_000));
         // A batch retried after its commit (an id stored) writes the rest; never moved back.
         db.usage()
-            .record_batch(&[event("evt_2", 9_000), event("evt_3", 8_000)])
+            .insert_batch(&[event("evt_2", 9_000), event("evt_3", 8_000)])
             .await
             .expect("retried");
         assert_eq!(last_used().await, Some(9_000));
