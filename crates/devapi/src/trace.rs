@@ -88,7 +88,7 @@ pub fn begin(session: &Session) -> Option<Box<RequestTrace>> {
             SERVER_ATTRIBUTES,
         );
         span.set("http.request.method", method.1);
-        span.set("url.path", req.uri.path().to_owned());
+        span.set_str("url.path", req.uri.path());
         span.set("url.scheme", "http");
         span.set("network.protocol.version", "1.1");
         // Room for the admission, one attempt and the server span itself.
@@ -250,12 +250,12 @@ impl RequestTrace {
             };
             let mut span = self.child(&context, name, SpanKind::Client, ATTEMPT_ATTRIBUTES);
             span.set("gen_ai.provider.name", provider_name(p.style));
-            span.set("gateway.deployment", target.label().to_owned());
+            span.set_str("gateway.deployment", target.label());
             span.set("gateway.attempt", n as i64 + 1);
-            span.set("server.address", p.host.clone());
+            span.set_str("server.address", &p.host);
             span.set("server.port", i64::from(p.port));
             if !model.is_empty() {
-                span.set("gen_ai.request.model", model.to_owned());
+                span.set_str("gen_ai.request.model", model);
             }
             (list.clone(), span)
         });
@@ -286,7 +286,7 @@ impl RequestTrace {
             s.set("gen_ai.operation.name", op);
         }
         if !adm.model_name.is_empty() {
-            s.set("gen_ai.request.model", adm.model_name.clone());
+            s.set_str("gen_ai.request.model", &adm.model_name);
         }
         if !adm.endpoint.is_get() {
             s.set("gateway.stream", adm.stream);
@@ -323,18 +323,18 @@ impl RequestTrace {
         if let Some(e) = ctx.endpoint {
             s.set("http.route", e.path());
         }
-        s.set("gateway.request_id", ctx.request_id.clone());
+        s.set_str("gateway.request_id", &ctx.request_id);
         s.set("http.response.status_code", i64::from(ctx.status));
         if let Some(who) = &ctx.identity {
-            s.set("gateway.key.id", who.key.id.clone());
-            s.set("gateway.account.id", who.user.id.clone());
+            s.set_str("gateway.key.id", &who.key.id);
+            s.set_str("gateway.account.id", &who.user.id);
         }
         if let Some((provider, model)) = self.answered.take() {
             s.set("gen_ai.provider.name", provider);
-            s.set("gen_ai.response.model", model);
+            s.set_str("gen_ai.response.model", &model);
         }
         if let Some(d) = &ctx.deployment {
-            s.set("gateway.deployment", d.clone());
+            s.set_str("gateway.deployment", d);
         }
         if ctx.input_tokens > 0 || ctx.output_tokens > 0 {
             s.set("gen_ai.usage.input_tokens", ctx.input_tokens as i64);

@@ -134,6 +134,10 @@ pub(crate) fn model_reply(
         })),
         Route::Models => Reply::ok(&models()),
         Route::Health => Reply::ok(&json!({ "ok": true })),
-        Route::MockRequests | Route::MockStats | Route::MockFail | Route::NotFound => not_found(),
+        Route::MockRequests
+        | Route::MockStats
+        | Route::MockFail
+        | Route::Traces
+        | Route::NotFound => not_found(),
     }
 }

@@ -203,6 +203,15 @@ pub(crate) fn control_reply(route: Route, method: &Method, body: &[u8], state: &
                 ),
             }
         }
+        // An empty `ExportTraceServiceResponse`: every span accepted.
+        (Route::Traces, _) => Reply::Raw {
+            status: StatusCode::OK,
+            headers: vec![(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/x-protobuf"),
+            )],
+            body: Bytes::new(),
+        },
         _ => Reply::ok(&state.stats_json()),
     }
 }

@@ -22,6 +22,9 @@ pub(crate) enum Route {
     MockRequests,
     MockStats,
     MockFail,
+    /// `POST /v1/traces`: an OTLP/HTTP trace export, accepted and discarded, so that tracing
+    /// benchmarks have a collector that costs the machine next to nothing.
+    Traces,
     NotFound,
 }
 
@@ -31,6 +34,7 @@ impl Route {
             "/__mock/requests" => return Route::MockRequests,
             "/__mock/stats" => return Route::MockStats,
             "/__mock/fail" => return Route::MockFail,
+            "/v1/traces" => return Route::Traces,
             _ => {}
         }
         let rest = path.strip_prefix("/v1").unwrap_or(path);
@@ -54,7 +58,7 @@ impl Route {
     pub(crate) fn is_control(self) -> bool {
         matches!(
             self,
-            Route::MockRequests | Route::MockStats | Route::MockFail
+            Route::MockRequests | Route::MockStats | Route::MockFail | Route::Traces
         )
     }
 
@@ -62,7 +66,11 @@ impl Route {
     pub(crate) fn counts_as_served(self) -> bool {
         !matches!(
             self,
-            Route::MockRequests | Route::MockStats | Route::MockFail | Route::Health
+            Route::MockRequests
+                | Route::MockStats
+                | Route::MockFail
+                | Route::Traces
+                | Route::Health
         )
     }
 
@@ -71,6 +79,7 @@ impl Route {
             Route::Models | Route::Health | Route::MockStats => method == Method::GET,
             Route::MockRequests => method == Method::GET || method == Method::DELETE,
             Route::MockFail => method == Method::POST || method == Method::DELETE,
+            Route::Traces => method == Method::POST,
             Route::NotFound => true,
             _ => method == Method::POST,
         }

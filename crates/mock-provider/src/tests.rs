@@ -102,6 +102,8 @@ fn routes_with_and_without_v1() {
         Route::CountTokens
     );
     assert_eq!(Route::from_path("/__mock/stats"), Route::MockStats);
+    assert_eq!(Route::from_path("/v1/traces"), Route::Traces);
+    assert!(Route::Traces.is_control() && !Route::Traces.counts_as_served());
     assert_eq!(Route::from_path("/v2/other"), Route::NotFound);
     assert!(!Route::Health.counts_as_served());
     assert!(Route::NotFound.counts_as_served());

@@ -25,6 +25,9 @@ use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 pub enum Attr {
     Static(&'static str),
     Text(String),
+    /// Text copied into the span's own buffer ([`SpanRecord::set_str`]): the bytes from `.0` to `.1` of
+    /// [`SpanRecord::text`].
+    Held(u32, u32),
     Int(i64),
     Bool(bool),
     Texts(Vec<String>),
@@ -61,11 +64,12 @@ impl From<Vec<String>> for Attr {
 }
 
 impl Attr {
-    /// The SDK's value for the same attribute.
-    pub fn to_value(&self) -> Value {
+    /// The SDK's value for the same attribute of a span whose buffer is `held`.
+    pub fn to_value(&self, held: &str) -> Value {
         match self {
             Attr::Static(s) => Value::from(*s),
             Attr::Text(s) => Value::from(s.clone()),
+            Attr::Held(..) => Value::from(self.held_text(held).to_owned()),
             Attr::Int(i) => Value::I64(*i),
             Attr::Bool(b) => Value::Bool(*b),
             Attr::Texts(v) => Value::Array(Array::String(
@@ -73,10 +77,22 @@ impl Attr {
             )),
         }
     }
+
+    /// The text of a `Held` value in the span's buffer `held` (empty for any other value, and
+    /// for a range the buffer does not hold).
+    pub fn held_text<'a>(&self, held: &'a str) -> &'a str {
+        match self {
+            Attr::Held(from, to) => held.get(*from as usize..*to as usize).unwrap_or_default(),
+            _ => "",
+        }
+    }
 }
 
 /// Attributes in the order they were set; keys are the semantic conventions' names.
 pub type Attrs = Vec<(&'static str, Attr)>;
+
+/// The room a span's text buffer starts with: a server span's ids and names fit.
+const TEXT_ROOM: usize = 192;
 
 /// A moment in a span (the first byte, the reservation).
 #[derive(Debug, Clone, PartialEq)]
@@ -100,6 +116,9 @@ pub struct SpanRecord {
     pub start: SystemTime,
     pub end: SystemTime,
     pub attributes: Attrs,
+    /// The text of the attributes set with [`SpanRecord::set_str`], one after another: one
+    /// allocation for all of a span's ids and names, and one to free on the export thread.
+    pub text: String,
     pub events: Vec<EventRecord>,
     /// The status's description when the span failed (`Status::Error`); unset otherwise.
     pub error: Option<Cow<'static, str>>,
@@ -129,6 +148,7 @@ impl SpanRecord {
             start,
             end: start,
             attributes: Vec::with_capacity(attributes),
+            text: String::new(),
             events: Vec::new(),
             error: None,
         }
@@ -136,6 +156,24 @@ impl SpanRecord {
 
     pub fn set(&mut self, key: &'static str, value: impl Into<Attr>) {
         self.attributes.push((key, value.into()));
+    }
+
+    /// Sets a text attribute by copying `value` into the span's buffer, where an owned
+    /// `String` per value would be one allocation each, freed on another thread.
+    pub fn set_str(&mut self, key: &'static str, value: &str) {
+        if self.text.capacity() == 0 {
+            self.text.reserve(TEXT_ROOM.max(value.len()));
+        }
+        let from = self.text.len();
+        self.text.push_str(value);
+        match (u32::try_from(from), u32::try_from(self.text.len())) {
+            (Ok(from), Ok(to)) => self.attributes.push((key, Attr::Held(from, to))),
+            // Past 4 GiB of attribute text: kept as a value of its own.
+            _ => {
+                self.text.truncate(from);
+                self.attributes.push((key, Attr::Text(value.to_owned())));
+            }
+        }
     }
 
     pub fn event(&mut self, name: &'static str, at: SystemTime, attributes: Attrs) {
@@ -152,7 +190,7 @@ impl SpanRecord {
         let kvs = |attrs: &Attrs| -> Vec<KeyValue> {
             attrs
                 .iter()
-                .map(|(k, v)| KeyValue::new(*k, v.to_value()))
+                .map(|(k, v)| KeyValue::new(*k, v.to_value(&self.text)))
                 .collect()
         };
         let mut events = SpanEvents::default();

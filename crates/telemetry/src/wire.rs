@@ -78,14 +78,14 @@ fn span_message(out: &mut Vec<u8>, span: &SpanRecord) {
     fixed64(out, 7, nanos(span.start));
     fixed64(out, 8, nanos(span.end));
     for (k, v) in &span.attributes {
-        attribute(out, 9, k, v);
+        attribute(out, 9, k, v, &span.text);
     }
     for event in &span.events {
         let e = open(out, 11);
         fixed64(out, 1, nanos(event.at));
         string(out, 2, event.name);
         for (k, v) in &event.attributes {
-            attribute(out, 3, k, v);
+            attribute(out, 3, k, v, &span.text);
         }
         close(out, e);
     }
@@ -261,12 +261,52 @@ fn key_value_head(out: &mut Vec<u8>, tag: u32, key: &str, value_len: usize) {
 }
 
 /// A `KeyValue` message holding one of the gateway's attributes, as field `tag`: the same
-/// bytes [`key_value`] writes for the SDK's value of it.
-fn attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: &Attr) {
+/// bytes [`key_value`] writes for the SDK's value of it. `held` is the span's text buffer.
+fn attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: &Attr, held: &str) {
+    match value {
+        Attr::Static(s) => text_attribute(out, tag, key, s),
+        Attr::Text(s) => text_attribute(out, tag, key, s),
+        Attr::Held(..) => text_attribute(out, tag, key, value.held_text(held)),
+        _ => attribute_other(out, tag, key, value),
+    }
+}
+
+/// A `KeyValue` holding a string, most of a span's attributes. Where every length fits one
+/// varint byte (keys and values under 128 bytes, as ids and names are) its head is six bytes
+/// known at once, written with the key in one piece.
+fn text_attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: &str) {
+    // AnyValue { string_value = 1 } holding `value`; KeyValue { key = 1, value = 2 }.
+    let any_len = 1 + encoded_len_varint(value.len() as u64) + value.len();
+    let kv_len = 2 + key.len() + 1 + encoded_len_varint(any_len as u64) + any_len;
+    if tag < 16 && kv_len < 0x80 && !key.is_empty() {
+        let mut head = [0u8; 4 + 128 + 4];
+        head[0] = (tag << 3 | WireType::LengthDelimited as u32) as u8;
+        head[1] = kv_len as u8;
+        head[2] = 1 << 3 | WireType::LengthDelimited as u8;
+        head[3] = key.len() as u8;
+        head[4..4 + key.len()].copy_from_slice(key.as_bytes());
+        let mut n = 4 + key.len();
+        head[n..n + 4].copy_from_slice(&[
+            2 << 3 | WireType::LengthDelimited as u8,
+            any_len as u8,
+            1 << 3 | WireType::LengthDelimited as u8,
+            value.len() as u8,
+        ]);
+        n += 4;
+        out.reserve(n + value.len());
+        out.extend_from_slice(&head[..n]);
+        out.extend_from_slice(value.as_bytes());
+        return;
+    }
+    key_value_head(out, tag, key, any_len);
+    bytes_field(out, 1, value.as_bytes(), true);
+}
+
+/// A `KeyValue` holding a number, a flag or a list of strings.
+fn attribute_other(out: &mut Vec<u8>, tag: u32, key: &str, value: &Attr) {
     key_value_head(out, tag, key, attr_len(value));
     match value {
-        Attr::Static(s) => bytes_field(out, 1, s.as_bytes(), true),
-        Attr::Text(s) => bytes_field(out, 1, s.as_bytes(), true),
+        Attr::Static(_) | Attr::Text(_) | Attr::Held(..) => {}
         Attr::Int(i) => {
             field_key(out, 3, WireType::Varint);
             varint(out, *i as u64);
@@ -290,8 +330,8 @@ fn attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: &Attr) {
 /// The length of the `AnyValue` holding `value`.
 fn attr_len(value: &Attr) -> usize {
     match value {
-        Attr::Static(s) => one_string_len(s),
-        Attr::Text(s) => one_string_len(s),
+        // Written by `text_attribute`, which sizes them itself.
+        Attr::Static(_) | Attr::Text(_) | Attr::Held(..) => 0,
         Attr::Int(i) => 1 + encoded_len_varint(*i as u64),
         Attr::Bool(_) => 2,
         Attr::Texts(v) => {
@@ -478,6 +518,12 @@ mod tests {
         span.end = start + Duration::from_micros(250);
         if n != 4 {
             span.attributes = attributes();
+            // Text held in the span's buffer: short, empty, past a one-byte length, and a key
+            // too long for the one-piece head.
+            span.set_str("gateway.request_id", "req_0123456789abcdef");
+            span.set_str("held.empty", "");
+            span.set_str("held.long", &"z".repeat(200));
+            span.set_str(LONG_KEY, "v");
         }
         span.event(
             "gateway.first_byte",
@@ -492,6 +538,9 @@ mod tests {
         };
         span
     }
+
+    const LONG_KEY: &str =
+        "long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.k";
 
     fn scope() -> InstrumentationScope {
         InstrumentationScope::builder("gateway").build()

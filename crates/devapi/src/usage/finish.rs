@@ -11,13 +11,12 @@ use std::sync::LazyLock;
 
 use memchr::memmem;
 
-static KEYS: LazyLock<[memmem::Finder<'static>; 3]> = LazyLock::new(|| {
-    [
-        memmem::Finder::new(b"\"finish_reason\""),
-        memmem::Finder::new(b"\"stop_reason\""),
-        memmem::Finder::new(b"\"finishReason\""),
-    ]
-});
+/// What the three keys end with: one search over the answer finds them all, each hit's key
+/// then checked by what precedes it.
+static ENDING: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"eason\""));
+/// The keys' openings before [`ENDING`].
+const OPENINGS: [&[u8]; 3] = [b"\"finish_r", b"\"stop_r", b"\"finishR"];
 
 /// Distinct reasons kept at most (one per choice; an answer may have many).
 const MAX_REASONS: usize = 8;
@@ -31,14 +30,15 @@ pub struct FinishReasons(Vec<String>);
 impl FinishReasons {
     /// Adds the reasons `bytes` (a whole answer, or one stream event's data) states.
     pub fn scan(&mut self, bytes: &[u8]) {
-        for finder in KEYS.iter() {
-            let mut rest = bytes;
-            while let Some(at) = finder.find(rest) {
-                rest = &rest[at + finder.needle().len()..];
-                if let Some(reason) = string_value(rest) {
-                    if self.0.len() < MAX_REASONS && !self.0.iter().any(|r| r == reason) {
-                        self.0.push(reason.to_string());
-                    }
+        let ending = ENDING.needle().len();
+        for at in ENDING.find_iter(bytes) {
+            let before = &bytes[..at];
+            if !OPENINGS.iter().any(|o| before.ends_with(o)) {
+                continue;
+            }
+            if let Some(reason) = string_value(&bytes[at + ending..]) {
+                if self.0.len() < MAX_REASONS && !self.0.iter().any(|r| r == reason) {
+                    self.0.push(reason.to_string());
                 }
             }
         }
