@@ -567,7 +567,7 @@ async fn relay_answer(
     if answer.refused {
         return Err(refused(state, answer).await);
     }
-    let (mut relay, outstanding) = Relay::new(state, adm, reply, answer, flight);
+    let mut relay = Relay::new(state, adm, reply, answer, flight);
 
     session.set_abort_on_close(true);
     if let Err(early) = relay.send_header(session, flight).await {
@@ -575,9 +575,9 @@ async fn relay_answer(
     }
     let reason = relay.pump(session, flight).await;
 
-    // The provider's part is over: the deployment's load drops before the client can see the
-    // end of the answer (a client's next request then finds the count already down).
-    drop(outstanding);
+    // The provider's part is over (the count is already down if the last write of a relayed
+    // body went out).
+    relay.release_deployment();
 
     relay.deliver_rest(session, flight, reason).await;
     let issued = relay.read_kept_usage(flight, adm.endpoint.generates());
@@ -629,19 +629,21 @@ struct Relay<'a> {
     owed: Option<usize>,
     /// Why the provider's answer broke off, when it did.
     cut: Option<Failure>,
+    /// The deployment's outstanding count, released as soon as the provider's part is over and
+    /// before the write that completes the client's body: a client's next request must find
+    /// the count already down, or the choice of two would see load that is not there.
+    outstanding: Option<Outstanding>,
 }
 
 impl<'a> Relay<'a> {
-    /// Sets up the shaping for the client's style and starts watching the stream's usage. The
-    /// deployment's outstanding count is handed back separately: it is released as soon as the
-    /// provider's part is over, before the relay ends.
+    /// Sets up the shaping for the client's style and starts watching the stream's usage.
     fn new(
         state: &'a SharedApiState,
         adm: &Admitted,
         reply: &'a Reply<'a>,
         answer: Answer,
         flight: &mut InFlight,
-    ) -> (Relay<'a>, Outstanding) {
+    ) -> Relay<'a> {
         let Answer {
             ex,
             target,
@@ -669,7 +671,7 @@ impl<'a> Relay<'a> {
             shaper.feed(body, None);
         }
         flight.watch_stream(shaper.tracker());
-        let relay = Relay {
+        Relay {
             state,
             reply,
             ex,
@@ -679,8 +681,8 @@ impl<'a> Relay<'a> {
             status,
             owed: None,
             cut: None,
-        };
-        (relay, outstanding)
+            outstanding: Some(outstanding),
+        }
     }
 
     /// Writes the client's header now, unless the answer is held whole (then it goes out with
@@ -771,6 +773,9 @@ impl<'a> Relay<'a> {
             if matches!(after, After::End) && self.owed.is_none() {
                 end_follows(session);
             }
+            if matches!(after, After::End) || self.owed.is_some_and(|left| left <= sent) {
+                self.release_deployment();
+            }
             if session.write_response_body(out, false).await.is_err() {
                 return Some(Reason::ClientDisconnect);
             }
@@ -797,6 +802,11 @@ impl<'a> Relay<'a> {
                 Some(Reason::UpstreamError)
             }
         }
+    }
+
+    /// Ends the deployment's share of this request in its outstanding count (once).
+    fn release_deployment(&mut self) {
+        self.outstanding = None;
     }
 
     /// What the client is still owed once the provider's part is over: the held answer whole
