@@ -141,6 +141,9 @@ impl Inner {
 /// Takes what is queued every `every` (or sooner when woken) and writes it, in batches.
 async fn run_writer(inner: Arc<Inner>, db: Db, every: Duration) {
     let db = db.dedicated().await;
+    if let Err(e) = db.usage().prepare_inserts().await {
+        log::warn!("preparing the usage inserts: {e}; each is prepared when first used");
+    }
     loop {
         let _ = tokio::time::timeout(every, inner.wake.notified()).await;
         loop {

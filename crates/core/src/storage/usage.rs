@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use sqlx::any::AnyArguments;
 use sqlx::error::BoxDynError;
-use sqlx::Arguments;
+use sqlx::{Arguments, Executor};
 
 use super::keys::KeyStore;
 use super::quota::{QuotaStore, HOUR_MS};
@@ -531,6 +531,27 @@ impl UsageStore<'_> {
         Ok(())
     }
 
+    /// Prepares every multi-row INSERT size on this handle's connection, for a handle that
+    /// keeps one connection (`Db::dedicated`, the usage writer's). A size's first statement
+    /// otherwise costs a parse and a plan in whichever batch first has that many events
+    /// (for SQLite, a 256-row text takes longer to parse than to insert), so the writer's
+    /// cost per event would depend on which sizes it had met; prepared here, it does not.
+    /// Returns how many it prepared; on a failure the writer goes on (a statement not
+    /// prepared here is prepared when first used). SQLite only: Postgres parses on the
+    /// server, and a statement prepared without the arguments' types would take its
+    /// parameters' types from the columns instead of from what is bound.
+    pub async fn prepare_inserts(&self) -> StoreResult<usize> {
+        if self.db.backend != Backend::Sqlite {
+            return Ok(0);
+        }
+        for size in (0..INSERT_SIZES).map(|bit| 1usize << bit) {
+            (&self.db.pool)
+                .prepare(insert_sql(self.db.backend, size).as_ref())
+                .await?;
+        }
+        Ok(INSERT_SIZES)
+    }
+
     /// Which of these events' ids are stored already (see [`stored_ids_sql`]).
     pub(crate) async fn stored_ids(&self, events: &[UsageEvent]) -> StoreResult<HashSet<String>> {
         let mut stored = HashSet::new();
@@ -772,6 +793,18 @@ mod tests {
             insert_sql(Backend::Sqlite, 64).as_ptr()
         ));
         assert!(matches!(insert_sql(Backend::Sqlite, 3), Cow::Owned(_)));
+    }
+
+    #[tokio::test]
+    async fn every_insert_size_prepares_against_the_schema() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("p.db").display());
+        let db = Db::connect(&url).await.expect("connect");
+        let writer = db.dedicated().await;
+        assert_eq!(
+            writer.usage().prepare_inserts().await.expect("prepared"),
+            INSERT_SIZES
+        );
     }
 
     #[tokio::test]
