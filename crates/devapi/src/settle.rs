@@ -75,7 +75,8 @@ pub struct InFlight {
     input_estimate: u64,
     /// Stream observer: the usage a stream reported, and its delivered text for counting
     /// when it reported none.
-    tracker: Option<StreamUsageTracker>,
+    /// Boxed: only streams have one, and every request's guard is moved several times.
+    tracker: Option<Box<StreamUsageTracker>>,
     /// Usage stated in a whole (non-streamed) answer.
     body_usage: Option<Usage>,
     /// Output tokens counted by other means (a whole answer that stated no usage).
@@ -129,7 +130,7 @@ impl InFlight {
     /// The finish reasons the answer stated, when they were asked for.
     pub fn finish_reasons(&mut self) -> Vec<String> {
         self.tracker
-            .as_mut()
+            .as_deref_mut()
             .and_then(StreamUsageTracker::take_finish_reasons)
             .or_else(|| self.reasons.take())
             .map(FinishReasons::into_vec)
@@ -154,12 +155,12 @@ impl InFlight {
         if let (Some(t), Some(_)) = (tracker.as_mut(), &self.reasons) {
             t.want_finish_reasons();
         }
-        self.tracker = tracker;
+        self.tracker = tracker.map(Box::new);
     }
 
     /// The stream's observer, for the relay to show it each event.
     pub fn tracker_mut(&mut self) -> Option<&mut StreamUsageTracker> {
-        self.tracker.as_mut()
+        self.tracker.as_deref_mut()
     }
 
     /// Reads the usage a whole answer states; an answer that generated text but states none
@@ -278,7 +279,7 @@ impl InFlight {
             Some(Usage::default())
         } else {
             self.tracker
-                .as_ref()
+                .as_deref()
                 .and_then(StreamUsageTracker::usage)
                 .or(self.body_usage)
         };

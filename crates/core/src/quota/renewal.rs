@@ -58,7 +58,9 @@ impl Shared {
                 }
                 Admit::Renew => {
                     let timeout_ms = cfg.reservation_timeout.as_millis() as i64;
-                    if let Err(e) = self.renew(db, &who.user.id, timeout_ms).await {
+                    // Boxed: a renewal's state is large and rare on the request path; inline,
+                    // every request's future would carry (and move) room for it.
+                    if let Err(e) = Box::pin(self.renew(db, &who.user.id, timeout_ms)).await {
                         return Some(Err(e));
                     }
                 }

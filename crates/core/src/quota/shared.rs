@@ -377,23 +377,29 @@ impl Shared {
                 id
             }
             None if self.breaker.is_open() => id,
-            None => match self
-                .reserve_in_redis(db, cfg, who, id, input, output, weights, now)
-                .await
-            {
-                Ok(answer) => return answer,
-                Err((id, Unreachable(e))) => {
-                    log::warn!("{e}");
-                    id
+            // Boxed, as the fallback below: the script path's state is large and taken by an
+            // account's first request or a drained one, while inline every request's future
+            // would carry (and move) room for it.
+            None => {
+                match Box::pin(self.reserve_in_redis(db, cfg, who, id, input, output, weights, now))
+                    .await
+                {
+                    Ok(answer) => return answer,
+                    Err((id, Unreachable(e))) => {
+                        log::warn!("{e}");
+                        id
+                    }
                 }
-            },
+            }
         };
         match self.settings.outage {
             RedisOutage::Refuse => Err((Denied::Unavailable, RateView::default())),
             RedisOutage::Local => {
-                self.fallback
-                    .reserve(db, cfg, who, id, input, output, weights, now)
-                    .await
+                Box::pin(
+                    self.fallback
+                        .reserve(db, cfg, who, id, input, output, weights, now),
+                )
+                .await
             }
         }
     }
