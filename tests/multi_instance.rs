@@ -609,7 +609,8 @@ async fn drains_polled_every_round_without_pub_sub(store: Store) {
 }
 
 /// The per-minute window counts of a key's scope (per key or pooled on the account) in `minute`:
-/// requests counted, and requests counted for leases' chunks (`L`).
+/// requests counted, and requests counted for leases' chunks (`L`), the leases' standing grants
+/// covering the minute included in both (they count in every minute they cover).
 async fn window(store: &Store, p: &Pair, user_id: &str, key_id: &str, minute: i64) -> (i64, i64) {
     let mut c = store.conn().await;
     let (mut r, mut l) = (0, 0);
@@ -622,10 +623,33 @@ async fn window(store: &Store, p: &Pair, user_id: &str, key_id: &str, minute: i6
             .query_async(&mut c)
             .await
             .expect("hmget");
-        r += wr.unwrap_or(0);
-        l += wl.unwrap_or(0);
+        let granted = granted_requests(&mut c, p, user_id, &scope, minute).await;
+        r += wr.unwrap_or(0) + granted;
+        l += wl.unwrap_or(0) + granted;
     }
     (r, l)
+}
+
+/// The requests the leases' standing grants on `scope` grant in `minute` (each field of the
+/// grants hash "from,to,r,i,o", covering [from, to)).
+async fn granted_requests(c: &mut Conn, p: &Pair, user_id: &str, scope: &str, minute: i64) -> i64 {
+    let key = gateway_core::quota::shared::grant_key(&p.prefix, user_id, scope);
+    let values: Vec<String> = redis::cmd("HVALS")
+        .arg(&key)
+        .query_async(c)
+        .await
+        .expect("hvals");
+    values
+        .iter()
+        .map(|v| {
+            let n: Vec<i64> = v.split(',').map(|x| x.parse().expect("grant")).collect();
+            if n[0] <= minute && minute < n[1] {
+                n[2]
+            } else {
+                0
+            }
+        })
+        .sum()
 }
 
 /// A user with one key of `rpm` requests a minute: (user id, secret, key id).
@@ -678,6 +702,56 @@ async fn next_minutes_chunk_taken_ahead(store: Store) {
     assert_eq!(p.mock.served().await, 10);
 }
 
+/// Standing grants hold a key's per-minute cap across instances: both instances are granted
+/// the next minutes of a key far below its cap (on one Redis; chunks on a cluster), then both
+/// are flooded in one minute: no more are admitted than the cap allows, and the grants give
+/// way to chunks and exact reservations as the window fills.
+async fn grants_hold_the_cap_across_instances(store: Store) {
+    use futures::StreamExt;
+    let p = pair(&store, &roomy());
+    let (user_id, key, key_id) = user_with_key(&p, "grants@example.com", "6000");
+    // Leases and chunks in one minute, used again in the next, whose second half asks for the
+    // minutes ahead (the first leases' calls ask for the next minute's chunk with the script).
+    let minute = second_half_of_a_minute().await;
+    answered_by_both(&p, &key, 6).await;
+    until_into(minute + 1, 5_000).await;
+    answered_by_both(&p, &key, 4).await;
+    until_into(minute + 1, 34_000).await;
+    if matches!(store, Store::Single(_)) {
+        let mut c = store.conn().await;
+        let scope = format!("key:{key_id}");
+        let granted = granted_requests(&mut c, &p, &user_id, &scope, minute + 2).await;
+        assert!(granted > 0, "no grant covers the minute after");
+    }
+    until_into(minute + 2, 300).await;
+    let statuses: Vec<u16> = futures::stream::iter(0..7_000)
+        .map(|i| {
+            let gw = if i % 2 == 0 { &p.a } else { &p.b };
+            let key = key.clone();
+            async move { send(gw, &key).await.0 }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let now = gateway_core::util::now_ms();
+    assert_eq!(
+        now.div_euclid(60_000),
+        minute + 2,
+        "the flood outlasted its minute"
+    );
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    let refused = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!(ok + refused, statuses.len(), "{statuses:?}");
+    // The previous minute's 4 count in part; the rest is the cap's, less what the windows
+    // still hold of chunks and grants given back late.
+    assert!(
+        ok <= 6_000,
+        "{ok} admitted in one minute of a 6,000-a-minute key"
+    );
+    assert!(ok >= 3_000, "only {ok} admitted");
+    assert_eq!(p.mock.served().await, 10 + ok as u64);
+}
+
 /// Sleeps until `at_ms` into `minute` (minutes since the epoch), if that is still to come.
 async fn until_into(minute: i64, at_ms: i64) {
     let target = minute * 60_000 + at_ms;
@@ -718,10 +792,10 @@ async fn next_minutes_chunk_kept_over_a_skipped_minute(store: Store) {
     assert_eq!(p.mock.served().await, 10);
 }
 
-/// The next minute's chunk of a key far below its cap (as its lease last saw), asked for in
-/// the periodic round, is counted with plain commands on one Redis (by the script on a
-/// cluster) and given back when the minute's count turns out past half the cap: the window is
-/// left as it was.
+/// The next minutes' capacity of a key far below its cap (as its lease last saw), asked for in
+/// the periodic round, is a standing grant written with plain commands on one Redis (a chunk
+/// the script takes on a cluster), cut back when the minute's count turns out past half the
+/// cap: the window is left as it was.
 async fn next_minutes_chunk_refused_past_half_the_cap(store: Store) {
     let p = pair(&store, &roomy());
     let email = "ahead-full@example.com";
@@ -771,9 +845,12 @@ async fn next_minutes_chunk_refused_past_half_the_cap(store: Store) {
         .expect("hset");
     // On one Redis, `MONITOR` tells the plain commands (a client's) from the script's
     // (`[0 lua]`) from 29 s into the minute until the rounds after the second half began.
+    let grants = |i: usize| {
+        gateway_core::quota::shared::grant_key(&p.prefix, &user_id, &format!("key:{}", keys[i].1))
+    };
     let plain = match &store {
         Store::Single(url) => {
-            let next = format!("\"HINCRBY\" \"{}\"", window(1, minute + 1));
+            let next = format!("\"HSET\" \"{}\"", grants(1));
             let url = url.clone();
             Some(tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis((29_000 - into) as u64)).await;
@@ -802,14 +879,28 @@ async fn next_minutes_chunk_refused_past_half_the_cap(store: Store) {
         }
     };
     let (r, l) = counts(window(0, minute + 1)).await;
-    assert_eq!((r, l), (60_000, 0), "refused, and given back");
+    assert_eq!((r, l), (60_000, 0), "the window as it was");
+    let scope = |i: usize| format!("key:{}", keys[i].1);
+    let mut gc = c.clone();
+    assert_eq!(
+        granted_requests(&mut gc, &p, &user_id, &scope(0), minute + 1).await,
+        0,
+        "refused, and cut back to the minutes in use"
+    );
+    let granted = granted_requests(&mut gc, &p, &user_id, &scope(1), minute + 1).await;
     let (r, l) = counts(window(1, minute + 1)).await;
-    assert!(r > 0 && r == l, "the other key's chunk, ahead: r {r} L {l}");
+    if plain.is_some() {
+        assert!(granted > 0, "the other key's grant covers the next minute");
+        assert_eq!((r, l), (0, 0), "a grant is not counted in the window");
+    } else {
+        // On a cluster the script takes the next minute's chunk, in its window.
+        assert!(r > 0 && r == l, "the other key's chunk, ahead: r {r} L {l}");
+    }
     if let Some(plain) = plain {
         let n = plain.await.expect("monitor task");
         assert!(
-            n >= 2,
-            "{n} plain HINCRBYs of the next window: the script took the chunk"
+            n >= 1,
+            "{n} plain HSETs of the other key's grants: the script took its chunk"
         );
     }
 }
@@ -850,6 +941,7 @@ on_both_stores! {
     the_next_minutes_chunk_is_taken_ahead_in_the_second_half_of_a_minute => next_minutes_chunk_taken_ahead,
     a_next_minutes_chunk_past_half_the_cap_is_given_back => next_minutes_chunk_refused_past_half_the_cap,
     a_skipped_minute_keeps_the_next_minutes_chunk_ahead => next_minutes_chunk_kept_over_a_skipped_minute,
+    standing_grants_hold_a_keys_cap_across_instances => grants_hold_the_cap_across_instances,
     a_drain_is_published_and_drains_are_polled_once_a_second => drains_published_and_polled_slowly,
     without_pub_sub_drains_are_polled_every_round => drains_polled_every_round_without_pub_sub,
     a_leases_start_time_is_pushed_back_with_plain_commands => start_time_pushed_back_with_plain_commands,

@@ -18,6 +18,8 @@ struct Account {
     conn: MultiplexedConnection,
     keys: [String; 5],
     rate: [String; 3],
+    /// The standing grants on the windows (`lease::Grant`).
+    grants: String,
 }
 
 /// What a reserve call answered.
@@ -60,6 +62,7 @@ impl Account {
             keys: account_keys(&prefix, user),
             rate: [1, 2, 3]
                 .map(|m| gateway_core::quota::shared::rate_key(&prefix, user, "acct:a", m)),
+            grants: gateway_core::quota::shared::grant_key(&prefix, user, "acct:a"),
         })
     }
 
@@ -92,6 +95,7 @@ impl Account {
         for k in self.keys.iter().chain(&self.rate) {
             inv.key(k);
         }
+        inv.key(&self.grants);
         inv.arg(now)
             .arg(id)
             .arg(tokens)
@@ -173,9 +177,17 @@ impl Account {
         self.conn.ttl(&self.keys[k]).await.unwrap()
     }
 
+    /// The test scope's windows of the previous, this and the next minute.
+    fn windows(&self, minute: i64) -> [String; 3] {
+        let prefix = self.keys[0].strip_suffix("q:{usr_scripts}").unwrap();
+        [minute - 1, minute, minute + 1]
+            .map(|m| gateway_core::quota::shared::rate_key(prefix, "usr_scripts", "acct:a", m))
+    }
+
     async fn cleanup(mut self) {
         let mut all: Vec<String> = self.keys.to_vec();
         all.extend(self.rate.iter().cloned());
+        all.push(self.grants.clone());
         let _: i64 = self.conn.del(all).await.unwrap();
     }
 }
@@ -502,6 +514,7 @@ async fn reserve_in_set(a: &mut Account, due: &str, user: &str, at: i64, id: &st
     for k in a.keys.iter().chain(&a.rate) {
         inv.key(k);
     }
+    inv.key(&a.grants);
     inv.key(due);
     inv.arg(at).arg(id).arg(10).arg(1).arg(1000).arg(0).arg("0");
     inv.arg(NO_TIMEOUT)
@@ -898,15 +911,7 @@ async fn lease_window(
     ahead_back: i64,
 ) -> Vec<i64> {
     let script = Script::new(LEASE_LUA);
-    let mut inv = script.prepare_invoke();
-    for k in a.keys.iter().chain(w) {
-        inv.key(k);
-    }
-    inv.arg(now).arg("L:test").arg(1_000_000).arg(0).arg("0");
-    inv.arg(NO_TIMEOUT).arg(3600).arg(4);
-    inv.arg(0).arg(0).arg(0).arg(0);
-    inv.arg(0).arg(0).arg(10);
-    inv.arg(0).arg(0).arg(0).arg(1).arg(0).arg(0).arg(0);
+    let mut inv = one_scope_lease(&script, a, w, now);
     // The scope: windows 1 (previous), 2 (current); caps; nothing given back this minute.
     inv.arg(1).arg(2).arg(rpm).arg(0).arg(0);
     inv.arg(0).arg(0).arg(0).arg(0).arg(0).arg(0).arg(0);
@@ -920,6 +925,8 @@ async fn lease_window(
         .arg(ahead)
         .arg(0)
         .arg(0);
+    // The grants (window 4); no grant of this instance ends.
+    inv.arg(4).arg(0).arg("").arg(0).arg(0).arg(0);
     let reply: Vec<Value> = inv.invoke_async(&mut a.conn).await.unwrap();
     assert_eq!(text(&reply[0]), "lease", "{reply:?}");
     let Value::Array(scopes) = &reply[7] else {
@@ -939,6 +946,7 @@ async fn reserve_rpm(a: &mut Account, w: &[String; 3], now: i64, id: &str, rpm: 
     for k in a.keys.iter().chain(w) {
         inv.key(k);
     }
+    inv.key(&a.grants);
     inv.arg(now)
         .arg(id)
         .arg(0)
@@ -959,46 +967,29 @@ async fn reserve_rpm(a: &mut Account, w: &[String; 3], now: i64, id: &str, rpm: 
 
 #[tokio::test]
 async fn a_next_minutes_chunk_is_counted_in_its_window_which_this_minutes_count_adds() {
-    let Some(mut a) = Account::new().await else {
+    let Some((mut a, w, _, now)) = forty_seconds_into_a_minute().await else {
         return;
-    };
-    let minute = H * 60 + 7;
-    // 40 s into the minute.
-    let now = minute * 60_000 + 40_000;
-    a.load(&[]).await;
-    let prefix = a.keys[0]
-        .strip_suffix("q:{usr_scripts}")
-        .unwrap()
-        .to_string();
-    let w = [minute - 1, minute, minute + 1]
-        .map(|m| gateway_core::quota::shared::rate_key(&prefix, "usr_scripts", "acct:a", m));
-    let count = |a: &mut Account, key: String, field: &'static str| {
-        let mut conn = a.conn.clone();
-        async move {
-            let v: Option<i64> = conn.hget(key, field).await.unwrap();
-            v.unwrap_or(0)
-        }
     };
     // 10 requests for this minute and 20 for the next, of 100 a minute: both granted; the next
     // minute's chunk counts in its own window only.
     let r = lease_window(&mut a, &w, now, 100, 10, 20, 0).await;
     assert_eq!(r, vec![10, 0, 0, 0, 0, 0, 20, 0, 0, 0, 0, 0]);
-    assert_eq!(count(&mut a, w[1].clone(), "r").await, 10);
+    assert_eq!(count(&a, w[1].clone(), "r").await, 10);
     assert_eq!(
-        count(&mut a, w[1].clone(), "L").await,
+        count(&a, w[1].clone(), "L").await,
         10,
         "this minute's own chunk"
     );
-    assert_eq!(count(&mut a, w[2].clone(), "r").await, 20);
-    assert_eq!(count(&mut a, w[2].clone(), "L").await, 20);
+    assert_eq!(count(&a, w[2].clone(), "r").await, 20);
+    assert_eq!(count(&a, w[2].clone(), "L").await, 20);
     // This minute's count adds the next window: 30 of 100. Another 40 ahead would take it past
     // half the cap: nothing granted.
     let r = lease_window(&mut a, &w, now + 1, 100, 0, 40, 0).await;
     assert_eq!(r[3], 30, "this minute's count, the next window's included");
     assert_eq!(r[6..9], [0, 0, 0]);
     assert_eq!(r[9], 20, "the next window's count");
-    assert_eq!(count(&mut a, w[2].clone(), "r").await, 20);
-    assert_eq!(count(&mut a, w[1].clone(), "r").await, 10);
+    assert_eq!(count(&a, w[2].clone(), "r").await, 20);
+    assert_eq!(count(&a, w[1].clone(), "r").await, 10);
     // A request reserved on its own this minute counts the chunk taken ahead too: with 30 a
     // minute it is refused (leases hold chunks that may come back: the account drains), with
     // 31 admitted.
@@ -1007,13 +998,131 @@ async fn a_next_minutes_chunk_is_counted_in_its_window_which_this_minutes_count_
         "drain-rate"
     );
     assert_eq!(reserve_rpm(&mut a, &w, now + 3, "r31", 31).await, "ok");
-    assert_eq!(count(&mut a, w[1].clone(), "r").await, 11);
+    assert_eq!(count(&a, w[1].clone(), "r").await, 11);
     // Given back (the lease went idle before its minute came, the drain over): off the next
     // window, which is the only one that counted it.
     lease_window(&mut a, &w, now + 2_100, 100, 0, 0, 20).await;
-    assert_eq!(count(&mut a, w[2].clone(), "r").await, 0);
-    assert_eq!(count(&mut a, w[2].clone(), "L").await, 0);
-    assert_eq!(count(&mut a, w[1].clone(), "r").await, 11);
+    assert_eq!(count(&a, w[2].clone(), "r").await, 0);
+    assert_eq!(count(&a, w[2].clone(), "L").await, 0);
+    assert_eq!(count(&a, w[1].clone(), "r").await, 11);
     let _: () = a.conn.del(&w).await.unwrap();
     a.cleanup().await;
+}
+
+/// A lease.lua call of the test lease ("L:test") with one scope on the windows `w` and the
+/// grants: its keys and fixed arguments (nothing held, asked for or settled), the scope's to
+/// follow.
+fn one_scope_lease<'s>(
+    script: &'s Script,
+    a: &Account,
+    w: &[String; 3],
+    now: i64,
+) -> redis::ScriptInvocation<'s> {
+    let mut inv = script.prepare_invoke();
+    for k in a.keys.iter().chain(w) {
+        inv.key(k);
+    }
+    inv.key(&a.grants);
+    inv.arg(now).arg("L:test").arg(1_000_000).arg(0).arg("0");
+    inv.arg(NO_TIMEOUT).arg(3600).arg(4);
+    inv.arg(0).arg(0).arg(0).arg(0);
+    inv.arg(0).arg(0).arg(10);
+    inv.arg(0).arg(0).arg(0).arg(1).arg(0).arg(0).arg(0);
+    inv
+}
+
+/// One lease.lua call whose only work is ending this instance's standing grant on the test
+/// scope: the field put back to `kept` ('' deletes it), `used` this minute counted in its
+/// window `w[1]`.
+async fn end_grant(a: &mut Account, w: &[String; 3], now: i64, kept: &str, used: i64) {
+    let script = Script::new(LEASE_LUA);
+    let mut inv = one_scope_lease(&script, a, w, now);
+    // The scope: windows 1 and 2, 100 a minute, nothing given back or asked for, no next
+    // minute's window.
+    inv.arg(1).arg(2).arg(100).arg(0).arg(0);
+    for _ in 0..13 {
+        inv.arg(0);
+    }
+    inv.arg(0);
+    for _ in 0..6 {
+        inv.arg(0);
+    }
+    inv.arg(4).arg(1).arg(kept).arg(used).arg(0).arg(0);
+    let reply: Vec<Value> = inv.invoke_async(&mut a.conn).await.unwrap();
+    assert_eq!(text(&reply[0]), "lease", "{reply:?}");
+}
+
+#[tokio::test]
+async fn standing_grants_count_in_every_minute_they_cover_until_they_end() {
+    let Some((mut a, w, minute, now)) = forty_seconds_into_a_minute().await else {
+        return;
+    };
+    // Another instance's grant of 20 requests a minute from this minute to the one after the
+    // next, and this instance's of 5 from the previous minute to this one (it ends here).
+    let grants = a.grants.clone();
+    let _: () = a
+        .conn
+        .hset(
+            &grants,
+            "L:other",
+            format!("{minute},{},20,0,0", minute + 2),
+        )
+        .await
+        .unwrap();
+    let _: () = a
+        .conn
+        .hset(
+            &grants,
+            "L:test",
+            format!("{},{},5,0,0", minute - 1, minute + 1),
+        )
+        .await
+        .unwrap();
+    // This minute's count, 40 s in: a third of the previous minute's 5 (1), this minute's 25,
+    // the next minute's 20.
+    let r = lease_window(&mut a, &w, now, 100, 1, 0, 0).await;
+    assert_eq!(r[3], 46, "this minute's count, the grants included");
+    assert_eq!(count(&a, w[1].clone(), "r").await, 1);
+    // This instance's grant ends: the 3 requests its standing chunk admitted this minute are
+    // counted in the window, and the grant keeps only the previous minute.
+    let kept = format!("{},{minute},5,0,0", minute - 1);
+    end_grant(&mut a, &w, now + 3, &kept, 3).await;
+    assert_eq!(count(&a, w[1].clone(), "r").await, 4);
+    let field: Option<String> = a.conn.hget(&grants, "L:test").await.unwrap();
+    assert_eq!(field, Some(kept));
+    // 1 + (4 + 20) + 20; the next minute's chunk of 1 fits within half the cap.
+    let r = lease_window(&mut a, &w, now + 4, 100, 0, 1, 0).await;
+    assert_eq!(r[3], 45);
+    assert_eq!(r[6], 1);
+    // Ended with nothing left to cover: the field goes.
+    end_grant(&mut a, &w, now + 5, "", 0).await;
+    let gone: Option<String> = a.conn.hget(&grants, "L:test").await.unwrap();
+    assert_eq!(gone, None);
+    // A request reserved on its own counts the other instance's grant: 4 + 20 this minute and
+    // 1 + 20 the next: refused at 45 a minute (the grant may come back: the account drains),
+    // admitted at 46.
+    assert_eq!(
+        reserve_rpm(&mut a, &w, now + 6, "r45", 45).await,
+        "drain-rate"
+    );
+    assert_eq!(reserve_rpm(&mut a, &w, now + 7, "r46", 46).await, "ok");
+    let _: () = a.conn.del(&w).await.unwrap();
+    a.cleanup().await;
+}
+
+/// A window's `field` (0 when unset).
+async fn count(a: &Account, key: String, field: &'static str) -> i64 {
+    let mut conn = a.conn.clone();
+    let v: Option<i64> = conn.hget(key, field).await.unwrap();
+    v.unwrap_or(0)
+}
+
+/// The test account, loaded, 40 s into a minute of hour `H`: the account, the previous, this
+/// and the next minute's windows, the minute, the time.
+async fn forty_seconds_into_a_minute() -> Option<(Account, [String; 3], i64, i64)> {
+    let mut a = Account::new().await?;
+    let minute = H * 60 + 7;
+    a.load(&[]).await;
+    let w = a.windows(minute);
+    Some((a, w, minute, minute * 60_000 + 40_000))
 }

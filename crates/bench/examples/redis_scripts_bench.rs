@@ -9,7 +9,7 @@
 //! `REDIS_URL`). It resets Redis's command statistics.
 
 use gateway_core::quota::shared::{
-    account_keys, rate_key, LEASE_LUA, LOAD_LUA, RESERVE_LUA, SETTLE_LUA,
+    account_keys, grant_key, rate_key, LEASE_LUA, LOAD_LUA, RESERVE_LUA, SETTLE_LUA,
 };
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, Script, Value};
@@ -24,11 +24,12 @@ async fn server_time(
 ) -> f64 {
     let prefix = format!("bench:{}:", gateway_core::util::random_base62(8));
     let keys = account_keys(&prefix, "usr_bench");
-    // The previous, this and the next minute's windows.
+    // The previous, this and the next minute's windows, and the grants on them.
     let rate = [
         format!("{prefix}rl:a"),
         format!("{prefix}rl:b"),
         format!("{prefix}rl:c"),
+        format!("{prefix}rl:g"),
     ];
     let now = gateway_core::util::now_ms();
     let (reserve, settle, load) = (
@@ -105,8 +106,10 @@ async fn lease_time(conn: &mut MultiplexedConnection, ahead: bool, hourly: bool,
     let keys = account_keys(&prefix, "usr_bench");
     let now = gateway_core::util::now_ms();
     let minute = now / 60_000;
-    let windows = [minute - 1, minute, minute + 1]
-        .map(|m| rate_key(&prefix, "usr_bench", "acct:usr_bench", m));
+    let mut windows: Vec<String> = [minute - 1, minute, minute + 1]
+        .map(|m| rate_key(&prefix, "usr_bench", "acct:usr_bench", m))
+        .to_vec();
+    windows.push(grant_key(&prefix, "usr_bench", "acct:usr_bench"));
     let load = Script::new(LOAD_LUA);
     let mut inv = load.prepare_invoke();
     for k in &keys {
@@ -144,6 +147,8 @@ async fn lease_time(conn: &mut MultiplexedConnection, ahead: bool, hourly: bool,
             }
             inv.arg(1).arg(15).arg(64);
             inv.arg(3).arg(0).arg(0).arg(0).arg(32).arg(960).arg(4096);
+            // The grants (window 4); no grant ends.
+            inv.arg(4).arg(0).arg("").arg(0).arg(0).arg(0);
         }
         inv
     };

@@ -1,22 +1,24 @@
-//! The next minute's window chunks of accounts far below their per-minute caps, and the
+//! Standing grants on the windows of accounts far below their per-minute caps, and the
 //! leases' clocks (the start time pushed back, the lots read for the tier hint), done with
 //! plain commands instead of `lease.lua`.
 //!
 //! The common renewal of an account sending a request every few seconds asks for nothing but
-//! its next minute's chunk (`lease::Call::plain`). In a script that renewal costs Redis
-//! several times what its commands do (its Lua reads and writes the account too), and it
-//! comes once a minute for every such account. Here the chunk is counted in the next minute's
-//! window (where this minute's count finds it too, see `lease.lua`), then this and the
-//! previous minute's windows are read, all the accounts of a round in one pipeline; then the
-//! counts it returned are checked against the rule `lease.lua` applies (whole, and only while
-//! this minute's count stays within half the cap), and a chunk that broke it is taken back.
-//! The account's drain mark is not read here: an account this instance has heard is drained
-//! (by notice or poll, within a round) renews through the script, which answers in exact mode
-//! and gives back a chunk taken ahead; a chunk taken in the moment before the notice is heard
-//! only makes the windows count more for that moment, never less. A window therefore never
-//! counts less than what was admitted in it: for a moment it may count a chunk that is then
-//! given back, which is why only chunks far below their caps come this way
-//! (`PLAIN_CAP_RATIO`).
+//! the per-minute capacity of the minutes ahead (`lease::Call::plain`). In a script that
+//! renewal costs Redis several times what its commands do (its Lua reads and writes the
+//! account too), and counted in each minute's window it would come every minute for every
+//! such account. Here a standing grant (`lease::Grant`: the capacity of each of the next
+//! `GRANT_MINUTES`) is written first into the scope's grants hash, where every count of those
+//! minutes finds it (`account.lua`'s `grant_counts`), then the previous, this and the next
+//! minute's windows and the grants are read, all the accounts of a round in one pipeline; the
+//! counts it returned are checked against the rule `lease.lua` applies to a chunk taken ahead
+//! (the sliding count, the grant included, within half the cap), and a grant that broke it is
+//! put back to what it was (or to the minutes already in use). The account's drain mark is not
+//! read here: an account this instance has heard is drained (by notice or poll, within a
+//! round) renews through the script, which answers in exact mode and ends the grant; a grant
+//! written in the moment before the notice is heard only makes the windows count more for that
+//! moment, never less. A window therefore never counts less than what was admitted in it: for
+//! a moment it may count a grant that is then cut back, which is why only grants far below
+//! their caps come this way (`GRANT_CAP_RATIO`).
 //!
 //! A lease's start time is pushed back with `ZADD XX` (a lease the sweep released in the
 //! meantime is not made to look held), and the lots are read with `HGETALL` for the highest
@@ -26,14 +28,15 @@
 
 use redis::Value as RedisValue;
 
-use super::lease::{AheadAsk, Call, PlainAnswer};
+use super::lease::{AheadAsk, Call, Grant, PlainAnswer, GRANT_MINUTES};
 use super::scripts::{as_i64, as_string};
 use super::shared::{Shared, Unreachable};
 use super::tiers::running_tier;
 use crate::domain::Tier;
 
-/// How long (s) a window key lives: as `lease.lua` and `reserve.lua` give it.
-const WINDOW_TTL_S: i64 = 150;
+/// How long (s) a grants hash lives after a grant is written: past the end of every grant in
+/// it (each written at most `GRANT_MINUTES` + 1 minutes ahead, none later than this one).
+const GRANTS_TTL_S: i64 = (GRANT_MINUTES + 3) * 60;
 const FIELDS: [&str; 3] = ["r", "i", "o"];
 
 impl Shared {
@@ -69,14 +72,18 @@ impl Shared {
                 pipe.cmd("HGETALL").arg(call.lots());
             }
             for ask in asks(call) {
-                let [prev, curr, next] = ask.windows.map(|i| call.window(i));
-                // Counted first, read after: a request admitted this minute before the count
-                // is in what is read, one admitted after it found the count.
-                add_chunk(pipe, next, ask, 1, false);
-                pipe.cmd("HMGET").arg(curr).arg(&FIELDS);
-                pipe.cmd("HMGET").arg(prev).arg(&FIELDS);
-                // The next window is new as a rule (an expiry given again is harmless).
-                pipe.cmd("EXPIRE").arg(next).arg(WINDOW_TTL_S);
+                let grants = call.window(ask.grants);
+                // Written first, read after: a request admitted this minute before the write
+                // is in what is read, one admitted after it found the grant.
+                pipe.cmd("HSET")
+                    .arg(grants)
+                    .arg(&self.leases.id)
+                    .arg(ask.grant.value());
+                pipe.cmd("EXPIRE").arg(grants).arg(GRANTS_TTL_S);
+                for window in ask.windows {
+                    pipe.cmd("HMGET").arg(call.window(window)).arg(&FIELDS);
+                }
+                pipe.cmd("HVALS").arg(grants);
             }
         }
     }
@@ -109,7 +116,7 @@ impl Shared {
                 calls
                     .iter()
                     .map(|(_, call)| PlainAnswer {
-                        chunks: vec![([0; 3], [0; 3]); asks(call).len()],
+                        grants: vec![None; asks(call).len()],
                         ..PlainAnswer::default()
                     })
                     .collect()
@@ -126,7 +133,7 @@ impl Shared {
     }
 
     /// Each plain renewal's answer from its replies, checked against the rule, and the
-    /// pipeline giving back the chunks it refuses (if any).
+    /// pipeline putting back the grants it refuses (if any).
     fn read_ahead(
         &self,
         calls: &[(&str, &Call)],
@@ -134,7 +141,6 @@ impl Shared {
     ) -> (Vec<PlainAnswer>, Option<redis::Pipeline>) {
         let mut next = || replies.next().unwrap_or(RedisValue::Nil);
         let num = |v: &RedisValue| as_i64(v).unwrap_or(0).max(0) as u64;
-        // Chunks given back.
         let mut follow_up = redis::pipe();
         let mut any_follow_up = false;
         let mut out = Vec::with_capacity(calls.len());
@@ -144,46 +150,44 @@ impl Shared {
             let top = only
                 .is_some_and(|o| o.lots)
                 .then(|| top_tier(&next(), call.now));
+            let minute = call.now.div_euclid(60_000);
             let elapsed = call.now.rem_euclid(60_000) as u64;
-            let mut per_call = Vec::new();
+            let mut grants = Vec::new();
             for ask in asks(call) {
-                let mut next_after = [0u64; 3];
-                for (d, after) in next_after.iter_mut().enumerate() {
-                    if ask.asked[d] > 0 {
-                        *after = num(&next());
-                    }
-                }
-                next(); // L
+                next(); // HSET
+                next(); // EXPIRE
                 let mut read = || match next() {
                     RedisValue::Array(a) => a.iter().map(num).collect(),
                     _ => vec![0; 3],
                 };
-                let (curr, prev): (Vec<u64>, Vec<u64>) = (read(), read());
-                next(); // EXPIRE
-                let mut ok = true;
-                let mut counted = [0u64; 3];
-                for (d, counted) in counted.iter_mut().enumerate() {
-                    if ask.asked[d] == 0 {
-                        continue;
-                    }
-                    let at = |v: &Vec<u64>| v.get(d).copied().unwrap_or(0);
-                    let sliding =
-                        at(&prev) * (60_000 - elapsed) / 60_000 + at(&curr) + next_after[d];
-                    if 2 * sliding > ask.caps[d] {
-                        ok = false;
-                    }
-                    *counted = next_after[d].saturating_sub(ask.asked[d]);
-                }
+                let windows: [Vec<u64>; 3] = [read(), read(), read()];
+                let granted = grant_counts(&next(), minute);
+                let ok = (0..3).all(|d| {
+                    let count = |k: usize| windows[k].get(d).copied().unwrap_or(0) + granted[k][d];
+                    let sliding = count(0) * (60_000 - elapsed) / 60_000 + count(1) + count(2);
+                    ask.caps[d] == 0 || 2 * sliding <= ask.caps[d]
+                });
                 if ok {
-                    per_call.push((ask.asked, counted));
+                    grants.push(Some(ask.grant));
                     continue;
                 }
                 any_follow_up = true;
-                add_chunk(&mut follow_up, call.window(ask.windows[2]), ask, -1, true);
-                per_call.push(([0; 3], counted));
+                let grants_key = call.window(ask.grants);
+                let kept = ask.kept.value();
+                if kept.is_empty() {
+                    follow_up.cmd("HDEL").arg(grants_key).arg(&self.leases.id);
+                } else {
+                    follow_up
+                        .cmd("HSET")
+                        .arg(grants_key)
+                        .arg(&self.leases.id)
+                        .arg(kept);
+                }
+                follow_up.ignore();
+                grants.push(Some(ask.kept));
             }
             out.push(PlainAnswer {
-                chunks: per_call,
+                grants,
                 top,
                 lease_gone,
             });
@@ -192,24 +196,36 @@ impl Shared {
     }
 }
 
-/// Adds `sign` × the chunk `ask` to the next minute's window `next` and to its leases' count
-/// L: one `HINCRBY` per dimension asked for, then L's.
-fn add_chunk(pipe: &mut redis::Pipeline, next: &str, ask: &AheadAsk, sign: i64, ignore: bool) {
-    let mut whole = 0;
-    for (d, field) in FIELDS.iter().enumerate() {
-        if ask.asked[d] > 0 {
-            let by = sign * ask.asked[d] as i64;
-            pipe.cmd("HINCRBY").arg(next).arg(field).arg(by);
-            if ignore {
-                pipe.ignore();
+/// The grants (`HVALS`'s reply, values "from,to,r,i,o") covering the minutes `minute` - 1,
+/// `minute` and `minute` + 1, summed per minute: what `account.lua`'s `grant_counts` adds to
+/// each minute's count.
+fn grant_counts(values: &RedisValue, minute: i64) -> [[u64; 3]; 3] {
+    let mut sums = [[0u64; 3]; 3];
+    let RedisValue::Array(values) = values else {
+        return sums;
+    };
+    for grant in values.iter().filter_map(|v| parse_grant(&as_string(v)?)) {
+        for (k, sum) in sums.iter_mut().enumerate() {
+            if grant.covers(minute - 1 + k as i64) {
+                for (sum, granted) in sum.iter_mut().zip(grant.dims) {
+                    *sum += granted;
+                }
             }
-            whole += by;
         }
     }
-    pipe.cmd("HINCRBY").arg(next).arg("L").arg(whole);
-    if ignore {
-        pipe.ignore();
+    sums
+}
+
+/// A grant as its field holds it ("from,to,r,i,o").
+fn parse_grant(text: &str) -> Option<Grant> {
+    let mut parts = text.split(',');
+    let mut field = || parts.next()?.parse::<i64>().ok();
+    let (from, to) = (field()?, field()?);
+    let mut dims = [0u64; 3];
+    for d in &mut dims {
+        *d = u64::try_from(field()?).ok()?;
     }
+    Some(Grant { from, to, dims })
 }
 
 fn asks(call: &Call) -> &[AheadAsk] {

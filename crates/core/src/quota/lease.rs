@@ -41,8 +41,10 @@
 //! - a window chunk is counted in its minute's window before any of it is used, so a
 //!   per-minute limit counts at least what was admitted; a minute's count adds the next
 //!   minute's window, where chunks taken ahead are, so this minute and the next never hold
-//!   more than the cap together (a next minute's chunk far below its cap is counted with plain
-//!   commands first and given back if the rule refuses it, `ahead`); output tokens
+//!   more than the cap together (far below its cap, the minutes ahead come as a standing
+//!   `Grant` that every count of those minutes adds, written with plain commands first and cut
+//!   back if the rule refuses it, `ahead`; ending it counts the minute's use in its window);
+//!   output tokens
 //!   are corrected to the real amount when the settlement is paid (within `FLUSH_EVERY`, as
 //!   one instance corrects at settlement);
 //! - a set-aside share counts as spent for every other request and lease, and is set aside only
@@ -61,7 +63,9 @@ use redis::Value as RedisValue;
 use tokio::sync::Notify;
 
 use super::limits::{WindowView, WINDOW_MS};
-use super::scripts::{account_keys, as_i64, as_string, on_allowance, rate_key, ACCOUNT_TTL_SECS};
+use super::scripts::{
+    account_keys, as_i64, as_string, grant_key, on_allowance, rate_key, ACCOUNT_TTL_SECS,
+};
 use super::{Later, OnPaid, RatePlan, RateView, Reservation, Ticket, Used};
 use crate::config::TierLimits;
 use crate::domain::{Breakdown, LotKind, Tier};
@@ -120,12 +124,17 @@ const TOP_UP_AT: u64 = 4;
 const TOP_UP_WAITS_MS: i64 = 3_000;
 /// The most requests one lease covers.
 const MAX_REQUESTS: f64 = 100_000.0;
-/// A next-minute chunk is taken with plain commands (counted first, given back if a window
-/// passed half its cap) only far from every cap: this minute's window as last known, with this
-/// instance's chunk and the one asked for, at most 1/`PLAIN_CAP_RATIO` of it. The count the
-/// chunk adds for a moment then leaves the window far below its cap, so it refuses no request
-/// and drains no account.
-const PLAIN_CAP_RATIO: u64 = 4;
+/// A standing grant covers the minutes from the one before it is written to this many after
+/// it: an account sending a few requests a minute then costs Redis one plain write and read
+/// for that many minutes of its windows, where a chunk per minute costs both every minute.
+pub(super) const GRANT_MINUTES: i64 = 10;
+/// A grant is extended (written again for `GRANT_MINUTES` more) once it ends within this many
+/// minutes, in the second half of a minute the scope was used in.
+const GRANT_RENEW_MINUTES: i64 = 3;
+/// A grant is taken only far below every cap: the grant itself counts up to three times in a
+/// minute's sliding count (the previous, this and the next minute), and with this instance's
+/// chunk and the window as last known it stays within 1/`GRANT_CAP_RATIO` of the cap.
+const GRANT_CAP_RATIO: u64 = 4;
 /// How long a request waits for a renewal in progress before it is reserved exactly.
 pub(super) const WAIT_FOR_RENEWAL: Duration = Duration::from_millis(500);
 /// How long a reservation refused while leases hold unused shares waits before asking again,
@@ -149,6 +158,52 @@ fn with_spread(expected: f64) -> f64 {
     expected + 3.0 * expected.max(0.0).sqrt()
 }
 
+/// This instance's standing grant on one scope's per-minute windows: `dims` in each minute of
+/// [`from`, `to`), held in the scope's grants hash (`scripts::grant_key`, one field per
+/// instance) rather than counted in each minute's window. Every count of a minute adds the
+/// grants covering it (`account.lua`'s `grant_counts`, and `ahead`), so a window counts a
+/// grant as it counts a chunk taken in it, and the instance admits up to `dims` in each of
+/// those minutes without asking Redis (`Chunk::roll` makes each minute's chunk of it). An
+/// account far below its caps sending a request every few seconds then costs Redis one plain
+/// write every `GRANT_MINUTES` instead of a chunk counted every minute.
+///
+/// A grant is written with plain commands (`ahead`), checked after the write by the rule a
+/// chunk taken ahead meets (the sliding count, the grant included, within half the cap), and
+/// put back to cover only the minutes already in use when it breaks it. It ends when its scope
+/// gives its chunks back (idle, drained, the instance stopping) or needs more in a minute than
+/// it grants: `lease.lua` then adds what this minute's chunk used to the minute's window and
+/// cuts the grant back to the minutes before it (the previous minute's use stays covered).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(super) struct Grant {
+    pub(super) from: i64,
+    pub(super) to: i64,
+    pub(super) dims: Dims,
+}
+
+impl Grant {
+    pub(super) fn covers(&self, minute: i64) -> bool {
+        self.from <= minute && minute < self.to
+    }
+
+    /// The grant as its field holds it ("from,to,r,i,o"); empty when it covers no minute (the
+    /// field is deleted).
+    pub(super) fn value(&self) -> String {
+        if self.from >= self.to {
+            return String::new();
+        }
+        let [r, i, o] = self.dims;
+        format!("{},{},{r},{i},{o}", self.from, self.to)
+    }
+
+    /// The grant cut back to the minutes before `minute`.
+    fn until(self, minute: i64) -> Grant {
+        Grant {
+            to: self.to.min(minute),
+            ..self
+        }
+    }
+}
+
 /// This instance's share of one scope's per-minute windows.
 #[derive(Debug, Clone, Default)]
 struct Chunk {
@@ -168,6 +223,15 @@ struct Chunk {
     ahead_counted: Dims,
     /// This minute's ahead chunk was asked for (granted or not): asked once a minute.
     ahead_asked: bool,
+    /// The scope's standing grant, while it stands.
+    grant: Option<Grant>,
+    /// This minute's chunk is the grant's (`granted` is counted by the grant, not in the
+    /// window).
+    standing: bool,
+    /// The minutes [from, to) whose use a grant of this scope counts instead of their window: a
+    /// settlement of such a minute that used less than it was charged cannot take the
+    /// difference off the window, which never counted the charge.
+    granted_minutes: (i64, i64),
 }
 
 impl Chunk {
@@ -177,26 +241,59 @@ impl Chunk {
             minute,
             caps: self.caps,
             last_used: self.last_used,
+            grant: self.grant,
+            granted_minutes: self.granted_minutes,
             ..Chunk::default()
         }
     }
 
-    /// Whether it holds part of a window, this minute's or the next's.
+    /// Whether it holds part of a window, this minute's or the next's, or a grant on them.
     fn holds(&self) -> bool {
-        self.granted != [0; 3] || self.ahead != [0; 3]
+        self.granted != [0; 3] || self.ahead != [0; 3] || self.grant.is_some()
     }
 
-    /// In the minute after the chunk's, its ahead part becomes the chunk. True when it did.
+    /// In the minute after the chunk's, its ahead part becomes the chunk; in a later minute a
+    /// standing grant covers, the grant's share of it does. True when either did.
     fn roll(&mut self, minute: i64) -> bool {
-        if self.minute + 1 != minute || self.ahead == [0; 3] {
-            return false;
+        if self.minute + 1 == minute && self.ahead != [0; 3] {
+            *self = Chunk {
+                granted: self.ahead,
+                counted: self.ahead_counted,
+                ..self.bare(minute)
+            };
+            return true;
         }
-        *self = Chunk {
-            granted: self.ahead,
-            counted: self.ahead_counted,
-            ..self.bare(minute)
+        match self.grant {
+            Some(g) if self.minute < minute && g.covers(minute) => {
+                *self = Chunk {
+                    granted: g.dims,
+                    counted: self.counted,
+                    standing: true,
+                    ..self.bare(minute)
+                };
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Records a grant written for the scope.
+    fn stand(&mut self, grant: Grant) {
+        self.grant = Some(grant);
+        let (from, to) = self.granted_minutes;
+        self.granted_minutes = if from < to {
+            (from.min(grant.from), to.max(grant.to))
+        } else {
+            (grant.from, grant.to)
         };
-        true
+    }
+
+    /// The grant as it is to stay once it ends at `minute`: this minute's use is then counted
+    /// in the window.
+    fn end_grant(&mut self, minute: i64) -> Option<Grant> {
+        let ended = self.grant.take()?.until(minute);
+        self.granted_minutes.1 = self.granted_minutes.1.min(minute);
+        Some(ended)
     }
 
     /// Whether to ask for the next minute's chunk: in the second half of the minute, once,
@@ -212,6 +309,12 @@ impl Chunk {
         c.roll(minute);
         let current = c.minute == minute;
         let recent = c.last_used.div_euclid(WINDOW_MS) >= minute - 1;
+        if c.grant
+            .is_some_and(|g| g.covers(minute + 1) && g.to > minute + GRANT_RENEW_MINUTES)
+        {
+            // The grant makes the next minute's chunk.
+            return false;
+        }
         now.rem_euclid(WINDOW_MS) >= WINDOW_MS / 2
             && (taking || (current && c.granted != [0; 3] && recent))
             && !(current && (c.ahead != [0; 3] || c.ahead_asked))
@@ -352,7 +455,7 @@ impl Slot {
         let chunk = self
             .chunks
             .values()
-            .any(|c| c.minute == minute && c.holds());
+            .any(|c| (c.minute == minute && c.holds()) || c.grant.is_some());
         let holds = self.held != [0, 0] || chunk;
         let idle = now - self.last_used > IDLE_MS && self.inflight == [0, 0];
         let free = self.free();
@@ -424,8 +527,8 @@ pub(super) struct Call {
     late_fixes: Vec<Fix>,
     /// The weekly limits it was made with (see `Slot::aside_limits`).
     limits: (u64, u64),
-    /// Set when all it does is take the next minute's chunks, push the lease's start time
-    /// back and read the lots: done with plain commands, not `lease.lua`
+    /// Set when all it does is write standing grants, push the lease's start time back and
+    /// read the lots: done with plain commands, not `lease.lua`
     /// (`Shared::take_ahead`, answered by `Leases::finish_ahead`).
     pub(super) plain: Option<PlainRenewal>,
     /// When it was made (the windows' minute and the sliding count's weight).
@@ -434,7 +537,7 @@ pub(super) struct Call {
 
 /// A renewal done with plain commands (see `Call::plain`).
 pub(super) struct PlainRenewal {
-    /// The next minute's window chunks asked for.
+    /// The standing grants asked for.
     pub(super) asks: Vec<AheadAsk>,
     /// Push the lease's start time back (`ZADD XX`: a lease the sweep released stays so).
     pub(super) push: bool,
@@ -445,24 +548,28 @@ pub(super) struct PlainRenewal {
 /// What a plain renewal (`Call::plain`) found.
 #[derive(Debug, Default)]
 pub(super) struct PlainAnswer {
-    /// For each ask: the next minute's chunk taken (zero when not) and that window's count
-    /// before it.
-    pub(super) chunks: Vec<(Dims, Dims)>,
+    /// For each ask: the grant that stands in Redis now (`None`: unknown, Redis did not
+    /// answer).
+    pub(super) grants: Vec<Option<Grant>>,
     /// The highest tier among the lots, when they were read.
     pub(super) top: Option<Option<Tier>>,
     /// The push found no start time to move.
     pub(super) lease_gone: bool,
 }
 
-/// One scope's next-minute chunk asked for with plain commands.
+/// One scope's standing grant written (or extended) with plain commands.
 pub(super) struct AheadAsk {
     /// Its place among the call's scopes.
     scope: usize,
-    /// The previous, this and the next minute's windows, as `lease.lua`'s window indices
-    /// (`Call::window`).
+    /// The previous, this and the next minute's windows, and the scope's grants hash, as
+    /// `lease.lua`'s window indices (`Call::window`).
     pub(super) windows: [usize; 3],
+    pub(super) grants: usize,
     pub(super) caps: Dims,
-    pub(super) asked: Dims,
+    pub(super) grant: Grant,
+    /// What the field is put back to when the rule refuses `grant`: the grant before it, or
+    /// the minutes already in use.
+    pub(super) kept: Grant,
 }
 
 impl Call {
@@ -785,6 +892,10 @@ impl Leases {
                 // left counted in its window (the count errs high, never low).
                 *c = c.bare(c.minute);
             }
+            if c.grant.is_some_and(|g| g.to <= minute) {
+                // Past: it covers no minute from this one on, and its field goes with the key.
+                c.grant = None;
+            }
             let current = c.minute == minute && c.granted != [0; 3];
             let chunk_idle = now - c.last_used > IDLE_MS;
             let short = urgent
@@ -794,10 +905,21 @@ impl Leases {
             let take = !exact && !chunk_idle && short;
             let ahead_back = c.minute == minute && c.ahead != [0; 3] && (exact || chunk_idle);
             let ask_ahead = !exact && !chunk_idle && c.wants_ahead(now, take);
-            if !(give_back || take || ahead_back || ask_ahead) {
+            // A grant ends when its scope gives its chunks back or needs more this minute.
+            let end_grant = c.grant.is_some() && (exact || chunk_idle || short);
+            if !(give_back || take || ahead_back || ask_ahead || end_grant) {
                 continue;
             }
-            let back = if give_back {
+            // A standing chunk was never counted in its window: ending the grant counts what
+            // it used there instead.
+            let standing_used = if end_grant && c.standing && current {
+                c.used
+            } else {
+                [0; 3]
+            };
+            let ended = if end_grant { c.end_grant(minute) } else { None };
+            let give_back_window = give_back && !c.standing;
+            let back = if give_back_window {
                 index(rate_key(prefix, user_id, scope, minute))
             } else {
                 0
@@ -820,14 +942,14 @@ impl Leases {
             scope_args.extend(c.caps.map(|v| v.to_string()));
             scope_args.push(back.to_string());
             for d in 0..3 {
-                let unused = if give_back {
+                let unused = if give_back_window {
                     c.granted[d].saturating_sub(c.used[d])
                 } else {
                     0
                 };
                 scope_args.push(unused.to_string());
             }
-            let whole = if give_back { c.granted } else { [0; 3] };
+            let whole = if give_back_window { c.granted } else { [0; 3] };
             scope_args.extend(whole.map(|v| v.to_string()));
             scope_args.extend(capped(c.caps, asked));
             scope_args.extend(capped(c.caps, least));
@@ -842,20 +964,45 @@ impl Leases {
                 [0; 3]
             };
             scope_args.extend(capped(c.caps, ahead_asked));
+            let grants = index(grant_key(prefix, user_id, scope));
+            scope_args.push(grants.to_string());
+            match ended {
+                Some(g) => {
+                    scope_args.extend(["1".to_string(), g.value()]);
+                    scope_args.extend(standing_used.map(|v| v.to_string()));
+                }
+                None => scope_args.extend(["0", "", "0", "0", "0"].map(String::from)),
+            }
             let asked_dims: Dims =
                 std::array::from_fn(|d| if c.caps[d] > 0 { ahead_asked[d] } else { 0 });
             let far = (0..3).all(|d| {
                 c.caps[d] == 0
                     || (asked_dims[d] > 0
-                        && PLAIN_CAP_RATIO * (c.counted[d] + c.granted[d] + asked_dims[d])
+                        && GRANT_CAP_RATIO * (c.counted[d] + c.granted[d] + 3 * asked_dims[d])
                             <= c.caps[d])
             });
-            if ask_ahead && !(give_back || take || ahead_back) && far {
+            if ask_ahead && !(give_back || take || ahead_back || end_grant) && far {
+                // Written for the minutes from the previous one on: its use, and this one's, may
+                // be a grant's this instance lost track of (a call that failed), which the
+                // field this overwrites covered.
+                let old = c.grant;
+                let dims = std::array::from_fn(|d| asked_dims[d].max(old.map_or(0, |g| g.dims[d])));
+                let from = old.map_or(minute - 1, |g| g.from.min(minute - 1));
+                let grant = Grant {
+                    from,
+                    to: minute + 1 + GRANT_MINUTES,
+                    dims,
+                };
                 plain_asks.push(AheadAsk {
                     scope: scopes.len(),
                     windows: [prev, curr, next],
+                    grants,
                     caps: c.caps,
-                    asked: asked_dims,
+                    grant,
+                    kept: old.unwrap_or(Grant {
+                        to: minute + 1,
+                        ..grant
+                    }),
                 });
             } else {
                 all_plain = false;
@@ -866,6 +1013,7 @@ impl Leases {
                 c.granted = [0; 3];
                 c.used = [0; 3];
                 c.counted = [0; 3];
+                c.standing = false;
             }
             if ahead_back {
                 c.ahead = [0; 3];
@@ -884,8 +1032,8 @@ impl Leases {
             || (s.held != [0, 0]
                 && !s.recheck
                 && (aside_paid == [0, 0] || now - s.booked < timeout_ms));
-        // Only the next minute's chunks, far below their caps, and the clocks, with nothing to
-        // pay or book but set-aside settlements: plain commands do it (`Shared::take_ahead`),
+        // Only standing grants, far below their caps, and the clocks, with nothing to pay or
+        // book but set-aside settlements: plain commands do it (`Shared::take_ahead`),
         // and the set-aside settlements wait for the next renewal that needs the script (the
         // share stays set aside in full until then, so the allowance errs high, never low).
         let plain = (plain_ahead
@@ -999,7 +1147,13 @@ impl Leases {
                 s.held = holding;
                 s.aside = false;
                 s.exact_until = now + EXACT_MS;
-                s.chunks.clear();
+                // Its chunks are forgotten (what the call gave back may or may not be); a
+                // standing grant is kept, to be ended by a later call (it stands in Redis
+                // whatever the call did, unless the call ended it), and so are the minutes
+                // grants counted for (their settlements still to come).
+                for c in s.chunks.values_mut() {
+                    *c = c.bare(c.minute);
+                }
                 // The call may not have run: what it booked is sent again with the next one
                 // (booked twice if it did run, so Redis's sums err high, never low), and so are
                 // the window corrections that take room.
@@ -1065,11 +1219,10 @@ impl Leases {
         let mut guard = cell.slot.lock();
         let s = &mut *guard;
         if let Some(only) = &call.plain {
-            for (ask, (ahead, counted)) in only.asks.iter().zip(&answer.chunks) {
+            for (ask, grant) in only.asks.iter().zip(&answer.grants) {
                 let scope = &call.scopes[ask.scope].scope;
-                if let Some(c) = s.chunks.get_mut(scope) {
-                    c.ahead = *ahead;
-                    c.ahead_counted = *counted;
+                if let (Some(c), Some(grant)) = (s.chunks.get_mut(scope), grant) {
+                    c.stand(*grant);
                 }
             }
         }
@@ -1131,8 +1284,9 @@ impl Leases {
             let mut s = cell.slot.lock();
             let minute = now_ms().div_euclid(WINDOW_MS);
             let chunk = s.chunks.values().any(|c| {
-                c.minute == minute
-                    && ((0..3).any(|d| c.granted[d] > c.used[d]) || c.ahead != [0; 3])
+                (c.minute == minute
+                    && ((0..3).any(|d| c.granted[d] > c.used[d]) || c.ahead != [0; 3]))
+                    || c.grant.is_some()
             });
             if s.free() != [0, 0] || chunk {
                 s.wake = true;
@@ -1154,10 +1308,17 @@ fn window_fix(chunks: &mut HashMap<String, Chunk>, t: &Ticket, used: Used) -> [i
         used.input_tokens as i64 - t.input_cost as i64,
         used.output_tokens as i64 - t.output_cost as i64,
     ];
-    let chunk = chunks
-        .get_mut(t.plan.scope.as_str())
-        .filter(|c| c.minute == t.minute && c.granted != [0; 3]);
-    match chunk {
+    let Some(c) = chunks.get_mut(t.plan.scope.as_str()) else {
+        (0..2).filter(|d| caps[*d] == 0).for_each(|d| by[d] = 0);
+        return by;
+    };
+    let (from, to) = c.granted_minutes;
+    if from <= t.minute && t.minute < to && !(c.minute == t.minute && c.standing) {
+        // A grant counted the charge, not the window: the window cannot give back what it
+        // never held.
+        by = by.map(|v| v.max(0));
+    }
+    match Some(c).filter(|c| c.minute == t.minute && c.granted != [0; 3]) {
         Some(c) => {
             for d in 0..2 {
                 let dim = d + 1;
@@ -1343,7 +1504,10 @@ impl Paid {
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use super::{rate_key, Call, Cell, Chunk, Leases, Paid, PlainAnswer, WINDOW_MS};
+    use super::{
+        grant_key, rate_key, Call, Cell, Chunk, Grant, Leases, Paid, PlainAnswer, GRANT_MINUTES,
+        IDLE_MS, WINDOW_MS,
+    };
     use crate::config::TierLimits;
     use crate::domain::{Breakdown, LotKind};
     use crate::quota::{RatePlan, Ticket, Used};
@@ -1772,12 +1936,22 @@ mod tests {
     }
 
     #[test]
-    fn a_renewal_that_only_takes_the_next_minutes_chunk_books_nothing() {
+    fn a_renewal_that_only_takes_a_standing_grant_books_nothing() {
         let (leases, call, now) = renewal_ahead(600, true);
         let only = call.plain.as_ref().expect("plain commands");
         assert_eq!(only.asks.len(), 1);
-        assert_eq!(only.asks[0].asked, [32, 0, 0]);
         let minute = now.div_euclid(WINDOW_MS);
+        // From the previous minute to GRANT_MINUTES after the next one.
+        let grant = Grant {
+            from: minute - 1,
+            to: minute + 1 + GRANT_MINUTES,
+            dims: [32, 0, 0],
+        };
+        assert_eq!(only.asks[0].grant, grant);
+        assert_eq!(
+            call.window(only.asks[0].grants),
+            grant_key("p:", "u", "acct:u")
+        );
         let next = call.window(only.asks[0].windows[2]);
         assert_eq!(next, rate_key("p:", "u", "acct:u", minute + 1));
         assert_eq!(call.aside_paid, [0, 0]);
@@ -1789,15 +1963,80 @@ mod tests {
             assert_eq!(s.held, [1_000_000, 1_000]);
         }
         let answer = PlainAnswer {
-            chunks: vec![([32, 0, 0], [5, 0, 0])],
+            grants: vec![Some(grant)],
             ..PlainAnswer::default()
         };
         leases.finish_ahead("u", &call, &answer);
         let cell = leases.cells.get("u").unwrap().clone();
-        let s = cell.slot.lock();
+        let mut s = cell.slot.lock();
         assert!(!s.renewing);
+        let c = s.chunks.get_mut("acct:u").unwrap();
+        assert_eq!(c.grant, Some(grant));
+        // Each following minute's chunk is the grant's, and none is asked for until the grant
+        // nears its end.
+        let later = (minute + 1) * WINDOW_MS + 40_000;
+        assert!(!c.wants_ahead(later, false));
+        assert!(c.roll(minute + 1));
+        assert!(c.standing);
+        assert_eq!(c.granted, [32, 0, 0]);
+        let near_end = (minute + GRANT_MINUTES - 1) * WINDOW_MS + 40_000;
+        c.last_used = near_end;
+        assert!(c.wants_ahead(near_end, false));
+    }
+
+    #[test]
+    fn a_grant_ends_with_its_minutes_use_counted_in_the_window() {
+        let leases = set_aside_lease();
+        let minute = 29_000_000;
+        let now = minute * WINDOW_MS + 10_000;
+        let grant = Grant {
+            from: minute - 3,
+            to: minute + 8,
+            dims: [32, 0, 0],
+        };
+        {
+            let cell = leases.cells.get("u").unwrap().clone();
+            let mut s = cell.slot.lock();
+            s.held = [1_000_000, 1_000];
+            // Idle: the lease and its chunks are given back.
+            s.last_used = now - IDLE_MS - 1;
+            let mut c = Chunk {
+                minute: minute - 1,
+                caps: [600, 0, 0],
+                last_used: now - IDLE_MS - 1,
+                ..Chunk::default()
+            };
+            c.stand(grant);
+            assert!(c.roll(minute));
+            c.used = [5, 0, 0];
+            s.chunks.insert("acct:u".into(), c);
+        }
+        let (call, _) = leases.begin("p:", "u", 900_000, now, true).unwrap();
+        assert!(call.plain.is_none());
+        // The scope's arguments follow the 22 fixed ones: nothing given back to the window (the
+        // grant counted the chunk, not the window), the grant cut back to the minutes before
+        // this one, and this minute's use to count in its window.
+        let scope = &call.args[22..];
+        assert_eq!(&scope[3..4], ["0"]);
+        let grants: usize = scope[25].parse().unwrap();
+        assert_eq!(call.window(grants), grant_key("p:", "u", "acct:u"));
+        assert_eq!(
+            &scope[26..31],
+            [
+                "1",
+                &format!("{},{minute},32,0,0", minute - 3),
+                "5",
+                "0",
+                "0"
+            ]
+        );
+        let cell = leases.cells.get("u").unwrap().clone();
+        let s = cell.slot.lock();
         let c = &s.chunks["acct:u"];
-        assert_eq!((c.ahead, c.ahead_counted), ([32, 0, 0], [5, 0, 0]));
+        assert_eq!(c.grant, None);
+        // A settlement of an earlier minute that used less than charged cannot take the
+        // difference off a window that never counted it; this minute's can.
+        assert_eq!(c.granted_minutes, (minute - 3, minute));
     }
 
     #[test]

@@ -63,6 +63,12 @@ pub fn rate_key(prefix: &str, user_id: &str, scope: &str, minute: i64) -> String
     format!("{prefix}q:{{{user_id}}}:rl:{scope}:{minute}")
 }
 
+/// The standing grants on `scope`'s per-minute windows (`lease::Grant`): a hash, one field per
+/// instance, in the account's slot.
+pub fn grant_key(prefix: &str, user_id: &str, scope: &str) -> String {
+    format!("{prefix}q:{{{user_id}}}:rl:{scope}:g")
+}
+
 /// The balance arguments `load.lua` and `reload.lua` share: each hourly spend bucket, then each
 /// lot with something left.
 pub(super) fn push_balance(

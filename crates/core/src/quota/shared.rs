@@ -39,7 +39,8 @@ use crate::storage::Db;
 use crate::util::FastHash;
 
 pub use super::scripts::{
-    account_keys, rate_key, LEASE_LUA, LOAD_LUA, RELOAD_LUA, RESERVE_LUA, SETTLE_LUA, SWEEP_LUA,
+    account_keys, grant_key, rate_key, LEASE_LUA, LOAD_LUA, RELOAD_LUA, RESERVE_LUA, SETTLE_LUA,
+    SWEEP_LUA,
 };
 
 /// How often the keeper probes a Redis the breaker has given up on: the connection is back
@@ -446,7 +447,8 @@ impl Shared {
             // The next minute's window too: the chunks leases took ahead count in this minute.
             inv.key(rate_key(&self.prefix, user_id, &plan.scope, minute - 1))
                 .key(rate_key(&self.prefix, user_id, &plan.scope, minute))
-                .key(rate_key(&self.prefix, user_id, &plan.scope, minute + 1));
+                .key(rate_key(&self.prefix, user_id, &plan.scope, minute + 1))
+                .key(grant_key(&self.prefix, user_id, &plan.scope));
             if !self.connector.is_cluster() {
                 // On a cluster the set lives in another slot: joined below, in its own call.
                 inv.key(&self.due_key);

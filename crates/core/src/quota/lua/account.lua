@@ -185,3 +185,29 @@ local function release(m, held, held_at, id)
   unhold(m, h)
   redis.call('HDEL', held, id)
 end
+
+-- Standing grants on one scope's per-minute windows (lease.rs, `Grant`): a hash, one field per
+-- instance, each "from,to,r,i,o": that instance may admit r requests, i input and o output
+-- tokens in each minute of [from, to) without asking Redis, so every count of those minutes
+-- adds them, as it adds a chunk counted in the minute's window. Returns the sums for the
+-- minutes m - 1, m and m + 1 ({r, i, o} each) and whether any grant covers m or m + 1 (a
+-- lease then holds part of this minute's or the next one's capacity: waiting for it can help).
+local function grant_counts(key, m)
+  local sums = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}}
+  local held = false
+  for _, v in ipairs(redis.call('HVALS', key)) do
+    local from, to, r, i, o = string.match(v, '(%-?%d+),(%-?%d+),(%d+),(%d+),(%d+)')
+    if from then
+      from, to = tonumber(from), tonumber(to)
+      local dims = {tonumber(r), tonumber(i), tonumber(o)}
+      for k = 1, 3 do
+        local x = m - 2 + k
+        if from <= x and x < to then
+          for d = 1, 3 do sums[k][d] = sums[k][d] + dims[d] end
+          if k > 1 then held = true end
+        end
+      end
+    end
+  end
+  return sums, held
+end

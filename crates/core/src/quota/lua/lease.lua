@@ -37,7 +37,10 @@
 --         (r, i, o): less than that drains the account, the next minute's window index (0:
 --         none; given whenever a chunk is asked for, as its count is part of this minute's),
 --         the next minute's chunk given back (r, i, o), the next minute's chunk asked for
---         (r, i, o)
+--         (r, i, o), the window index of the scope's standing grants (each minute's count adds
+--         them, see account.lua's grant_counts), 1 to end this instance's grant (else 0), the
+--         grant's field as it is to stay ('' to delete it), what this minute's standing chunk
+--         used (r, i, o: added to this minute's window, which the grant no longer covers)
 --
 -- Cost: the work is what changed. Stale reservations are left to reserve.lua and the sweep;
 -- the lots are read only when the allowance alone cannot pay or grant (or flag 2); a scope's
@@ -178,6 +181,16 @@ for s = 1, n_scopes do
     -- The next minute's chunk: nothing of it used yet, so all of it comes back.
     give_back(nkey, a + 18, a + 18)
   end
+  local gkey = KEYS[W + tonumber(ARGV[a + 25])]
+  if ARGV[a + 26] == '1' then
+    -- Use first, then the grant: a count in between errs high, never low.
+    for d = 1, 3 do correct(ckey, fields[d], tonumber(ARGV[a + 27 + d])) end
+    if ARGV[a + 27] == '' then
+      redis.call('HDEL', gkey, lease_id)
+    else
+      redis.call('HSET', gkey, lease_id, ARGV[a + 27])
+    end
+  end
   local out = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
   local asked, ahead_asked = false, false
   for d = 1, 3 do
@@ -189,15 +202,17 @@ for s = 1, n_scopes do
   local fits = true
   local new_key = false
   local nxt = {}
+  local granted = nil
   if asked or ahead_asked then
     local prev = redis.call('HMGET', KEYS[W + tonumber(ARGV[a])], 'r', 'i', 'o')
     local curr = redis.call('HMGET', ckey, 'r', 'i', 'o')
     if nkey then nxt = redis.call('HMGET', nkey, 'r', 'i', 'o') end
     new_key = not curr[1] and not curr[2] and not curr[3]
+    granted = grant_counts(gkey, math.floor(now / 60000))
     for d = 1, 3 do
-      local p = tonumber(prev[d] or '0') or 0
-      local c = tonumber(curr[d] or '0') or 0
-      local n = tonumber(nxt[d] or '0') or 0
+      local p = (tonumber(prev[d] or '0') or 0) + granted[1][d]
+      local c = (tonumber(curr[d] or '0') or 0) + granted[2][d]
+      local n = (tonumber(nxt[d] or '0') or 0) + granted[3][d]
       out[3 + d] = math.floor(p * (60000 - elapsed) / 60000) + c + n
       local cap, ask = tonumber(ARGV[a + 1 + d]), tonumber(ARGV[a + 11 + d])
       if cap > 0 and ask > 0 then
@@ -212,7 +227,7 @@ for s = 1, n_scopes do
     new_next = not nxt[1] and not nxt[2] and not nxt[3]
     local roomy = true
     for d = 1, 3 do
-      local n = tonumber(nxt[d] or '0') or 0
+      local n = (tonumber(nxt[d] or '0') or 0) + granted[3][d]
       out[9 + d] = n
       local cap, ask = tonumber(ARGV[a + 1 + d]), tonumber(ARGV[a + 21 + d])
       if cap > 0 and ask > 0 then
@@ -225,7 +240,7 @@ for s = 1, n_scopes do
   end
   if not fits then drain() end
   scopes[s] = {out = out, key = ckey, new_key = new_key, nkey = nkey, new_next = new_next}
-  a = a + 25
+  a = a + 31
 end
 
 local grant_t, grant_r = 0, 0

@@ -2,11 +2,12 @@
 -- KEYS: 1 meta, 2 reservations, 3 spend buckets, 4 lots, 5 reservation start times,
 --       6 rate window (previous minute), 7 rate window (current minute), 8 rate window (next
 --       minute: it holds the chunks leases took ahead, counted in this minute's count too,
---       see lease.lua)
+--       see lease.lua), 9 the leases' standing grants on these windows (account.lua's
+--       grant_counts: each minute's count adds them)
 -- ARGV: 1 now_ms, 2 reservation id, 3 tokens, 4 requests, 5 weekly_tokens, 6 weekly_requests,
 --       7 unlimited (0/1), 8 reservation timeout ms, 9 rpm, 10 itpm, 11 otpm,
---       12 input cost, 13 output cost, 14 account ttl seconds, 15 account id (for KEYS[9])
--- KEYS[9] (optional): the sorted set of accounts holding reservations, scored by the start of
+--       12 input cost, 13 output cost, 14 account ttl seconds, 15 account id (for KEYS[10])
+-- KEYS[10] (optional): the sorted set of accounts holding reservations, scored by the start of
 --       the oldest one they may hold; the periodic sweep (sweep.lua) reads it. On a Redis
 --       Cluster it lives in another slot than the account: the caller adds the account to it
 --       when the reply says this is its first reservation.
@@ -53,12 +54,15 @@ local fields = {'r', 'i', 'o'}
 local prev = redis.call('HMGET', KEYS[6], 'r', 'i', 'o')
 local curr = redis.call('HMGET', KEYS[7], 'r', 'i', 'o', 'L')
 local nxt = redis.call('HMGET', KEYS[8], 'r', 'i', 'o', 'L')
+local granted, grants_held = grant_counts(KEYS[9], math.floor(now / 60000))
+-- Each minute's count: its window plus the grants covering it.
+local function count(window, k, d)
+  return (tonumber(window[d] or '0') or 0) + granted[k][d]
+end
 local counts = {}
 for d = 1, 3 do
-  local p = tonumber(prev[d] or '0') or 0
-  local c = tonumber(curr[d] or '0') or 0
-  local n = tonumber(nxt[d] or '0') or 0
-  counts[d] = math.floor(p * (60000 - elapsed) / 60000) + c + n
+  counts[d] = math.floor(count(prev, 1, d) * (60000 - elapsed) / 60000) + count(curr, 2, d)
+    + count(nxt, 3, d)
 end
 local function views(extra)
   local out = {}
@@ -76,8 +80,8 @@ for d = 1, 3 do
     local cost = costs[d]
     if cost > cap then cost = cap end
     if counts[d] + cost > cap then
-      local p = tonumber(prev[d] or '0') or 0
-      local c = (tonumber(curr[d] or '0') or 0) + (tonumber(nxt[d] or '0') or 0)
+      local p = count(prev, 1, d)
+      local c = count(curr, 2, d) + count(nxt, 3, d)
       local need = counts[d] + cost - cap
       local wait_ms
       if p > 0 and need <= math.floor(p * (60000 - elapsed) / 60000) then
@@ -91,7 +95,8 @@ for d = 1, 3 do
       local status = 'rate'
       -- Only chunks of this minute and the next can come back (a lease's chunk is used in its
       -- minute only).
-      if (tonumber(curr[4] or '0') or 0) + (tonumber(nxt[4] or '0') or 0) > 0 then
+      if (tonumber(curr[4] or '0') or 0) + (tonumber(nxt[4] or '0') or 0) > 0
+        or grants_held then
         status = 'drain-rate'
         redis.call('HSET', KEYS[1], 'dr', now + DRAIN_MS)
       end
@@ -143,7 +148,7 @@ end
 local first = 0
 if m.rr == 0 then
   first = 1
-  if KEYS[9] then redis.call('ZADD', KEYS[9], 'NX', now, ARGV[15]) end
+  if KEYS[10] then redis.call('ZADD', KEYS[10], 'NX', now, ARGV[15]) end
 end
 m.rt = m.rt + tokens
 m.rr = m.rr + requests
