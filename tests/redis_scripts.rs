@@ -926,7 +926,7 @@ async fn lease_window(
         .arg(0)
         .arg(0);
     // The grants (window 4); no grant of this instance ends.
-    inv.arg(4).arg(0).arg("").arg(0).arg(0).arg(0);
+    inv.arg(4).arg(0).arg("");
     let reply: Vec<Value> = inv.invoke_async(&mut a.conn).await.unwrap();
     assert_eq!(text(&reply[0]), "lease", "{reply:?}");
     let Value::Array(scopes) = &reply[7] else {
@@ -1032,9 +1032,8 @@ fn one_scope_lease<'s>(
 }
 
 /// One lease.lua call whose only work is ending this instance's standing grant on the test
-/// scope: the field put back to `kept` ('' deletes it), `used` this minute counted in its
-/// window `w[1]`.
-async fn end_grant(a: &mut Account, w: &[String; 3], now: i64, kept: &str, used: i64) {
+/// scope: the field put back to `kept` ('' deletes it).
+async fn end_grant(a: &mut Account, w: &[String; 3], now: i64, kept: &str) {
     let script = Script::new(LEASE_LUA);
     let mut inv = one_scope_lease(&script, a, w, now);
     // The scope: windows 1 and 2, 100 a minute, nothing given back or asked for, no next
@@ -1047,7 +1046,7 @@ async fn end_grant(a: &mut Account, w: &[String; 3], now: i64, kept: &str, used:
     for _ in 0..6 {
         inv.arg(0);
     }
-    inv.arg(4).arg(1).arg(kept).arg(used).arg(0).arg(0);
+    inv.arg(4).arg(1).arg(kept);
     let reply: Vec<Value> = inv.invoke_async(&mut a.conn).await.unwrap();
     assert_eq!(text(&reply[0]), "lease", "{reply:?}");
 }
@@ -1083,29 +1082,35 @@ async fn standing_grants_count_in_every_minute_they_cover_until_they_end() {
     let r = lease_window(&mut a, &w, now, 100, 1, 0, 0).await;
     assert_eq!(r[3], 46, "this minute's count, the grants included");
     assert_eq!(count(&a, w[1].clone(), "r").await, 1);
-    // This instance's grant ends: the 3 requests its standing chunk admitted this minute are
-    // counted in the window, and the grant keeps only the previous minute.
-    let kept = format!("{},{minute},5,0,0", minute - 1);
-    end_grant(&mut a, &w, now + 3, &kept, 3).await;
-    assert_eq!(count(&a, w[1].clone(), "r").await, 4);
+    // This instance's grant ends, cut back to the minutes up to this one (whose use it keeps
+    // counting): the counts stay.
+    let kept = format!("{},{},5,0,0", minute - 1, minute + 1);
+    end_grant(&mut a, &w, now + 3, &kept).await;
+    assert_eq!(count(&a, w[1].clone(), "r").await, 1);
     let field: Option<String> = a.conn.hget(&grants, "L:test").await.unwrap();
     assert_eq!(field, Some(kept));
-    // 1 + (4 + 20) + 20; the next minute's chunk of 1 fits within half the cap.
+    let _: () = a
+        .conn
+        .hset(&grants, "L:test", format!("{},{minute},5,0,0", minute - 1))
+        .await
+        .unwrap();
+    // Cut back to the previous minute: 1 + (1 + 20) + 20; the next minute's chunk of 1 fits
+    // within half the cap.
     let r = lease_window(&mut a, &w, now + 4, 100, 0, 1, 0).await;
-    assert_eq!(r[3], 45);
+    assert_eq!(r[3], 42);
     assert_eq!(r[6], 1);
     // Ended with nothing left to cover: the field goes.
-    end_grant(&mut a, &w, now + 5, "", 0).await;
+    end_grant(&mut a, &w, now + 5, "").await;
     let gone: Option<String> = a.conn.hget(&grants, "L:test").await.unwrap();
     assert_eq!(gone, None);
-    // A request reserved on its own counts the other instance's grant: 4 + 20 this minute and
-    // 1 + 20 the next: refused at 45 a minute (the grant may come back: the account drains),
-    // admitted at 46.
+    // A request reserved on its own counts the other instance's grant: 1 + 20 this minute and
+    // 1 + 20 the next: refused at 42 a minute (the grant may come back: the account drains),
+    // admitted at 43.
     assert_eq!(
-        reserve_rpm(&mut a, &w, now + 6, "r45", 45).await,
+        reserve_rpm(&mut a, &w, now + 6, "r42", 42).await,
         "drain-rate"
     );
-    assert_eq!(reserve_rpm(&mut a, &w, now + 7, "r46", 46).await, "ok");
+    assert_eq!(reserve_rpm(&mut a, &w, now + 7, "r43", 43).await, "ok");
     let _: () = a.conn.del(&w).await.unwrap();
     a.cleanup().await;
 }

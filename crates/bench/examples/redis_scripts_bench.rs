@@ -148,7 +148,7 @@ async fn lease_time(conn: &mut MultiplexedConnection, ahead: bool, hourly: bool,
             inv.arg(1).arg(15).arg(64);
             inv.arg(3).arg(0).arg(0).arg(0).arg(32).arg(960).arg(4096);
             // The grants (window 4); no grant ends.
-            inv.arg(4).arg(0).arg("").arg(0).arg(0).arg(0);
+            inv.arg(4).arg(0).arg("");
         }
         inv
     };

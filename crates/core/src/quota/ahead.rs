@@ -36,6 +36,7 @@ use crate::domain::Tier;
 
 /// How long (s) a grants hash lives after a grant is written: past the end of every grant in
 /// it (each written at most `GRANT_MINUTES` + 1 minutes ahead, none later than this one).
+/// `lease.lua` gives the same (780 s) when it cuts a grant back.
 const GRANTS_TTL_S: i64 = (GRANT_MINUTES + 3) * 60;
 const FIELDS: [&str; 3] = ["r", "i", "o"];
 

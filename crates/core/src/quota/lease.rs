@@ -43,7 +43,7 @@
 //!   minute's window, where chunks taken ahead are, so this minute and the next never hold
 //!   more than the cap together (far below its cap, the minutes ahead come as a standing
 //!   `Grant` that every count of those minutes adds, written with plain commands first and cut
-//!   back if the rule refuses it, `ahead`; ending it counts the minute's use in its window);
+//!   back if the rule refuses it, `ahead`; ending it keeps the minutes up to the current one);
 //!   output tokens
 //!   are corrected to the real amount when the settlement is paid (within `FLUSH_EVERY`, as
 //!   one instance corrects at settlement);
@@ -171,8 +171,11 @@ fn with_spread(expected: f64) -> f64 {
 /// chunk taken ahead meets (the sliding count, the grant included, within half the cap), and
 /// put back to cover only the minutes already in use when it breaks it. It ends when its scope
 /// gives its chunks back (idle, drained, the instance stopping) or needs more in a minute than
-/// it grants: `lease.lua` then adds what this minute's chunk used to the minute's window and
-/// cuts the grant back to the minutes before it (the previous minute's use stays covered).
+/// it grants: `lease.lua` then cuts it back to the minutes up to the current one, whose use
+/// (and the previous minute's, which the current count weighs) it keeps counting; what it held
+/// of the minutes after comes back at once. An instance keeps its grant's record until it no
+/// longer covers the previous minute, so a grant it writes later never counts less for a
+/// minute than this one did, and a call that failed to end it keeps it too.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(super) struct Grant {
     pub(super) from: i64,
@@ -288,11 +291,12 @@ impl Chunk {
         };
     }
 
-    /// The grant as it is to stay once it ends at `minute`: this minute's use is then counted
-    /// in the window.
+    /// The grant as it is to stay once it ends in `minute`: cut back to the minutes up to this
+    /// one, whose use (and the previous minute's, which this minute's count weighs) it keeps
+    /// counting.
     fn end_grant(&mut self, minute: i64) -> Option<Grant> {
-        let ended = self.grant.take()?.until(minute);
-        self.granted_minutes.1 = self.granted_minutes.1.min(minute);
+        let ended = self.grant.take()?.until(minute + 1);
+        self.granted_minutes.1 = self.granted_minutes.1.min(minute + 1);
         Some(ended)
     }
 
@@ -511,6 +515,9 @@ pub(super) struct ScopeCall {
     scope: String,
     renewed: bool,
     ahead: bool,
+    /// The grant the call ends, as it stood: kept again when the call fails (Redis may still
+    /// hold it whole).
+    ended: Option<Grant>,
 }
 
 /// The arguments of one `lease.lua` call and what to do with its answer.
@@ -892,8 +899,10 @@ impl Leases {
                 // left counted in its window (the count errs high, never low).
                 *c = c.bare(c.minute);
             }
-            if c.grant.is_some_and(|g| g.to <= minute) {
-                // Past: it covers no minute from this one on, and its field goes with the key.
+            if c.grant.is_some_and(|g| g.to < minute) {
+                // Past: it covers neither this minute nor the previous one (which this minute's
+                // count weighs), and its field goes with the key. Until then it is kept: a grant
+                // written later must not count less for that minute than this one did.
                 c.grant = None;
             }
             let current = c.minute == minute && c.granted != [0; 3];
@@ -910,13 +919,7 @@ impl Leases {
             if !(give_back || take || ahead_back || ask_ahead || end_grant) {
                 continue;
             }
-            // A standing chunk was never counted in its window: ending the grant counts what
-            // it used there instead.
-            let standing_used = if end_grant && c.standing && current {
-                c.used
-            } else {
-                [0; 3]
-            };
+            let before = c.grant;
             let ended = if end_grant { c.end_grant(minute) } else { None };
             let give_back_window = give_back && !c.standing;
             let back = if give_back_window {
@@ -967,11 +970,8 @@ impl Leases {
             let grants = index(grant_key(prefix, user_id, scope));
             scope_args.push(grants.to_string());
             match ended {
-                Some(g) => {
-                    scope_args.extend(["1".to_string(), g.value()]);
-                    scope_args.extend(standing_used.map(|v| v.to_string()));
-                }
-                None => scope_args.extend(["0", "", "0", "0", "0"].map(String::from)),
+                Some(g) => scope_args.extend(["1".to_string(), g.value()]),
+                None => scope_args.extend(["0", ""].map(String::from)),
             }
             let asked_dims: Dims =
                 std::array::from_fn(|d| if c.caps[d] > 0 { ahead_asked[d] } else { 0 });
@@ -1023,6 +1023,7 @@ impl Leases {
                 scope: scope.clone(),
                 renewed: give_back || take,
                 ahead: ask_ahead,
+                ended: before.filter(|_| end_grant),
             });
         }
         // The lease's clocks alone (its start time, the lots) are one plain command each, while
@@ -1153,6 +1154,17 @@ impl Leases {
                 // grants counted for (their settlements still to come).
                 for c in s.chunks.values_mut() {
                     *c = c.bare(c.minute);
+                }
+                let minute = call.now.div_euclid(WINDOW_MS);
+                for sc in &call.scopes {
+                    if let (Some(g), Some(c)) = (sc.ended, s.chunks.get_mut(&sc.scope)) {
+                        // Whole in Redis if the call did not run, cut back if it did: kept
+                        // whole for what a later grant must cover, cut back for admission.
+                        c.grant = Some(Grant {
+                            to: g.to.min(minute + 1),
+                            ..g
+                        });
+                    }
                 }
                 // The call may not have run: what it booked is sent again with the next one
                 // (booked twice if it did run, so Redis's sums err high, never low), and so are
@@ -1985,7 +1997,7 @@ mod tests {
     }
 
     #[test]
-    fn a_grant_ends_with_its_minutes_use_counted_in_the_window() {
+    fn a_grant_ends_cut_back_to_the_minutes_it_counted() {
         let leases = set_aside_lease();
         let minute = 29_000_000;
         let now = minute * WINDOW_MS + 10_000;
@@ -2014,29 +2026,24 @@ mod tests {
         let (call, _) = leases.begin("p:", "u", 900_000, now, true).unwrap();
         assert!(call.plain.is_none());
         // The scope's arguments follow the 22 fixed ones: nothing given back to the window (the
-        // grant counted the chunk, not the window), the grant cut back to the minutes before
-        // this one, and this minute's use to count in its window.
+        // grant counted the chunk, not the window), the grant cut back to the minutes up to
+        // this one, whose use it keeps counting.
         let scope = &call.args[22..];
-        assert_eq!(&scope[3..4], ["0"]);
+        assert_eq!(scope[5], "0");
         let grants: usize = scope[25].parse().unwrap();
         assert_eq!(call.window(grants), grant_key("p:", "u", "acct:u"));
         assert_eq!(
-            &scope[26..31],
-            [
-                "1",
-                &format!("{},{minute},32,0,0", minute - 3),
-                "5",
-                "0",
-                "0"
-            ]
+            &scope[26..28],
+            ["1", &format!("{},{},32,0,0", minute - 3, minute + 1)]
         );
+        assert_eq!(scope.len(), 28);
         let cell = leases.cells.get("u").unwrap().clone();
         let s = cell.slot.lock();
         let c = &s.chunks["acct:u"];
         assert_eq!(c.grant, None);
-        // A settlement of an earlier minute that used less than charged cannot take the
-        // difference off a window that never counted it; this minute's can.
-        assert_eq!(c.granted_minutes, (minute - 3, minute));
+        // A settlement of these minutes that used less than charged cannot take the difference
+        // off a window that never counted it.
+        assert_eq!(c.granted_minutes, (minute - 3, minute + 1));
     }
 
     #[test]

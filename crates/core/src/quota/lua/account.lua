@@ -190,8 +190,9 @@ end
 -- instance, each "from,to,r,i,o": that instance may admit r requests, i input and o output
 -- tokens in each minute of [from, to) without asking Redis, so every count of those minutes
 -- adds them, as it adds a chunk counted in the minute's window. Returns the sums for the
--- minutes m - 1, m and m + 1 ({r, i, o} each) and whether any grant covers m or m + 1 (a
--- lease then holds part of this minute's or the next one's capacity: waiting for it can help).
+-- minutes m - 1, m and m + 1 ({r, i, o} each) and whether any grant covers m + 1 (a lease then
+-- holds part of the next minute's capacity, which this minute's count adds and which it gives
+-- back when its grant ends: waiting for it can help; an ended grant keeps only minutes up to m).
 local function grant_counts(key, m)
   local sums = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}}
   local held = false
@@ -204,7 +205,7 @@ local function grant_counts(key, m)
         local x = m - 2 + k
         if from <= x and x < to then
           for d = 1, 3 do sums[k][d] = sums[k][d] + dims[d] end
-          if k > 1 then held = true end
+          if k == 3 then held = true end
         end
       end
     end

@@ -39,8 +39,7 @@
 --         the next minute's chunk given back (r, i, o), the next minute's chunk asked for
 --         (r, i, o), the window index of the scope's standing grants (each minute's count adds
 --         them, see account.lua's grant_counts), 1 to end this instance's grant (else 0), the
---         grant's field as it is to stay ('' to delete it), what this minute's standing chunk
---         used (r, i, o: added to this minute's window, which the grant no longer covers)
+--         grant's field as it is to stay: the minutes up to this one ('' to delete it)
 --
 -- Cost: the work is what changed. Stale reservations are left to reserve.lua and the sweep;
 -- the lots are read only when the allowance alone cannot pay or grant (or flag 2); a scope's
@@ -183,12 +182,12 @@ for s = 1, n_scopes do
   end
   local gkey = KEYS[W + tonumber(ARGV[a + 25])]
   if ARGV[a + 26] == '1' then
-    -- Use first, then the grant: a count in between errs high, never low.
-    for d = 1, 3 do correct(ckey, fields[d], tonumber(ARGV[a + 27 + d])) end
     if ARGV[a + 27] == '' then
       redis.call('HDEL', gkey, lease_id)
     else
       redis.call('HSET', gkey, lease_id, ARGV[a + 27])
+      -- As the grants' writer gives it (ahead.rs): a hash Redis lost comes back expiring.
+      redis.call('EXPIRE', gkey, 780)
     end
   end
   local out = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
@@ -240,7 +239,7 @@ for s = 1, n_scopes do
   end
   if not fits then drain() end
   scopes[s] = {out = out, key = ckey, new_key = new_key, nkey = nkey, new_next = new_next}
-  a = a + 31
+  a = a + 28
 end
 
 local grant_t, grant_r = 0, 0
