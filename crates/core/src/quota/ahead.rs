@@ -173,18 +173,13 @@ impl Shared {
                     continue;
                 }
                 any_follow_up = true;
-                let grants_key = call.window(ask.grants);
-                let kept = ask.kept.value();
-                if kept.is_empty() {
-                    follow_up.cmd("HDEL").arg(grants_key).arg(&self.leases.id);
-                } else {
-                    follow_up
-                        .cmd("HSET")
-                        .arg(grants_key)
-                        .arg(&self.leases.id)
-                        .arg(kept);
-                }
-                follow_up.ignore();
+                // `kept` covers at least the previous and this minute: never empty.
+                follow_up
+                    .cmd("HSET")
+                    .arg(call.window(ask.grants))
+                    .arg(&self.leases.id)
+                    .arg(ask.kept.value())
+                    .ignore();
                 grants.push(Some(ask.kept));
             }
             out.push(PlainAnswer {
@@ -205,7 +200,7 @@ fn grant_counts(values: &RedisValue, minute: i64) -> [[u64; 3]; 3] {
     let RedisValue::Array(values) = values else {
         return sums;
     };
-    for grant in values.iter().filter_map(|v| parse_grant(&as_string(v)?)) {
+    for grant in values.iter().filter_map(|v| Grant::parse(&as_string(v)?)) {
         for (k, sum) in sums.iter_mut().enumerate() {
             if grant.covers(minute - 1 + k as i64) {
                 for (sum, granted) in sum.iter_mut().zip(grant.dims) {
@@ -215,18 +210,6 @@ fn grant_counts(values: &RedisValue, minute: i64) -> [[u64; 3]; 3] {
         }
     }
     sums
-}
-
-/// A grant as its field holds it ("from,to,r,i,o").
-fn parse_grant(text: &str) -> Option<Grant> {
-    let mut parts = text.split(',');
-    let mut field = || parts.next()?.parse::<i64>().ok();
-    let (from, to) = (field()?, field()?);
-    let mut dims = [0u64; 3];
-    for d in &mut dims {
-        *d = u64::try_from(field()?).ok()?;
-    }
-    Some(Grant { from, to, dims })
 }
 
 fn asks(call: &Call) -> &[AheadAsk] {

@@ -198,6 +198,18 @@ impl Grant {
         format!("{},{},{r},{i},{o}", self.from, self.to)
     }
 
+    /// A grant as its field holds it (`value`'s form).
+    pub(super) fn parse(text: &str) -> Option<Grant> {
+        let mut parts = text.split(',');
+        let mut field = || parts.next()?.parse::<i64>().ok();
+        let (from, to) = (field()?, field()?);
+        let mut dims = [0u64; 3];
+        for d in &mut dims {
+            *d = u64::try_from(field()?).ok()?;
+        }
+        Some(Grant { from, to, dims })
+    }
+
     /// The grant cut back to the minutes before `minute`.
     fn until(self, minute: i64) -> Grant {
         Grant {
