@@ -7,9 +7,9 @@
 //! every span is built, queued, encoded and sent, and with every request sampled that work is
 //! a measurable share of the request.
 //!
-//! The spans are plain records ([`SpanRecord`]) that wait in the request's list as they end and
-//! go to the export thread together when the server span ends: one hand-off per request. A
-//! request whose trace is not sampled records nothing; its ids still reach the provider.
+//! Each span is a [`SpanRecord`] whose attributes are written in their wire form as they are set,
+//! and which is written into its thread's export batch when it ends. A request whose trace is
+//! not sampled records nothing; its ids still reach the provider.
 //!
 //! With telemetry off, [`begin`] returns `None` and every other step is skipped by the caller's
 //! `if let`: no span, no allocation. Nothing secret is recorded: ids (key, account, request),
@@ -17,7 +17,7 @@
 //! `[telemetry] capture_sizes`, their sizes in bytes).
 
 use std::borrow::Cow;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use gateway_core::domain::ProviderStyle;
@@ -34,12 +34,11 @@ pub struct RequestTrace {
     telemetry: &'static Telemetry,
     /// The server span's context: the parent of the request's other spans.
     context: SpanContext,
-    /// The server span, filled in as the request goes, and the request's other spans as they
-    /// end (all handed to the export together when the server span ends); `None` when the
-    /// trace is not sampled (its context still reaches the provider, unsampled).
-    server: Option<(SpanRecord, Ended)>,
+    /// The server span, filled in as the request goes; `None` when the trace is not sampled
+    /// (its context still reaches the provider, unsampled).
+    server: Option<SpanRecord>,
     /// The trace id (32 hex digits), for the access line.
-    pub trace_id: String,
+    pub trace_id: gateway_telemetry::TraceIdHex,
     started: SystemTime,
     /// When settlement began.
     settled_at: Option<SystemTime>,
@@ -49,15 +48,10 @@ pub struct RequestTrace {
     finish_reasons: Vec<String>,
 }
 
-/// A request's spans that have ended, waiting for the server span's end.
-type Ended = Arc<Mutex<Vec<SpanRecord>>>;
-
-/// Adds `span`, ended now, to its request's ended spans.
-fn ended(list: &Ended, mut span: SpanRecord) {
+/// Ends `span` now and hands it to the export.
+fn ended(telemetry: &Telemetry, mut span: SpanRecord) {
     span.end = SystemTime::now();
-    if let Ok(mut list) = list.lock() {
-        list.push(span);
-    }
+    telemetry.submit(&span);
 }
 
 /// Starts the request's server span, as a child of the client's `traceparent` when it sent
@@ -73,30 +67,28 @@ pub fn begin(session: &Session) -> Option<Box<RequestTrace>> {
     let context = telemetry.server_context(parent.as_ref());
     let started = SystemTime::now();
     let server = context.is_sampled().then(|| {
-        let method: (&'static str, Attr) = match req.method.as_str() {
-            "POST" => ("POST", Attr::Static("POST")),
-            "GET" => ("GET", Attr::Static("GET")),
-            other => ("HTTP", Attr::Text(other.to_owned())),
+        let method = req.method.as_str();
+        let name = match method {
+            "POST" => "POST",
+            "GET" => "GET",
+            _ => "HTTP",
         };
-        // Room for every attribute `finish` adds: the list is not grown on the way.
         let mut span = SpanRecord::start(
             context.clone(),
             parent.as_ref().map(|p| (p, true)),
-            method.0,
+            name,
             SpanKind::Server,
             started,
-            SERVER_ATTRIBUTES,
         );
-        span.set("http.request.method", method.1);
-        span.set_str("url.path", req.uri.path());
+        span.set("http.request.method", method);
+        span.set("url.path", req.uri.path());
         span.set("url.scheme", "http");
         span.set("network.protocol.version", "1.1");
-        // Room for the admission, one attempt and the server span itself.
-        (span, Arc::new(Mutex::new(Vec::with_capacity(3))))
+        span
     });
     Some(Box::new(RequestTrace {
         telemetry,
-        trace_id: gateway_telemetry::trace_id_hex(&context),
+        trace_id: gateway_telemetry::TraceIdHex::of(&context),
         context,
         server,
         started,
@@ -119,42 +111,35 @@ fn spaced(a: &str, b: &str) -> String {
     s
 }
 
-/// The most attributes a server span carries.
-const SERVER_ATTRIBUTES: usize = 24;
-/// The most attributes an attempt span carries.
-const ATTEMPT_ATTRIBUTES: usize = 10;
-/// The most attributes a phase span carries.
-const PHASE_ATTRIBUTES: usize = 1;
-
 /// A phase of the request (admission) under way; empty when the trace is not sampled. One
 /// dropped without [`Phase::end`] still ends (without an outcome), as an SDK span would.
-pub struct Phase(Option<(Ended, SpanRecord)>);
+pub struct Phase(Option<(&'static Telemetry, SpanRecord)>);
 
 impl Phase {
     /// Ends the phase; `error` is the gateway's error code when the phase refused the request.
     pub fn end(mut self, error: Option<&'static str>) {
-        let Some((list, mut span)) = self.0.take() else {
+        let Some((telemetry, mut span)) = self.0.take() else {
             return;
         };
         if let Some(code) = error {
             span.set("error.type", code);
             span.error = Some(Cow::Borrowed(code));
         }
-        ended(&list, span);
+        ended(telemetry, span);
     }
 
     /// Marks the moment a step of the phase begins (`gateway.quota.reserve`).
     pub fn mark(&mut self, name: &'static str) {
         if let Some((_, span)) = &mut self.0 {
-            span.event(name, SystemTime::now(), Vec::new());
+            span.event(name, SystemTime::now(), &[]);
         }
     }
 }
 
 impl Drop for Phase {
     fn drop(&mut self) {
-        if let Some((list, span)) = self.0.take() {
-            ended(&list, span);
+        if let Some((telemetry, span)) = self.0.take() {
+            ended(telemetry, span);
         }
     }
 }
@@ -165,7 +150,7 @@ pub struct Attempt {
     telemetry: &'static Telemetry,
     context: SpanContext,
     /// `None` when the trace is not sampled.
-    span: Option<(Ended, SpanRecord)>,
+    span: Option<SpanRecord>,
 }
 
 impl Attempt {
@@ -177,7 +162,7 @@ impl Attempt {
     /// Ends the attempt: `outcome` is `ok`, `request_error`, `failover`, the failure's label,
     /// or how the relay ended; `status` the provider's HTTP status when it answered.
     pub fn end(mut self, outcome: &'static str, status: Option<u16>) {
-        let Some((list, mut span)) = self.span.take() else {
+        let Some(mut span) = self.span.take() else {
             return;
         };
         span.set("gateway.attempt.outcome", outcome);
@@ -189,14 +174,14 @@ impl Attempt {
             span.set("error.type", outcome);
             span.error = Some(Cow::Borrowed(outcome));
         }
-        ended(&list, span);
+        ended(self.telemetry, span);
     }
 }
 
 impl Drop for Attempt {
     fn drop(&mut self) {
-        if let Some((list, span)) = self.span.take() {
-            ended(&list, span);
+        if let Some(span) = self.span.take() {
+            ended(self.telemetry, span);
         }
     }
 }
@@ -208,7 +193,6 @@ impl RequestTrace {
         context: &SpanContext,
         name: impl Into<Cow<'static, str>>,
         kind: SpanKind,
-        attributes: usize,
     ) -> SpanRecord {
         SpanRecord::start(
             context.clone(),
@@ -216,7 +200,6 @@ impl RequestTrace {
             name,
             kind,
             SystemTime::now(),
-            attributes,
         )
     }
 
@@ -230,34 +213,34 @@ impl RequestTrace {
 
     /// Starts a phase span (`gateway.admission`).
     pub fn phase(&self, name: &'static str) -> Phase {
-        let Some((_, list)) = &self.server else {
+        if self.server.is_none() {
             return Phase(None);
-        };
+        }
         let context = self.child_context();
-        let span = self.child(&context, name, SpanKind::Internal, PHASE_ATTRIBUTES);
-        Phase(Some((list.clone(), span)))
+        let span = self.child(&context, name, SpanKind::Internal);
+        Phase(Some((self.telemetry, span)))
     }
 
     /// Starts the client span of attempt `n` (0-based) at `target`.
     pub fn attempt(&self, target: &Target, n: usize, adm: &Admitted) -> Attempt {
         let context = self.child_context();
-        let span = self.server.as_ref().map(|(_, list)| {
+        let span = self.server.as_ref().map(|_| {
             let p = &target.provider;
             let model = target.upstream_model.as_deref().unwrap_or(&adm.model_name);
             let name = match operation(adm.endpoint) {
                 Some(op) if !model.is_empty() => spaced(op, model),
                 _ => spaced("attempt", target.label()),
             };
-            let mut span = self.child(&context, name, SpanKind::Client, ATTEMPT_ATTRIBUTES);
+            let mut span = self.child(&context, name, SpanKind::Client);
             span.set("gen_ai.provider.name", provider_name(p.style));
-            span.set_str("gateway.deployment", target.label());
+            span.set("gateway.deployment", target.label());
             span.set("gateway.attempt", n as i64 + 1);
-            span.set_str("server.address", &p.host);
+            span.set("server.address", p.host.as_str());
             span.set("server.port", i64::from(p.port));
             if !model.is_empty() {
-                span.set_str("gen_ai.request.model", model);
+                span.set("gen_ai.request.model", model);
             }
-            (list.clone(), span)
+            span
         });
         Attempt {
             telemetry: self.telemetry,
@@ -279,14 +262,14 @@ impl RequestTrace {
 
     /// Notes what admission learnt: the operation, the model, whether streamed.
     pub fn admitted(&mut self, adm: &Admitted) {
-        let Some((s, _)) = &mut self.server else {
+        let Some(s) = &mut self.server else {
             return;
         };
         if let Some(op) = operation(adm.endpoint) {
             s.set("gen_ai.operation.name", op);
         }
         if !adm.model_name.is_empty() {
-            s.set_str("gen_ai.request.model", &adm.model_name);
+            s.set("gen_ai.request.model", adm.model_name.as_str());
         }
         if !adm.endpoint.is_get() {
             s.set("gateway.stream", adm.stream);
@@ -317,24 +300,24 @@ impl RequestTrace {
 
     /// Ends the server span with what the request came to.
     pub fn finish(mut self, ctx: &RequestCtx) {
-        let Some((mut s, list)) = self.server.take() else {
+        let Some(mut s) = self.server.take() else {
             return;
         };
         if let Some(e) = ctx.endpoint {
             s.set("http.route", e.path());
         }
-        s.set_str("gateway.request_id", &ctx.request_id);
+        s.set("gateway.request_id", ctx.request_id.as_str());
         s.set("http.response.status_code", i64::from(ctx.status));
         if let Some(who) = &ctx.identity {
-            s.set_str("gateway.key.id", &who.key.id);
-            s.set_str("gateway.account.id", &who.user.id);
+            s.set("gateway.key.id", who.key.id.as_str());
+            s.set("gateway.account.id", who.user.id.as_str());
         }
         if let Some((provider, model)) = self.answered.take() {
             s.set("gen_ai.provider.name", provider);
-            s.set_str("gen_ai.response.model", &model);
+            s.set("gen_ai.response.model", model.as_str());
         }
         if let Some(d) = &ctx.deployment {
-            s.set_str("gateway.deployment", d);
+            s.set("gateway.deployment", d.as_str());
         }
         if ctx.input_tokens > 0 || ctx.output_tokens > 0 {
             s.set("gen_ai.usage.input_tokens", ctx.input_tokens as i64);
@@ -347,7 +330,7 @@ impl RequestTrace {
         if !self.finish_reasons.is_empty() {
             s.set(
                 "gen_ai.response.finish_reasons",
-                std::mem::take(&mut self.finish_reasons),
+                self.finish_reasons.as_slice(),
             );
         }
         if let Some(ms) = ctx.ttfb_ms {
@@ -355,11 +338,11 @@ impl RequestTrace {
             s.event(
                 "gateway.first_byte",
                 at,
-                vec![("gateway.ttfb_ms", Attr::Int(ms as i64))],
+                &[("gateway.ttfb_ms", Attr::Int(ms as i64))],
             );
         }
         if let Some(at) = self.settled_at {
-            s.event("gateway.settle", at, Vec::new());
+            s.event("gateway.settle", at, &[]);
         }
         let name = match (ctx.endpoint.and_then(operation), ctx.model.as_deref()) {
             (Some(op), Some(model)) => Some(spaced(op, model)),
@@ -375,13 +358,7 @@ impl RequestTrace {
         if ctx.status >= 500 || (ctx.error_code.is_some() && ctx.status >= 400) {
             s.error = Some(Cow::Borrowed(ctx.error_code.unwrap_or("error")));
         }
-        s.end = SystemTime::now();
-        let mut spans = list
-            .lock()
-            .map(|mut l| std::mem::take(&mut *l))
-            .unwrap_or_default();
-        spans.push(s);
-        self.telemetry.submit(spans);
+        ended(self.telemetry, s);
     }
 }
 

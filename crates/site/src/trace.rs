@@ -32,20 +32,19 @@ pub async fn span(req: Request, next: Next) -> Response {
         format!("{method} {route}"),
         SpanKind::Server,
         SystemTime::now(),
-        6,
     );
-    span.set("http.request.method", method);
-    span.set("http.route", route);
+    span.set("http.request.method", method.as_str());
+    span.set("http.route", route.as_str());
     span.set("url.scheme", "http");
     let resp = next.run(req).await;
     let status = resp.status();
     span.set("http.response.status_code", i64::from(status.as_u16()));
     span.set("gateway.outcome", crate::outcome(status));
     if status.is_server_error() {
-        span.set("error.type", status.as_u16().to_string());
+        span.set("error.type", status.as_u16().to_string().as_str());
         span.error = Some(Cow::Owned(status.as_u16().to_string()));
     }
     span.end = SystemTime::now();
-    t.submit(vec![span]);
+    t.submit(&span);
     resp
 }

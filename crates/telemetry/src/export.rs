@@ -6,16 +6,19 @@
 //! [`crate::wire`]; JSON and gRPC go through `opentelemetry-otlp`'s own exporters, given the
 //! SDK's form of each span.
 //!
-//! Handing a request's spans over is a counter and one channel send: the export thread does
-//! not wait on the span channel, so no hand-off wakes it. It wakes once a second ([`DELAY`]),
+//! A span that ends is written into its thread's shard of the queue (a counter, an uncontended
+//! lock and its bytes): nothing is handed from thread to thread per span, and the export thread,
+//! which takes each shard's bytes whole, frees nothing of the request threads'. No span wakes
+//! the export thread. It wakes once a second ([`DELAY`]),
 //! when a batch's worth is waiting (one signal, not one per hand-off), or to flush at shutdown,
 //! as the SDK's batch processor does. The queue is bounded by that counter: spans that would
 //! take it past [`QUEUE`] are dropped and counted (`queue_full`), as are the spans of an export
 //! that failed (`export_failed`); the request path never waits for the collector.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -37,7 +40,8 @@ use crate::record::SpanRecord;
 pub const SCOPE: &str = "gateway";
 /// Spans waiting for export at most; past it new spans are dropped (and counted).
 pub const QUEUE: usize = 4096;
-/// Spans per export request.
+/// Spans that make an export request: sent once this many are taken (a thread's spans are
+/// taken whole, so a request may hold more), and a batch's worth waiting wakes the export.
 const BATCH: usize = 512;
 /// A batch that does not fill is sent after this long.
 const DELAY: Duration = Duration::from_millis(1000);
@@ -115,13 +119,14 @@ pub enum Otlp {
 }
 
 impl Otlp {
-    async fn export(&self, batch: &[SpanRecord]) -> OTelSdkResult {
+    /// Exports the spans written in `chunks`.
+    async fn export(&self, chunks: &[Vec<u8>]) -> OTelSdkResult {
         match self {
-            Otlp::Protobuf(e) => e.export(batch).await,
-            Otlp::Http(e) => e.export(span_data(batch)).await,
+            Otlp::Protobuf(e) => e.export(chunks).await,
+            Otlp::Http(e) => e.export(span_data(chunks)?).await,
             Otlp::Grpc { inner, rt } => {
                 let inner = inner.clone();
-                let batch = span_data(batch);
+                let batch = span_data(chunks)?;
                 rt.spawn(async move { inner.export(batch).await })
                     .await
                     .map_err(|e| OTelSdkError::InternalFailure(e.to_string()))?
@@ -152,10 +157,12 @@ impl Otlp {
     }
 }
 
-/// The SDK's form of `batch`, for `opentelemetry-otlp`'s exporters.
-fn span_data(batch: &[SpanRecord]) -> Vec<SpanData> {
+/// The SDK's form of the spans in `chunks`, for `opentelemetry-otlp`'s exporters.
+fn span_data(chunks: &[Vec<u8>]) -> Result<Vec<SpanData>, OTelSdkError> {
     let scope = InstrumentationScope::builder(SCOPE).build();
-    batch.iter().map(|s| s.to_span_data(&scope)).collect()
+    let mut body = Vec::new();
+    crate::wire::export_request(&mut body, &[], "", SCOPE, chunks);
+    crate::convert::span_data(&body, &scope).map_err(OTelSdkError::InternalFailure)
 }
 
 /// `k1=v1,k2=v2` into header pairs. A pair without `=` is an error naming its position, never
@@ -256,32 +263,55 @@ enum Signal {
     Stop(mpsc::SyncSender<()>),
 }
 
+/// The spans one thread has written and the export thread has not yet taken.
+#[derive(Default)]
+struct Written {
+    bytes: Vec<u8>,
+    spans: usize,
+}
+
+/// One thread's written spans. Only its thread and the export thread (once per batch) take
+/// the lock, so it is almost never waited for.
+type Shard = Arc<Mutex<Written>>;
+
+/// Tells queues apart in a thread's shard (tests start more than one).
+static QUEUES: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's shard, and the queue it belongs to.
+    static SHARD: RefCell<Option<(usize, Shard)>> = const { RefCell::new(None) };
+}
+
 /// The request threads' side of the export queue.
 pub struct Queue {
-    /// A request's spans travel together: one hand-off per request, not per span.
-    spans: mpsc::Sender<Vec<SpanRecord>>,
+    id: usize,
+    /// Every thread's shard, for the export thread to take from.
+    shards: Arc<Mutex<Vec<Shard>>>,
     signals: mpsc::Sender<Signal>,
-    /// Spans handed over and not yet taken by the export thread.
+    /// Spans written and not yet taken by the export thread.
     pending: Arc<AtomicUsize>,
     /// A `Batch` signal is on its way and not yet taken.
     signalled: Arc<AtomicBool>,
+    /// The export thread has stopped: nothing will take more spans.
+    stopped: Arc<AtomicBool>,
     full: IntCounter,
 }
 
 impl Queue {
     /// Starts the export thread, which owns `exporter`.
     pub fn start(exporter: Otlp) -> Result<Queue, String> {
-        let (spans, span_rx) = mpsc::channel();
         let (signals, signal_rx) = mpsc::channel();
+        let shards = Arc::new(Mutex::new(Vec::new()));
         let pending = Arc::new(AtomicUsize::new(0));
         let signalled = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::new(AtomicBool::new(false));
         let worker = Worker {
             exporter,
-            spans: span_rx,
+            shards: shards.clone(),
             signals: signal_rx,
             pending: pending.clone(),
             signalled: signalled.clone(),
-            batch: Vec::with_capacity(BATCH),
+            stopped: stopped.clone(),
             failed: gateway_core::metrics::SPANS_DROPPED.with_label_values(&["export_failed"]),
         };
         std::thread::Builder::new()
@@ -289,38 +319,57 @@ impl Queue {
             .spawn(move || worker.run())
             .map_err(|e| format!("telemetry: cannot start the export thread: {e}"))?;
         Ok(Queue {
-            spans,
+            id: QUEUES.fetch_add(1, Ordering::Relaxed),
+            shards,
             signals,
             pending,
             signalled,
+            stopped,
             full: gateway_core::metrics::SPANS_DROPPED.with_label_values(&["queue_full"]),
         })
     }
 
-    /// Hands finished spans to the export thread, or drops (and counts) them when they would
-    /// take the queue past its bound. Never blocks.
-    pub fn submit(&self, spans: Vec<SpanRecord>) {
-        let n = spans.len();
-        if n == 0 {
-            return;
-        }
-        let waiting = self.pending.fetch_add(n, Ordering::AcqRel) + n;
+    /// Writes a finished span into this thread's batch for the export thread, or drops (and
+    /// counts) it when it would take the queue past its bound. Never blocks.
+    pub fn submit(&self, span: &SpanRecord) {
+        let waiting = self.pending.fetch_add(1, Ordering::AcqRel) + 1;
         if waiting > QUEUE {
-            self.pending.fetch_sub(n, Ordering::AcqRel);
-            self.full.inc_by(n as u64);
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            self.full.inc();
             return;
         }
-        if self.spans.send(spans).is_err() {
-            // The export thread has stopped (shutdown): nothing will take them.
-            self.pending.fetch_sub(n, Ordering::AcqRel);
+        if self.stopped.load(Ordering::Acquire) {
+            // The export thread has stopped (shutdown): nothing will take it.
+            self.pending.fetch_sub(1, Ordering::AcqRel);
             return;
         }
+        SHARD.with(|cell| {
+            let mut cell = cell.borrow_mut();
+            if !matches!(&*cell, Some((id, _)) if *id == self.id) {
+                *cell = Some((self.id, self.new_shard()));
+            }
+            if let Some((_, shard)) = cell.as_ref() {
+                if let Ok(mut written) = shard.lock() {
+                    span.encode(&mut written.bytes);
+                    written.spans += 1;
+                }
+            };
+        });
         if waiting >= BATCH
             && !self.signalled.load(Ordering::Relaxed)
             && !self.signalled.swap(true, Ordering::AcqRel)
         {
             let _ = self.signals.send(Signal::Batch);
         }
+    }
+
+    /// A shard for a thread that has none in this queue, listed for the export thread.
+    fn new_shard(&self) -> Shard {
+        let shard = Shard::default();
+        if let Ok(mut all) = self.shards.lock() {
+            all.push(shard.clone());
+        }
+        shard
     }
 
     /// Exports what is waiting and stops the exporter; waits for at most `timeout`.
@@ -333,15 +382,15 @@ impl Queue {
     }
 }
 
-/// The export thread: takes the waiting spans off the queue in batches and exports each.
+/// The export thread: takes the written spans from every thread's shard and exports them in
+/// batches.
 struct Worker {
     exporter: Otlp,
-    spans: mpsc::Receiver<Vec<SpanRecord>>,
+    shards: Arc<Mutex<Vec<Shard>>>,
     signals: mpsc::Receiver<Signal>,
     pending: Arc<AtomicUsize>,
     signalled: Arc<AtomicBool>,
-    /// The batch being filled; kept between exports for its room.
-    batch: Vec<SpanRecord>,
+    stopped: Arc<AtomicBool>,
     failed: IntCounter,
 }
 
@@ -355,6 +404,7 @@ impl Worker {
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => self.drain(),
                 Ok(Signal::Stop(done)) => {
+                    self.stopped.store(true, Ordering::Release);
                     self.drain();
                     if let Err(e) = self.exporter.shutdown(DELAY) {
                         log::debug!("telemetry: exporter not stopped cleanly: {e}");
@@ -363,6 +413,7 @@ impl Worker {
                     return;
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    self.stopped.store(true, Ordering::Release);
                     self.drain();
                     return;
                 }
@@ -370,26 +421,44 @@ impl Worker {
         }
     }
 
-    /// Exports every span waiting, in batches of at most [`BATCH`].
+    /// Exports every span waiting, in batches of about [`BATCH`] (a thread's spans go whole).
     fn drain(&mut self) {
-        while let Ok(spans) = self.spans.try_recv() {
-            self.pending.fetch_sub(spans.len(), Ordering::AcqRel);
-            for span in spans {
-                self.batch.push(span);
-                if self.batch.len() == BATCH {
-                    self.export();
+        let shards: Vec<Shard> = match self.shards.lock() {
+            Ok(mut all) => {
+                // A thread that has ended leaves its shard to this list alone.
+                all.retain(|s| Arc::strong_count(s) > 1 || s.lock().is_ok_and(|w| w.spans > 0));
+                all.clone()
+            }
+            Err(_) => return,
+        };
+        let mut chunks = Vec::new();
+        let mut spans = 0;
+        for shard in shards {
+            let taken = match shard.lock() {
+                Ok(mut w) if w.spans > 0 => {
+                    let room = w.bytes.len();
+                    let bytes = std::mem::replace(&mut w.bytes, Vec::with_capacity(room));
+                    let n = std::mem::take(&mut w.spans);
+                    Written { bytes, spans: n }
                 }
+                _ => continue,
+            };
+            self.pending.fetch_sub(taken.spans, Ordering::AcqRel);
+            spans += taken.spans;
+            chunks.push(taken.bytes);
+            if spans >= BATCH {
+                self.export(&chunks, spans);
+                chunks.clear();
+                spans = 0;
             }
         }
-        if !self.batch.is_empty() {
-            self.export();
+        if spans > 0 {
+            self.export(&chunks, spans);
         }
     }
 
-    fn export(&mut self) {
-        let n = self.batch.len();
-        let result = futures::executor::block_on(self.exporter.export(&self.batch));
-        self.batch.clear();
+    fn export(&mut self, chunks: &[Vec<u8>], n: usize) {
+        let result = futures::executor::block_on(self.exporter.export(chunks));
         if let Err(e) = result {
             self.failed.inc_by(n as u64);
             log::debug!("telemetry: {n} spans not exported: {e}");
@@ -414,8 +483,8 @@ mod tests {
     }
 
     /// A collector that takes the connection and never answers holds the export thread in its
-    /// first export (for the export's ten-second deadline): the spans handed over meanwhile
-    /// beyond the queue's bound are dropped at once and counted, and handing over never waits.
+    /// first export (for the export's ten-second deadline): the spans written meanwhile beyond
+    /// the queue's bound are dropped at once and counted, and writing them never waits.
     #[test]
     fn a_full_queue_drops_and_counts_without_blocking() {
         use crate::record::{child, new_trace_id, SpanRecord};
@@ -434,16 +503,16 @@ mod tests {
             "POST",
             SpanKind::Server,
             std::time::SystemTime::now(),
-            0,
         );
         let handed = 3 * QUEUE;
         for _ in 0..handed {
-            queue.submit(vec![span.clone()]);
+            queue.submit(&span);
         }
         let dropped = (full.get() - before) as usize;
-        // Taken by the export thread before it blocked: at most one batch.
+        // Taken by the export thread before it blocked: what the thread's shard held when it
+        // was signalled, never more than the queue's bound.
         assert!(
-            dropped >= handed - QUEUE - BATCH && dropped <= handed - QUEUE,
+            dropped >= handed - 2 * QUEUE && dropped <= handed - QUEUE,
             "{dropped} of {handed} dropped"
         );
         assert!(queue.pending.load(Ordering::Acquire) <= QUEUE);

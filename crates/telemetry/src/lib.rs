@@ -3,14 +3,15 @@
 //! into HTTP headers.
 //!
 //! Off (no `otlp_endpoint`), nothing is built: [`get`] is `None` and callers skip every span,
-//! so the request path pays one branch. On, a request's spans are plain [`SpanRecord`]s handed
-//! to the export queue together when it ends ([`Telemetry::submit`]); one thread exports them
-//! over OTLP (HTTP or gRPC) in batches, and the request path never waits for the collector. The
+//! so the request path pays one branch. On, a span is a [`SpanRecord`] written into its
+//! thread's batch when it ends ([`Telemetry::submit`]); one thread exports the batches over
+//! OTLP (HTTP or gRPC), and the request path never waits for the collector. The
 //! queue is bounded ([`export`]): spans that find it full, or whose export fails, are dropped
 //! and counted in `gateway_telemetry_spans_dropped_total`.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod convert;
 pub mod export;
 pub mod protobuf;
 pub mod record;
@@ -120,10 +121,10 @@ impl Telemetry {
         }
     }
 
-    /// Hands finished spans (a request's, together) to the export thread; never blocks: they
-    /// are dropped and counted when the queue is full.
-    pub fn submit(&self, spans: Vec<SpanRecord>) {
-        self.queue.submit(spans);
+    /// Writes a finished span into this thread's batch for the export thread; never blocks:
+    /// it is dropped and counted when the queue is full.
+    pub fn submit(&self, span: &SpanRecord) {
+        self.queue.submit(span);
     }
 
     /// The `traceparent` (and `tracestate`, when there is one) that make `span` the parent of
@@ -149,10 +150,19 @@ impl Telemetry {
 }
 
 /// A trace id as the 32 lowercase hex digits of `traceparent` and the access line.
-pub fn trace_id_hex(span: &SpanContext) -> String {
-    let mut s = String::with_capacity(32);
-    push_hex(&mut s, &span.trace_id().to_bytes());
-    s
+#[derive(Debug, Clone, Copy)]
+pub struct TraceIdHex([u8; 32]);
+
+impl TraceIdHex {
+    pub fn of(span: &SpanContext) -> Self {
+        let mut digits = [b'0'; 32];
+        let _ = hex::encode_to_slice(span.trace_id().to_bytes(), &mut digits);
+        TraceIdHex(digits)
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
 }
 
 /// The `tracestate` header of `state`; `None` when it has no entries (most spans: the state is

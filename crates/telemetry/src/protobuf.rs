@@ -8,7 +8,6 @@
 //! being asked again too early. A collector that accepts only part of a batch says how many
 //! spans it rejected, and those are counted as failed exports.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,7 +17,6 @@ use opentelemetry_sdk::Resource;
 use prost::Message;
 
 use crate::export::{EXPORT_TIMEOUT, SCOPE};
-use crate::record::SpanRecord;
 use crate::wire;
 
 /// A collector that does not take the connection in this long counts as unreachable.
@@ -27,9 +25,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const RETRIES: u32 = 3;
 /// The pause before the first retry; each later one doubles it.
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
-/// The most room kept per span in a new body: an odd long span does not make every later body
-/// large.
-const SPAN_ROOM: usize = 2048;
 /// The longest `Retry-After` waited for; a collector asking for more gets the batch dropped.
 const LONGEST_PAUSE: Duration = Duration::from_secs(5);
 
@@ -42,9 +37,6 @@ pub struct Protobuf {
     /// The process's `Resource` message, written once.
     resource: Vec<u8>,
     schema_url: String,
-    /// The most bytes a span has taken in a body (at most [`SPAN_ROOM`]): each body starts
-    /// with room for its spans at that size, so that it is not grown while written.
-    span_len: AtomicUsize,
     rejected: prometheus::IntCounter,
 }
 
@@ -78,7 +70,6 @@ impl Protobuf {
             headers,
             resource: wire::resource(&Resource::builder_empty().build()),
             schema_url: String::new(),
-            span_len: AtomicUsize::new(0),
             rejected: gateway_core::metrics::SPANS_DROPPED.with_label_values(&["export_failed"]),
         })
     }
@@ -88,14 +79,11 @@ impl Protobuf {
         self.schema_url = resource.schema_url().unwrap_or_default().to_owned();
     }
 
-    pub async fn export(&self, batch: &[SpanRecord]) -> OTelSdkResult {
-        let span_len = self.span_len.load(Ordering::Relaxed);
-        let mut body = Vec::with_capacity(self.resource.len() + 64 + batch.len() * span_len);
-        wire::export_request(&mut body, &self.resource, &self.schema_url, SCOPE, batch);
-        if let Some(per_span) = body.len().checked_div(batch.len()) {
-            self.span_len
-                .fetch_max(per_span.min(SPAN_ROOM), Ordering::Relaxed);
-        }
+    /// Exports the spans written in `chunks`.
+    pub async fn export(&self, chunks: &[Vec<u8>]) -> OTelSdkResult {
+        let written: usize = chunks.iter().map(Vec::len).sum();
+        let mut body = Vec::with_capacity(self.resource.len() + 64 + written);
+        wire::export_request(&mut body, &self.resource, &self.schema_url, SCOPE, chunks);
         let body = Bytes::from(body);
         let client = self.client.clone();
         let url = self.endpoint.clone();

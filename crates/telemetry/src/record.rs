@@ -1,108 +1,69 @@
-//! A finished span as plain data: what the request threads hand to the export thread.
+//! A span as the request threads record it: ids, times and name as plain data, its attributes
+//! and events written in their OTLP wire form as they are set ([`crate::wire`]).
 //!
-//! A request's spans are filled in as it goes (ids, times, static names, the few ids and
-//! names it owns) and handed over whole when each ends; the export thread writes the wire
-//! format from them ([`crate::wire`]). Building them through the SDK's tracer instead (its
-//! span builder, the sampler behind a trait object, a span wrapping its data and its tracer,
-//! an owned `KeyValue` per attribute, one queue hand-off per span to the batch processor) put
-//! most of what tracing costs on the request threads, and the export thread then spent as much
-//! again taking the SDK's spans apart. The SDK's types are still what the OTLP exporters of
-//! `opentelemetry-otlp` take: [`SpanRecord::to_span_data`] converts a record for the JSON and
-//! gRPC exports, and the tests hold the protobuf written here to the library's own conversion
-//! of that.
+//! Building spans through the SDK's tracer (its span builder, the sampler behind a trait
+//! object, an owned `KeyValue` per attribute, a queue hand-off per span) and then taking them
+//! apart again for the wire put most of what tracing costs on the request threads. Here an
+//! attribute costs its bytes, a span ends by being written into its thread's batch
+//! ([`crate::export`]), and nothing per attribute is allocated, handed to another thread or
+//! freed there. The JSON and gRPC exports read the same bytes back
+//! ([`crate::convert`]); the tests hold the bytes to `opentelemetry-proto`'s own conversion of
+//! the SDK's form of the same spans.
 
 use std::borrow::Cow;
 use std::time::SystemTime;
 
-use opentelemetry::trace::{
-    Event, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
-};
-use opentelemetry::{Array, InstrumentationScope, KeyValue, StringValue, Value};
-use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
+use opentelemetry::trace::{SpanContext, SpanId, SpanKind, TraceFlags, TraceId, TraceState};
 
-/// An attribute's value, in the shapes the gateway records.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Attr {
-    Static(&'static str),
-    Text(String),
-    /// Text copied into the span's own buffer ([`SpanRecord::set_str`]): the bytes from `.0` to `.1` of
-    /// [`SpanRecord::text`].
-    Held(u32, u32),
+use rand::rngs::SmallRng;
+use rand::{RngCore, SeedableRng};
+
+use crate::wire;
+
+/// An attribute's value, in the shapes the gateway records; borrowed, as it is written into
+/// the span's wire form when it is set.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Attr<'a> {
+    Str(&'a str),
     Int(i64),
     Bool(bool),
-    Texts(Vec<String>),
+    Strs(&'a [String]),
 }
 
-impl From<&'static str> for Attr {
-    fn from(s: &'static str) -> Self {
-        Attr::Static(s)
+impl<'a> From<&'a str> for Attr<'a> {
+    fn from(s: &'a str) -> Self {
+        Attr::Str(s)
     }
 }
 
-impl From<String> for Attr {
-    fn from(s: String) -> Self {
-        Attr::Text(s)
+impl<'a> From<&'a String> for Attr<'a> {
+    fn from(s: &'a String) -> Self {
+        Attr::Str(s)
     }
 }
 
-impl From<i64> for Attr {
+impl From<i64> for Attr<'_> {
     fn from(i: i64) -> Self {
         Attr::Int(i)
     }
 }
 
-impl From<bool> for Attr {
+impl From<bool> for Attr<'_> {
     fn from(b: bool) -> Self {
         Attr::Bool(b)
     }
 }
 
-impl From<Vec<String>> for Attr {
-    fn from(v: Vec<String>) -> Self {
-        Attr::Texts(v)
+impl<'a> From<&'a [String]> for Attr<'a> {
+    fn from(v: &'a [String]) -> Self {
+        Attr::Strs(v)
     }
 }
 
-impl Attr {
-    /// The SDK's value for the same attribute of a span whose buffer is `held`.
-    pub fn to_value(&self, held: &str) -> Value {
-        match self {
-            Attr::Static(s) => Value::from(*s),
-            Attr::Text(s) => Value::from(s.clone()),
-            Attr::Held(..) => Value::from(self.held_text(held).to_owned()),
-            Attr::Int(i) => Value::I64(*i),
-            Attr::Bool(b) => Value::Bool(*b),
-            Attr::Texts(v) => Value::Array(Array::String(
-                v.iter().cloned().map(StringValue::from).collect(),
-            )),
-        }
-    }
+/// The room a span's attributes start with: a server span's fit.
+const ATTRIBUTE_ROOM: usize = 1024;
 
-    /// The text of a `Held` value in the span's buffer `held` (empty for any other value, and
-    /// for a range the buffer does not hold).
-    pub fn held_text<'a>(&self, held: &'a str) -> &'a str {
-        match self {
-            Attr::Held(from, to) => held.get(*from as usize..*to as usize).unwrap_or_default(),
-            _ => "",
-        }
-    }
-}
-
-/// Attributes in the order they were set; keys are the semantic conventions' names.
-pub type Attrs = Vec<(&'static str, Attr)>;
-
-/// The room a span's text buffer starts with: a server span's ids and names fit.
-const TEXT_ROOM: usize = 192;
-
-/// A moment in a span (the first byte, the reservation).
-#[derive(Debug, Clone, PartialEq)]
-pub struct EventRecord {
-    pub name: &'static str,
-    pub at: SystemTime,
-    pub attributes: Attrs,
-}
-
-/// One finished, sampled span.
+/// One sampled span, its attributes and events already in their wire form.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpanRecord {
     /// The span's own context: its trace id, span id and the trace's `tracestate`.
@@ -115,25 +76,23 @@ pub struct SpanRecord {
     pub kind: SpanKind,
     pub start: SystemTime,
     pub end: SystemTime,
-    pub attributes: Attrs,
-    /// The text of the attributes set with [`SpanRecord::set_str`], one after another: one
-    /// allocation for all of a span's ids and names, and one to free on the export thread.
-    pub text: String,
-    pub events: Vec<EventRecord>,
+    /// The attributes set so far, as the span's `KeyValue` fields: written when set, so that
+    /// nothing is kept per attribute and nothing is left to convert when the span ends.
+    pub(crate) attributes: Vec<u8>,
+    /// The events so far, as the span's `Event` fields.
+    pub(crate) events: Vec<u8>,
     /// The status's description when the span failed (`Status::Error`); unset otherwise.
     pub error: Option<Cow<'static, str>>,
 }
 
 impl SpanRecord {
-    /// A span started at `start` under `parent` (a root when `parent` is `None`), with room for
-    /// `attributes` attributes so that setting them does not grow the list.
+    /// A span started at `start` under `parent` (a root when `parent` is `None`).
     pub fn start(
         context: SpanContext,
         parent: Option<(&SpanContext, bool)>,
         name: impl Into<Cow<'static, str>>,
         kind: SpanKind,
         start: SystemTime,
-        attributes: usize,
     ) -> Self {
         let (parent_span_id, parent_is_remote) = parent
             .map_or((SpanId::INVALID, false), |(p, remote)| {
@@ -147,76 +106,31 @@ impl SpanRecord {
             kind,
             start,
             end: start,
-            attributes: Vec::with_capacity(attributes),
-            text: String::new(),
+            attributes: Vec::new(),
             events: Vec::new(),
             error: None,
         }
     }
 
-    pub fn set(&mut self, key: &'static str, value: impl Into<Attr>) {
-        self.attributes.push((key, value.into()));
+    pub fn set<'a>(&mut self, key: &str, value: impl Into<Attr<'a>>) {
+        if self.attributes.capacity() == 0 {
+            self.attributes.reserve(ATTRIBUTE_ROOM);
+        }
+        wire::attribute(
+            &mut self.attributes,
+            wire::SPAN_ATTRIBUTE,
+            key,
+            value.into(),
+        );
     }
 
-    /// Sets a text attribute by copying `value` into the span's buffer, where an owned
-    /// `String` per value would be one allocation each, freed on another thread.
-    pub fn set_str(&mut self, key: &'static str, value: &str) {
-        if self.text.capacity() == 0 {
-            self.text.reserve(TEXT_ROOM.max(value.len()));
-        }
-        let from = self.text.len();
-        self.text.push_str(value);
-        match (u32::try_from(from), u32::try_from(self.text.len())) {
-            (Ok(from), Ok(to)) => self.attributes.push((key, Attr::Held(from, to))),
-            // Past 4 GiB of attribute text: kept as a value of its own.
-            _ => {
-                self.text.truncate(from);
-                self.attributes.push((key, Attr::Text(value.to_owned())));
-            }
-        }
+    pub fn event(&mut self, name: &str, at: SystemTime, attributes: &[(&str, Attr<'_>)]) {
+        wire::event(&mut self.events, name, at, attributes);
     }
 
-    pub fn event(&mut self, name: &'static str, at: SystemTime, attributes: Attrs) {
-        self.events.push(EventRecord {
-            name,
-            at,
-            attributes,
-        });
-    }
-
-    /// The same span as the SDK's export data, under `scope`: what `opentelemetry-otlp`'s
-    /// exporters take.
-    pub fn to_span_data(&self, scope: &InstrumentationScope) -> SpanData {
-        let kvs = |attrs: &Attrs| -> Vec<KeyValue> {
-            attrs
-                .iter()
-                .map(|(k, v)| KeyValue::new(*k, v.to_value(&self.text)))
-                .collect()
-        };
-        let mut events = SpanEvents::default();
-        events.events = self
-            .events
-            .iter()
-            .map(|e| Event::new(e.name, e.at, kvs(&e.attributes), 0))
-            .collect();
-        SpanData {
-            span_context: self.context.clone(),
-            parent_span_id: self.parent_span_id,
-            parent_span_is_remote: self.parent_is_remote,
-            span_kind: self.kind.clone(),
-            name: self.name.clone(),
-            start_time: self.start,
-            end_time: self.end,
-            attributes: kvs(&self.attributes),
-            dropped_attributes_count: 0,
-            events,
-            links: SpanLinks::default(),
-            status: match &self.error {
-                Some(description) => Status::error(description.clone()),
-                None => Status::Unset,
-            },
-            instrumentation_scope: scope.clone(),
-        }
+    /// Writes the span as one `spans` field of a `ScopeSpans` message.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        wire::span(out, self);
     }
 }
 
@@ -231,10 +145,21 @@ pub fn child(trace_id: TraceId, sampled: bool, state: &TraceState) -> SpanContex
     SpanContext::new(trace_id, new_span_id(), flags, false, state.clone())
 }
 
+thread_local! {
+    /// Ids need to be unpredictable enough not to collide, not secret: a fast generator seeded
+    /// from the OS once per thread, where the thread's ChaCha generator costs several times as
+    /// much per id.
+    static IDS: std::cell::RefCell<SmallRng> = std::cell::RefCell::new(SmallRng::from_os_rng());
+}
+
+fn random_u64() -> u64 {
+    IDS.with(|rng| rng.borrow_mut().next_u64())
+}
+
 /// A random trace id (never the invalid all-zero one).
 pub fn new_trace_id() -> TraceId {
     loop {
-        let id = rand::random::<u128>();
+        let id = u128::from(random_u64()) << 64 | u128::from(random_u64());
         if id != 0 {
             return TraceId::from(id);
         }
@@ -244,7 +169,7 @@ pub fn new_trace_id() -> TraceId {
 /// A random span id (never the invalid all-zero one).
 pub fn new_span_id() -> SpanId {
     loop {
-        let id = rand::random::<u64>();
+        let id = random_u64();
         if id != 0 {
             return SpanId::from(id);
         }

@@ -13,6 +13,10 @@ pub fn sampled(ratio: f64, parent: Option<&SpanContext>, trace_id: TraceId) -> b
     if let Some(parent) = parent.filter(|p| p.is_valid()) {
         return parent.is_sampled();
     }
+    // The ratio rule's own ends, without building its answer.
+    if ratio >= 1.0 {
+        return true;
+    }
     let result = Sampler::TraceIdRatioBased(ratio).should_sample(
         None,
         trace_id,

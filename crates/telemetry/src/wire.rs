@@ -1,5 +1,6 @@
-//! A batch of finished spans as the body of an OTLP/HTTP protobuf export request
-//! (`ExportTraceServiceRequest`), written in one pass from the gateway's [`SpanRecord`]s.
+//! Spans in the OTLP protobuf wire form: an attribute or event when it is set ([`attribute`],
+//! [`event`]), a span when it ends ([`span`]), and the body of an OTLP/HTTP export request
+//! (`ExportTraceServiceRequest`) around a batch of them ([`export_request`]).
 //!
 //! `opentelemetry-otlp` gets there by copying every span into `opentelemetry-proto`'s message
 //! structs (each attribute key and string value becomes a new `String`) and letting prost encode
@@ -13,7 +14,7 @@
 //! price. The result decodes to exactly what the library's own conversion of the same spans
 //! produces, which the tests check field by field through `opentelemetry-proto`.
 
-use opentelemetry::trace::{SpanKind, TraceState};
+use opentelemetry::trace::SpanKind;
 use opentelemetry::{Array, Value};
 use opentelemetry_sdk::Resource;
 use prost::encoding::{encode_varint, encoded_len_varint, WireType};
@@ -27,7 +28,7 @@ const LEN_ROOM: usize = 5;
 /// `SpanFlags`: the span's parent is known to be local or remote (OTLP 1.3).
 const HAS_IS_REMOTE: u32 = 0x100;
 /// `SpanFlags`: the span's parent is remote.
-const IS_REMOTE: u32 = 0x200;
+pub(crate) const IS_REMOTE: u32 = 0x200;
 
 /// The `Resource` message of the process, written once when the exporter learns it.
 pub fn resource(resource: &Resource) -> Vec<u8> {
@@ -38,25 +39,29 @@ pub fn resource(resource: &Resource) -> Vec<u8> {
     out
 }
 
-/// The export request for `spans`, under the resource written by [`resource`] and its schema
-/// URL, all in the instrumentation scope named `scope`.
+/// Field number of a `Span`'s attributes.
+pub(crate) const SPAN_ATTRIBUTE: u32 = 9;
+
+/// The export request for the spans written in `chunks` (each a run of `spans` fields, as
+/// [`span`] writes them), under the resource written by [`resource`] and its schema URL, all
+/// in the instrumentation scope named `scope`.
 pub fn export_request(
     out: &mut Vec<u8>,
     resource: &[u8],
     schema_url: &str,
     scope: &str,
-    spans: &[SpanRecord],
+    chunks: &[Vec<u8>],
 ) {
     out.clear();
     let resource_spans = open(out, 1);
     bytes_field(out, 1, resource, true);
-    if !spans.is_empty() {
+    if chunks.iter().any(|c| !c.is_empty()) {
         let scope_spans = open(out, 2);
         let head = open(out, 1);
         string(out, 1, scope);
         close(out, head);
-        for span in spans {
-            span_message(out, span);
+        for chunk in chunks {
+            out.extend_from_slice(chunk);
         }
         close_in_place(out, scope_spans);
     }
@@ -64,53 +69,92 @@ pub fn export_request(
     close_in_place(out, resource_spans);
 }
 
-fn span_message(out: &mut Vec<u8>, span: &SpanRecord) {
-    let msg = open(out, 2);
+/// `span` as one `spans` field (2) of a `ScopeSpans` message, its length summed first so that
+/// nothing is moved once written.
+pub(crate) fn span(out: &mut Vec<u8>, span: &SpanRecord) {
     let cx = &span.context;
-    bytes_field(out, 1, &cx.trace_id().to_bytes(), false);
-    bytes_field(out, 2, &cx.span_id().to_bytes(), false);
-    trace_state(out, 3, cx.trace_state());
-    if span.parent_span_id != opentelemetry::trace::SpanId::INVALID {
-        bytes_field(out, 4, &span.parent_span_id.to_bytes(), false);
-    }
-    string(out, 5, &span.name);
-    uint(out, 6, kind(&span.kind));
-    fixed64(out, 7, nanos(span.start));
-    fixed64(out, 8, nanos(span.end));
-    for (k, v) in &span.attributes {
-        attribute(out, 9, k, v, &span.text);
-    }
-    for event in &span.events {
-        let e = open(out, 11);
-        fixed64(out, 1, nanos(event.at));
-        string(out, 2, event.name);
-        for (k, v) in &event.attributes {
-            attribute(out, 3, k, v, &span.text);
-        }
-        close(out, e);
-    }
+    let state = crate::tracestate(cx.trace_state());
+    let state = state.as_deref().unwrap_or_default();
+    let has_parent = span.parent_span_id != opentelemetry::trace::SpanId::INVALID;
+    let kind = kind(&span.kind);
     let (code, message) = match &span.error {
         None => (0, ""),
         Some(description) => (2, description.as_ref()),
     };
     let status_len = string_len(2, message) + uint_len(3, code);
+    let (start, end) = (nanos(span.start), nanos(span.end));
+    let len = 18
+        + 10
+        + string_len(3, state)
+        + if has_parent { 10 } else { 0 }
+        + string_len(5, &span.name)
+        + uint_len(6, kind)
+        + fixed64_len(start)
+        + fixed64_len(end)
+        + span.attributes.len()
+        + span.events.len()
+        + 1
+        + encoded_len_varint(status_len as u64)
+        + status_len
+        // The flags: field 16's key takes two bytes.
+        + 6;
+    out.reserve(len + 1 + LEN_ROOM);
+    field_key(out, 2, WireType::LengthDelimited);
+    varint(out, len as u64);
+    let from = out.len();
+    bytes_field(out, 1, &cx.trace_id().to_bytes(), false);
+    bytes_field(out, 2, &cx.span_id().to_bytes(), false);
+    string(out, 3, state);
+    if has_parent {
+        bytes_field(out, 4, &span.parent_span_id.to_bytes(), false);
+    }
+    string(out, 5, &span.name);
+    uint(out, 6, kind);
+    fixed64(out, 7, start);
+    fixed64(out, 8, end);
+    out.extend_from_slice(&span.attributes);
+    out.extend_from_slice(&span.events);
     field_key(out, 15, WireType::LengthDelimited);
     varint(out, status_len as u64);
     string(out, 2, message);
     uint(out, 3, code);
+    // Never zero: `HAS_IS_REMOTE` is always set.
     fixed32(
         out,
         16,
         flags(span.parent_is_remote, u32::from(cx.trace_flags().to_u8())),
     );
-    close(out, msg);
+    debug_assert_eq!(out.len() - from, len, "a span's length summed wrong");
 }
 
-/// A span's `tracestate`, when it has one.
-fn trace_state(out: &mut Vec<u8>, tag: u32, state: &TraceState) {
-    if let Some(header) = crate::tracestate(state) {
-        string(out, tag, &header);
+fn fixed64_len(v: u64) -> usize {
+    if v == 0 {
+        0
+    } else {
+        9
     }
+}
+
+/// Room a span's events start with: a server span's fit.
+const EVENT_ROOM: usize = 256;
+
+/// An `Event` (field 11 of a `Span`) named `name` at `at`.
+pub(crate) fn event(
+    out: &mut Vec<u8>,
+    name: &str,
+    at: SystemTime,
+    attributes: &[(&str, Attr<'_>)],
+) {
+    if out.capacity() == 0 {
+        out.reserve(EVENT_ROOM);
+    }
+    let e = open(out, 11);
+    fixed64(out, 1, nanos(at));
+    string(out, 2, name);
+    for (k, v) in attributes {
+        attribute(out, 3, k, *v);
+    }
+    close(out, e);
 }
 
 fn kind(kind: &SpanKind) -> u64 {
@@ -261,40 +305,36 @@ fn key_value_head(out: &mut Vec<u8>, tag: u32, key: &str, value_len: usize) {
 }
 
 /// A `KeyValue` message holding one of the gateway's attributes, as field `tag`: the same
-/// bytes [`key_value`] writes for the SDK's value of it. `held` is the span's text buffer.
-fn attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: &Attr, held: &str) {
+/// bytes [`key_value`] writes for the SDK's value of it.
+pub(crate) fn attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: Attr<'_>) {
     match value {
-        Attr::Static(s) => text_attribute(out, tag, key, s),
-        Attr::Text(s) => text_attribute(out, tag, key, s),
-        Attr::Held(..) => text_attribute(out, tag, key, value.held_text(held)),
-        _ => attribute_other(out, tag, key, value),
+        Attr::Str(s) => text_attribute(out, tag, key, s),
+        other => attribute_other(out, tag, key, other),
     }
 }
 
 /// A `KeyValue` holding a string, most of a span's attributes. Where every length fits one
-/// varint byte (keys and values under 128 bytes, as ids and names are) its head is six bytes
-/// known at once, written with the key in one piece.
+/// varint byte (keys and values under 128 bytes, as ids and names are) its head is eight bytes
+/// known at once, written around the key in two pieces.
 fn text_attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: &str) {
     // AnyValue { string_value = 1 } holding `value`; KeyValue { key = 1, value = 2 }.
     let any_len = 1 + encoded_len_varint(value.len() as u64) + value.len();
     let kv_len = 2 + key.len() + 1 + encoded_len_varint(any_len as u64) + any_len;
     if tag < 16 && kv_len < 0x80 && !key.is_empty() {
-        let mut head = [0u8; 4 + 128 + 4];
-        head[0] = (tag << 3 | WireType::LengthDelimited as u32) as u8;
-        head[1] = kv_len as u8;
-        head[2] = 1 << 3 | WireType::LengthDelimited as u8;
-        head[3] = key.len() as u8;
-        head[4..4 + key.len()].copy_from_slice(key.as_bytes());
-        let mut n = 4 + key.len();
-        head[n..n + 4].copy_from_slice(&[
+        out.reserve(2 + kv_len);
+        out.extend_from_slice(&[
+            (tag << 3 | WireType::LengthDelimited as u32) as u8,
+            kv_len as u8,
+            1 << 3 | WireType::LengthDelimited as u8,
+            key.len() as u8,
+        ]);
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(&[
             2 << 3 | WireType::LengthDelimited as u8,
             any_len as u8,
             1 << 3 | WireType::LengthDelimited as u8,
             value.len() as u8,
         ]);
-        n += 4;
-        out.reserve(n + value.len());
-        out.extend_from_slice(&head[..n]);
         out.extend_from_slice(value.as_bytes());
         return;
     }
@@ -302,20 +342,51 @@ fn text_attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: &str) {
     bytes_field(out, 1, value.as_bytes(), true);
 }
 
+/// A `KeyValue` holding an integer, written in one piece where its key is short (as the
+/// gateway's are); `false` when it was not written.
+fn int_attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: i64) -> bool {
+    let digits = encoded_len_varint(value as u64);
+    let any_len = 1 + digits;
+    let kv_len = 2 + key.len() + 2 + any_len;
+    if tag >= 16 || kv_len >= 0x80 || key.is_empty() {
+        return false;
+    }
+    out.reserve(2 + kv_len);
+    out.extend_from_slice(&[
+        (tag << 3 | WireType::LengthDelimited as u32) as u8,
+        kv_len as u8,
+        1 << 3 | WireType::LengthDelimited as u8,
+        key.len() as u8,
+    ]);
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(&[
+        2 << 3 | WireType::LengthDelimited as u8,
+        any_len as u8,
+        3 << 3 | WireType::Varint as u8,
+    ]);
+    encode_varint(value as u64, out);
+    true
+}
+
 /// A `KeyValue` holding a number, a flag or a list of strings.
-fn attribute_other(out: &mut Vec<u8>, tag: u32, key: &str, value: &Attr) {
+fn attribute_other(out: &mut Vec<u8>, tag: u32, key: &str, value: Attr<'_>) {
+    if let Attr::Int(i) = value {
+        if int_attribute(out, tag, key, i) {
+            return;
+        }
+    }
     key_value_head(out, tag, key, attr_len(value));
     match value {
-        Attr::Static(_) | Attr::Text(_) | Attr::Held(..) => {}
+        Attr::Str(s) => bytes_field(out, 1, s.as_bytes(), true),
         Attr::Int(i) => {
             field_key(out, 3, WireType::Varint);
-            varint(out, *i as u64);
+            varint(out, i as u64);
         }
         Attr::Bool(b) => {
             field_key(out, 2, WireType::Varint);
-            varint(out, u64::from(*b));
+            varint(out, u64::from(b));
         }
-        Attr::Texts(v) => {
+        Attr::Strs(v) => {
             field_key(out, 5, WireType::LengthDelimited);
             varint(out, texts_len(v) as u64);
             for s in v {
@@ -328,13 +399,12 @@ fn attribute_other(out: &mut Vec<u8>, tag: u32, key: &str, value: &Attr) {
 }
 
 /// The length of the `AnyValue` holding `value`.
-fn attr_len(value: &Attr) -> usize {
+fn attr_len(value: Attr<'_>) -> usize {
     match value {
-        // Written by `text_attribute`, which sizes them itself.
-        Attr::Static(_) | Attr::Text(_) | Attr::Held(..) => 0,
-        Attr::Int(i) => 1 + encoded_len_varint(*i as u64),
+        Attr::Str(s) => one_string_len(s),
+        Attr::Int(i) => 1 + encoded_len_varint(i as u64),
         Attr::Bool(_) => 2,
-        Attr::Texts(v) => {
+        Attr::Strs(v) => {
             let len = texts_len(v);
             1 + encoded_len_varint(len as u64) + len
         }
@@ -442,12 +512,15 @@ fn array_items(out: &mut Vec<u8>, array: &Array) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{Attrs, SpanRecord};
-    use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId};
-    use opentelemetry::{InstrumentationScope, KeyValue};
+    use crate::record::SpanRecord;
+    use opentelemetry::trace::{
+        Event, SpanContext, SpanId, Status, TraceFlags, TraceId, TraceState,
+    };
+    use opentelemetry::{InstrumentationScope, KeyValue, StringValue};
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
     use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
+    use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
     use prost::Message;
     use std::borrow::Cow;
     use std::time::Duration;
@@ -468,43 +541,94 @@ mod tests {
         )
     }
 
+    /// An attribute in the test's own terms, set on a record and given to the SDK alike.
+    #[derive(Clone)]
+    enum V {
+        S(String),
+        I(i64),
+        B(bool),
+        L(Vec<String>),
+    }
+
+    impl V {
+        fn attr(&self) -> Attr<'_> {
+            match self {
+                V::S(s) => Attr::Str(s),
+                V::I(i) => Attr::Int(*i),
+                V::B(b) => Attr::Bool(*b),
+                V::L(v) => Attr::Strs(v),
+            }
+        }
+
+        fn value(&self) -> Value {
+            match self {
+                V::S(s) => Value::from(s.clone()),
+                V::I(i) => Value::I64(*i),
+                V::B(b) => Value::Bool(*b),
+                V::L(v) => Value::Array(Array::String(
+                    v.iter().cloned().map(StringValue::from).collect(),
+                )),
+            }
+        }
+    }
+
+    const LONG_KEY: &str =
+        "long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.k";
+
     /// Every kind of value an attribute can hold, defaults (which proto3 would leave out of
-    /// a plain field) and long strings (lengths past one varint byte) among them.
-    fn attributes() -> Attrs {
+    /// a plain field), long strings (lengths past one varint byte) and a key too long for the
+    /// one-piece head among them.
+    fn attributes() -> Vec<(String, V)> {
+        let s = |v: &str| V::S(v.to_owned());
         vec![
-            ("gen_ai.request.model", Attr::Static("gpt-4o-mini")),
-            ("owned", Attr::Text("mock-gpt".into())),
-            ("empty", Attr::Static("")),
-            ("long", Attr::Text("x".repeat(300))),
-            ("gen_ai.usage.input_tokens", Attr::Int(1234)),
-            ("zero", Attr::Int(0)),
-            ("negative", Attr::Int(-7)),
-            ("yes", Attr::Bool(true)),
-            ("no", Attr::Bool(false)),
+            ("gen_ai.request.model".into(), s("gpt-4o-mini")),
+            ("empty".into(), s("")),
+            ("long".into(), V::S("x".repeat(300))),
+            ("gateway.request_id".into(), s("req_0123456789abcdef")),
+            ("gen_ai.usage.input_tokens".into(), V::I(1234)),
+            ("zero".into(), V::I(0)),
+            ("negative".into(), V::I(-7)),
+            ("big".into(), V::I(i64::MAX)),
+            ("yes".into(), V::B(true)),
+            ("no".into(), V::B(false)),
             (
-                "gen_ai.response.finish_reasons",
-                Attr::Texts(vec!["stop".into(), String::new()]),
+                "gen_ai.response.finish_reasons".into(),
+                V::L(vec!["stop".into(), String::new()]),
             ),
-            ("none", Attr::Texts(vec![])),
+            ("none".into(), V::L(vec![])),
+            (LONG_KEY.into(), s("v")),
+            (LONG_KEY.into(), V::I(3)),
         ]
     }
 
-    fn span(n: u64) -> SpanRecord {
+    /// An event: its name, when, and its attributes.
+    type EventSpec = (&'static str, SystemTime, Vec<(String, V)>);
+
+    /// One span, as the test describes it.
+    struct Spec {
+        context: SpanContext,
+        parent: Option<(SpanContext, bool)>,
+        name: Cow<'static, str>,
+        kind: SpanKind,
+        start: SystemTime,
+        end: SystemTime,
+        attributes: Vec<(String, V)>,
+        events: Vec<EventSpec>,
+        error: Option<Cow<'static, str>>,
+    }
+
+    fn spec(n: u64) -> Spec {
         let start = UNIX_EPOCH + Duration::from_nanos(1_700_000_000_123_456_789 + n);
-        let parent = context(0x0af7651916cd43dd8448eb211c80319c, 99, "");
-        let mut span = SpanRecord::start(
-            context(
-                0x0af7651916cd43dd8448eb211c80319c,
-                n + 1,
-                if n == 0 { "a=1,b=2" } else { "" },
-            ),
-            (n > 0).then_some((&parent, n == 3)),
-            if n == 2 {
+        let trace = 0x0af7651916cd43dd8448eb211c80319c;
+        Spec {
+            context: context(trace, n + 1, if n == 0 { "a=1,b=2" } else { "" }),
+            parent: (n > 0).then(|| (context(trace, 99, ""), n == 3)),
+            name: if n == 2 {
                 Cow::Borrowed("gateway.admission")
             } else {
                 Cow::Owned(format!("span {n}"))
             },
-            [
+            kind: [
                 SpanKind::Server,
                 SpanKind::Internal,
                 SpanKind::Client,
@@ -513,60 +637,119 @@ mod tests {
             ][n as usize % 5]
                 .clone(),
             start,
-            4,
-        );
-        span.end = start + Duration::from_micros(250);
-        if n != 4 {
-            span.attributes = attributes();
-            // Text held in the span's buffer: short, empty, past a one-byte length, and a key
-            // too long for the one-piece head.
-            span.set_str("gateway.request_id", "req_0123456789abcdef");
-            span.set_str("held.empty", "");
-            span.set_str("held.long", &"z".repeat(200));
-            span.set_str(LONG_KEY, "v");
+            end: start + Duration::from_micros(250),
+            attributes: if n == 4 { Vec::new() } else { attributes() },
+            events: vec![
+                (
+                    "gateway.first_byte",
+                    start + Duration::from_millis(3),
+                    vec![("gateway.ttfb_ms".into(), V::I(n as i64))],
+                ),
+                ("gateway.settle", start, Vec::new()),
+            ],
+            error: match n % 3 {
+                0 => None,
+                1 => Some(Cow::Borrowed("upstream_error")),
+                _ => Some(Cow::Owned(String::new())),
+            },
         }
-        span.event(
-            "gateway.first_byte",
-            start + Duration::from_millis(3),
-            vec![("gateway.ttfb_ms", Attr::Int(n as i64))],
+    }
+
+    fn record(spec: &Spec) -> SpanRecord {
+        let mut span = SpanRecord::start(
+            spec.context.clone(),
+            spec.parent.as_ref().map(|(p, remote)| (p, *remote)),
+            spec.name.clone(),
+            spec.kind.clone(),
+            spec.start,
         );
-        span.event("gateway.settle", start, Vec::new());
-        span.error = match n % 3 {
-            0 => None,
-            1 => Some(Cow::Borrowed("upstream_error")),
-            _ => Some(Cow::Owned(String::new())),
-        };
+        span.end = spec.end;
+        for (k, v) in &spec.attributes {
+            span.set(k, v.attr());
+        }
+        for (name, at, attrs) in &spec.events {
+            let attrs: Vec<(&str, Attr<'_>)> =
+                attrs.iter().map(|(k, v)| (k.as_str(), v.attr())).collect();
+            span.event(name, *at, &attrs);
+        }
+        span.error = spec.error.clone();
         span
     }
 
-    const LONG_KEY: &str =
-        "long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.long.k";
+    /// The SDK's form of the same span: what `opentelemetry-otlp` converts and sends.
+    fn data(spec: &Spec, scope: &InstrumentationScope) -> SpanData {
+        let kvs = |attrs: &[(String, V)]| -> Vec<KeyValue> {
+            attrs
+                .iter()
+                .map(|(k, v)| KeyValue::new(k.clone(), v.value()))
+                .collect()
+        };
+        let mut events = SpanEvents::default();
+        events.events = spec
+            .events
+            .iter()
+            .map(|(name, at, attrs)| Event::new(*name, *at, kvs(attrs), 0))
+            .collect();
+        SpanData {
+            span_context: spec.context.clone(),
+            parent_span_id: spec
+                .parent
+                .as_ref()
+                .map_or(SpanId::INVALID, |(p, _)| p.span_id()),
+            parent_span_is_remote: spec.parent.as_ref().is_some_and(|(_, remote)| *remote),
+            span_kind: spec.kind.clone(),
+            name: spec.name.clone(),
+            start_time: spec.start,
+            end_time: spec.end,
+            attributes: kvs(&spec.attributes),
+            dropped_attributes_count: 0,
+            events,
+            links: SpanLinks::default(),
+            status: match &spec.error {
+                Some(description) => Status::error(description.clone()),
+                None => Status::Unset,
+            },
+            instrumentation_scope: scope.clone(),
+        }
+    }
 
     fn scope() -> InstrumentationScope {
         InstrumentationScope::builder("gateway").build()
     }
 
     /// What `opentelemetry-otlp` would send for the same spans.
-    fn library(spans: &[SpanRecord], resource: &Resource) -> ExportTraceServiceRequest {
-        let scope = scope();
+    fn library(spans: Vec<SpanData>, resource: &Resource) -> ExportTraceServiceRequest {
         ExportTraceServiceRequest {
             resource_spans: group_spans_by_resource_and_scope(
-                spans.iter().map(|s| s.to_span_data(&scope)).collect(),
+                spans,
                 &ResourceAttributesWithSchema::from(resource),
             ),
         }
     }
 
-    fn ours(spans: &[SpanRecord], resource: &Resource) -> ExportTraceServiceRequest {
+    /// The body written here, from the spans' records in `chunks` (as threads write them).
+    fn body(specs: &[Spec], chunks: usize, resource: &Resource) -> Vec<u8> {
+        let mut written = vec![Vec::new(); chunks.max(1)];
+        for (i, s) in specs.iter().enumerate() {
+            record(s).encode(&mut written[i % chunks.max(1)]);
+        }
         let mut out = Vec::new();
         export_request(
             &mut out,
             &super::resource(resource),
             resource.schema_url().unwrap_or_default(),
             "gateway",
-            spans,
+            &written,
         );
-        ExportTraceServiceRequest::decode(out.as_slice()).unwrap()
+        out
+    }
+
+    fn ours(specs: &[Spec], resource: &Resource) -> ExportTraceServiceRequest {
+        ExportTraceServiceRequest::decode(body(specs, 1, resource).as_slice()).unwrap()
+    }
+
+    fn sdk(specs: &[Spec], resource: &Resource) -> ExportTraceServiceRequest {
+        library(specs.iter().map(|s| data(s, &scope())).collect(), resource)
     }
 
     #[test]
@@ -578,28 +761,44 @@ mod tests {
                 "https://opentelemetry.io/schemas/1.30.0",
             )
             .build();
-        let spans: Vec<SpanRecord> = (0..6).map(span).collect();
-        let got = ours(&spans, &resource);
-        assert_eq!(got, library(&spans, &resource));
+        let specs: Vec<Spec> = (0..6).map(spec).collect();
+        let got = ours(&specs, &resource);
+        assert_eq!(got, sdk(&specs, &resource));
         assert_eq!(got.resource_spans[0].scope_spans.len(), 1);
         assert_eq!(got.resource_spans[0].scope_spans[0].spans.len(), 6);
     }
 
     #[test]
+    fn spans_written_by_several_threads_make_one_batch() {
+        let resource = Resource::builder().with_service_name("g").build();
+        let specs: Vec<Spec> = (0..6).map(spec).collect();
+        let got = ExportTraceServiceRequest::decode(body(&specs, 3, &resource).as_slice()).unwrap();
+        let spans = &got.resource_spans[0].scope_spans[0].spans;
+        assert_eq!(spans.len(), 6);
+        // Chunk by chunk: spans 0 and 3, then 1 and 4, then 2 and 5.
+        let ids: Vec<u8> = spans.iter().map(|s| s.span_id[7]).collect();
+        assert_eq!(ids, [1, 4, 2, 5, 3, 6]);
+    }
+
+    #[test]
     fn one_span_and_none_decode_as_the_library_sends_them() {
         let resource = Resource::builder_empty().build();
-        let one = vec![span(4)];
-        assert_eq!(ours(&one, &resource), library(&one, &resource));
-        assert_eq!(ours(&[], &resource), library(&[], &resource));
+        let one = vec![spec(4)];
+        assert_eq!(ours(&one, &resource), sdk(&one, &resource));
+        assert_eq!(ours(&[], &resource), sdk(&[], &resource));
     }
 
     #[test]
     fn a_span_past_a_two_byte_length_closes_right() {
         let resource = Resource::builder().with_service_name("g").build();
-        let mut big = span(0);
-        big.set("big", "y".repeat(70_000));
-        let spans: Vec<SpanRecord> = (0..3).map(|_| big.clone()).collect();
-        assert_eq!(ours(&spans, &resource), library(&spans, &resource));
+        let specs: Vec<Spec> = (0..3)
+            .map(|_| {
+                let mut s = spec(0);
+                s.attributes.push(("big".into(), V::S("y".repeat(70_000))));
+                s
+            })
+            .collect();
+        assert_eq!(ours(&specs, &resource), sdk(&specs, &resource));
     }
 
     #[test]
@@ -615,7 +814,24 @@ mod tests {
                 KeyValue::new("bs", Value::Array(Array::Bool(vec![true, false]))),
             ])
             .build();
-        let one = vec![span(1)];
-        assert_eq!(ours(&one, &resource), library(&one, &resource));
+        let one = vec![spec(1)];
+        assert_eq!(ours(&one, &resource), sdk(&one, &resource));
+    }
+
+    /// The JSON and gRPC exports read the written spans back into the SDK's form: the library
+    /// converts that back into the same request.
+    #[test]
+    fn written_spans_read_back_into_the_sdks_form() {
+        let resource = Resource::builder_empty().build();
+        let specs: Vec<Spec> = (0..6).map(spec).collect();
+        let back = crate::convert::span_data(&body(&specs, 2, &resource), &scope()).unwrap();
+        assert_eq!(back.len(), 6);
+        let mut want: Vec<SpanData> = specs.iter().map(|s| data(s, &scope())).collect();
+        // The chunks put spans 0, 2, 4 first.
+        want = [0, 2, 4, 1, 3, 5]
+            .iter()
+            .map(|&i| std::mem::replace(&mut want[i], data(&specs[i], &scope())))
+            .collect();
+        assert_eq!(library(back, &resource), library(want, &resource));
     }
 }
