@@ -155,7 +155,7 @@ pub struct Attempt {
 
 impl Attempt {
     /// The W3C headers that make this attempt the parent of the provider's work.
-    pub fn headers(&self) -> Vec<(&'static str, String)> {
+    pub fn headers(&self) -> impl Iterator<Item = (&'static str, String)> {
         self.telemetry.headers_for(&self.context)
     }
 

@@ -129,23 +129,20 @@ impl Telemetry {
 
     /// The `traceparent` (and `tracestate`, when there is one) that make `span` the parent of
     /// the request a provider receives (W3C Trace Context, version 00).
-    pub fn headers_for(&self, span: &SpanContext) -> Vec<(&'static str, String)> {
-        let mut out = Vec::with_capacity(2);
-        if !span.is_valid() {
-            return out;
+    pub fn headers_for(&self, span: &SpanContext) -> impl Iterator<Item = (&'static str, String)> {
+        let mut out = [None, None];
+        if span.is_valid() {
+            // `00-<trace id>-<span id>-<flags>`, written in one piece.
+            let mut tp = *b"00-00000000000000000000000000000000-0000000000000000-00";
+            let _ = hex::encode_to_slice(span.trace_id().to_bytes(), &mut tp[3..35]);
+            let _ = hex::encode_to_slice(span.span_id().to_bytes(), &mut tp[36..52]);
+            let _ = hex::encode_to_slice([span.trace_flags().to_u8() & 1], &mut tp[53..55]);
+            out[0] = std::str::from_utf8(&tp)
+                .ok()
+                .map(|tp| ("traceparent", tp.to_owned()));
+            out[1] = tracestate(span.trace_state()).map(|state| ("tracestate", state));
         }
-        let mut tp = String::with_capacity(55);
-        tp.push_str("00-");
-        push_hex(&mut tp, &span.trace_id().to_bytes());
-        tp.push('-');
-        push_hex(&mut tp, &span.span_id().to_bytes());
-        tp.push('-');
-        push_hex(&mut tp, &[span.trace_flags().to_u8() & 1]);
-        out.push(("traceparent", tp));
-        if let Some(state) = tracestate(span.trace_state()) {
-            out.push(("tracestate", state));
-        }
-        out
+        out.into_iter().flatten()
     }
 }
 
@@ -172,13 +169,4 @@ pub(crate) fn tracestate(state: &TraceState) -> Option<String> {
         return None;
     }
     Some(state.header()).filter(|h| !h.is_empty())
-}
-
-/// `bytes` (at most 16: an id or the flags) as lowercase hex, written in one piece.
-fn push_hex(out: &mut String, bytes: &[u8]) {
-    let mut digits = [0u8; 32];
-    let n = 2 * bytes.len().min(16);
-    if hex::encode_to_slice(&bytes[..n / 2], &mut digits[..n]).is_ok() {
-        out.push_str(std::str::from_utf8(&digits[..n]).unwrap_or_default());
-    }
 }

@@ -102,11 +102,31 @@ pub(crate) fn span(out: &mut Vec<u8>, span: &SpanRecord) {
     field_key(out, 2, WireType::LengthDelimited);
     varint(out, len as u64);
     let from = out.len();
-    bytes_field(out, 1, &cx.trace_id().to_bytes(), false);
-    bytes_field(out, 2, &cx.span_id().to_bytes(), false);
+    // The ids: fields 1 and 2, sixteen and eight bytes.
+    let mut ids = [0u8; 28];
+    ids[0] = 1 << 3 | WireType::LengthDelimited as u8;
+    ids[1] = 16;
+    ids[2..18].copy_from_slice(&cx.trace_id().to_bytes());
+    ids[18] = 2 << 3 | WireType::LengthDelimited as u8;
+    ids[19] = 8;
+    ids[20..28].copy_from_slice(&cx.span_id().to_bytes());
+    out.extend_from_slice(&ids);
     string(out, 3, state);
     if has_parent {
-        bytes_field(out, 4, &span.parent_span_id.to_bytes(), false);
+        let mut parent = [
+            4 << 3 | WireType::LengthDelimited as u8,
+            8,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        parent[2..].copy_from_slice(&span.parent_span_id.to_bytes());
+        out.extend_from_slice(&parent);
     }
     string(out, 5, &span.name);
     uint(out, 6, kind);
