@@ -362,6 +362,19 @@ impl RequestTrace {
     }
 }
 
+/// A request whose handling stopped before it finished (its task dropped, as at a forced
+/// stop) still ends its server span, so that the child spans already exported keep their
+/// parent.
+impl Drop for RequestTrace {
+    fn drop(&mut self) {
+        if let Some(mut s) = self.server.take() {
+            s.set("error.type", "cancelled");
+            s.error = Some(Cow::Borrowed("cancelled"));
+            ended(self.telemetry, s);
+        }
+    }
+}
+
 /// `gen_ai.operation.name` for an endpoint that runs a model.
 fn operation(e: Endpoint) -> Option<&'static str> {
     match e {

@@ -18,7 +18,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -40,8 +40,7 @@ use crate::record::SpanRecord;
 pub const SCOPE: &str = "gateway";
 /// Spans waiting for export at most; past it new spans are dropped (and counted).
 pub const QUEUE: usize = 4096;
-/// Spans that make an export request: sent once this many are taken (a thread's spans are
-/// taken whole, so a request may hold more), and a batch's worth waiting wakes the export.
+/// Spans per export request, at most; a batch's worth waiting wakes the export thread.
 const BATCH: usize = 512;
 /// A batch that does not fill is sent after this long.
 const DELAY: Duration = Duration::from_millis(1000);
@@ -120,7 +119,7 @@ pub enum Otlp {
 
 impl Otlp {
     /// Exports the spans written in `chunks`.
-    async fn export(&self, chunks: &[Vec<u8>]) -> OTelSdkResult {
+    async fn export(&self, chunks: &[&[u8]]) -> OTelSdkResult {
         match self {
             Otlp::Protobuf(e) => e.export(chunks).await,
             Otlp::Http(e) => e.export(span_data(chunks)?).await,
@@ -158,7 +157,7 @@ impl Otlp {
 }
 
 /// The SDK's form of the spans in `chunks`, for `opentelemetry-otlp`'s exporters.
-fn span_data(chunks: &[Vec<u8>]) -> Result<Vec<SpanData>, OTelSdkError> {
+fn span_data(chunks: &[&[u8]]) -> Result<Vec<SpanData>, OTelSdkError> {
     let scope = InstrumentationScope::builder(SCOPE).build();
     let mut body = Vec::new();
     crate::wire::export_request(&mut body, &[], "", SCOPE, chunks);
@@ -343,18 +342,22 @@ impl Queue {
             self.pending.fetch_sub(1, Ordering::AcqRel);
             return;
         }
-        SHARD.with(|cell| {
+        let written_here = SHARD.try_with(|cell| {
             let mut cell = cell.borrow_mut();
             if !matches!(&*cell, Some((id, _)) if *id == self.id) {
                 *cell = Some((self.id, self.new_shard()));
             }
             if let Some((_, shard)) = cell.as_ref() {
-                if let Ok(mut written) = shard.lock() {
-                    span.encode(&mut written.bytes);
-                    written.spans += 1;
-                }
-            };
+                let mut w = written(shard);
+                span.encode(&mut w.bytes);
+                w.spans += 1;
+            }
         });
+        if written_here.is_err() {
+            // A span ending while its thread is torn down: nothing will take it.
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
         if waiting >= BATCH
             && !self.signalled.load(Ordering::Relaxed)
             && !self.signalled.swap(true, Ordering::AcqRel)
@@ -366,9 +369,10 @@ impl Queue {
     /// A shard for a thread that has none in this queue, listed for the export thread.
     fn new_shard(&self) -> Shard {
         let shard = Shard::default();
-        if let Ok(mut all) = self.shards.lock() {
-            all.push(shard.clone());
-        }
+        self.shards
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(shard.clone());
         shard
     }
 
@@ -421,43 +425,37 @@ impl Worker {
         }
     }
 
-    /// Exports every span waiting, in batches of about [`BATCH`] (a thread's spans go whole).
+    /// Exports every span waiting, in requests of at most [`BATCH`] spans.
     fn drain(&mut self) {
-        let shards: Vec<Shard> = match self.shards.lock() {
-            Ok(mut all) => {
-                // A thread that has ended leaves its shard to this list alone.
-                all.retain(|s| Arc::strong_count(s) > 1 || s.lock().is_ok_and(|w| w.spans > 0));
-                all.clone()
-            }
-            Err(_) => return,
+        let shards: Vec<Shard> = {
+            let mut all = self.shards.lock().unwrap_or_else(PoisonError::into_inner);
+            // A thread that has ended leaves its shard to this list alone.
+            all.retain(|s| Arc::strong_count(s) > 1 || written(s).spans > 0);
+            all.clone()
         };
-        let mut chunks = Vec::new();
-        let mut spans = 0;
+        let mut taken = Vec::with_capacity(shards.len());
         for shard in shards {
-            let taken = match shard.lock() {
-                Ok(mut w) if w.spans > 0 => {
-                    let room = w.bytes.len();
-                    let bytes = std::mem::replace(&mut w.bytes, Vec::with_capacity(room));
-                    let n = std::mem::take(&mut w.spans);
-                    Written { bytes, spans: n }
+            let mut w = written(&shard);
+            if w.spans == 0 {
+                // A thread gone quiet does not keep a burst's room.
+                if w.bytes.capacity() > QUIET_ROOM {
+                    w.bytes = Vec::new();
                 }
-                _ => continue,
-            };
-            self.pending.fetch_sub(taken.spans, Ordering::AcqRel);
-            spans += taken.spans;
-            chunks.push(taken.bytes);
-            if spans >= BATCH {
-                self.export(&chunks, spans);
-                chunks.clear();
-                spans = 0;
+                continue;
             }
+            let room = w.bytes.len();
+            let bytes = std::mem::replace(&mut w.bytes, Vec::with_capacity(room));
+            let spans = std::mem::take(&mut w.spans);
+            drop(w);
+            self.pending.fetch_sub(spans, Ordering::AcqRel);
+            taken.push(Written { bytes, spans });
         }
-        if spans > 0 {
-            self.export(&chunks, spans);
+        for (request, spans) in requests(&taken, BATCH) {
+            self.export(&request, spans);
         }
     }
 
-    fn export(&mut self, chunks: &[Vec<u8>], n: usize) {
+    fn export(&mut self, chunks: &[&[u8]], n: usize) {
         let result = futures::executor::block_on(self.exporter.export(chunks));
         if let Err(e) = result {
             self.failed.inc_by(n as u64);
@@ -465,6 +463,47 @@ impl Worker {
         }
     }
 }
+
+/// The export requests for the spans `taken` from the shards, in order: each at most `batch`
+/// spans, a shard's run of spans cut at span boundaries where it does not fit whole.
+fn requests(taken: &[Written], batch: usize) -> Vec<(Vec<&[u8]>, usize)> {
+    let mut out = Vec::new();
+    let mut request: Vec<&[u8]> = Vec::new();
+    let mut in_request = 0;
+    for w in taken {
+        let (mut rest, mut left) = (w.bytes.as_slice(), w.spans);
+        while left > 0 {
+            let room = batch - in_request;
+            let (cut, n) = if left <= room {
+                (rest.len(), left)
+            } else {
+                crate::wire::after_spans(rest, room)
+            };
+            request.push(&rest[..cut]);
+            in_request += n;
+            rest = &rest[cut..];
+            // Bytes that are not a run of spans (never written so) end the shard's part.
+            left = if n == 0 { 0 } else { left - n };
+            if in_request >= batch {
+                out.push((std::mem::take(&mut request), in_request));
+                in_request = 0;
+            }
+        }
+    }
+    if in_request > 0 {
+        out.push((request, in_request));
+    }
+    out
+}
+
+/// A shard's spans, also when a thread panicked holding its lock: what it wrote before is whole
+/// (a span is written in one call that does not fail part-way), and the counts stay true.
+fn written(shard: &Shard) -> std::sync::MutexGuard<'_, Written> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A shard with no spans waiting keeps at most this much room.
+const QUIET_ROOM: usize = 64 * 1024;
 
 #[cfg(test)]
 mod tests {
@@ -480,6 +519,48 @@ mod tests {
         assert!(parse_headers("bad name=1").is_err());
         assert_eq!(percent_decode("100%"), "100%");
         assert_eq!(percent_decode("%4a%zz"), "J%zz");
+    }
+
+    /// Spans taken from several threads go out in order, at most a batch to a request, a
+    /// thread's run of spans cut between two spans where it does not fit whole.
+    #[test]
+    fn taken_spans_make_requests_of_at_most_a_batch() {
+        use crate::record::{child, new_trace_id, SpanRecord};
+        use opentelemetry::trace::{SpanKind, TraceState};
+
+        let taken: Vec<Written> = [3, 7, 1, 4]
+            .iter()
+            .map(|&n| {
+                let mut w = Written::default();
+                for _ in 0..n {
+                    let span = SpanRecord::start(
+                        child(new_trace_id(), true, &TraceState::NONE),
+                        None,
+                        "POST",
+                        SpanKind::Server,
+                        std::time::SystemTime::now(),
+                    );
+                    span.encode(&mut w.bytes);
+                    w.spans += 1;
+                }
+                w
+            })
+            .collect();
+        let requests = requests(&taken, 5);
+        let counts: Vec<usize> = requests.iter().map(|(_, n)| *n).collect();
+        assert_eq!(counts, [5, 5, 5]);
+        for (chunks, n) in &requests {
+            let whole: usize = chunks
+                .iter()
+                .map(|c| crate::wire::after_spans(c, usize::MAX).1)
+                .sum();
+            assert_eq!(whole, *n, "every chunk holds whole spans");
+        }
+        let sent: Vec<u8> = requests.iter().flat_map(|(c, _)| c.concat()).collect();
+        let all: Vec<u8> = taken.iter().flat_map(|w| w.bytes.clone()).collect();
+        assert_eq!(sent, all, "nothing lost, nothing reordered");
+        assert_eq!(super::requests(&taken[..1], 5).len(), 1);
+        assert!(super::requests(&[], 5).is_empty());
     }
 
     /// A collector that takes the connection and never answers holds the export thread in its

@@ -80,8 +80,8 @@ impl Protobuf {
     }
 
     /// Exports the spans written in `chunks`.
-    pub async fn export(&self, chunks: &[Vec<u8>]) -> OTelSdkResult {
-        let written: usize = chunks.iter().map(Vec::len).sum();
+    pub async fn export(&self, chunks: &[&[u8]]) -> OTelSdkResult {
+        let written: usize = chunks.iter().map(|c| c.len()).sum();
         let mut body = Vec::with_capacity(self.resource.len() + 64 + written);
         wire::export_request(&mut body, &self.resource, &self.schema_url, SCOPE, chunks);
         let body = Bytes::from(body);

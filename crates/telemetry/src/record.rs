@@ -146,9 +146,10 @@ pub fn child(trace_id: TraceId, sampled: bool, state: &TraceState) -> SpanContex
 }
 
 thread_local! {
-    /// Ids need to be unpredictable enough not to collide, not secret: a fast generator seeded
-    /// from the OS once per thread, where the thread's ChaCha generator costs several times as
-    /// much per id.
+    /// Ids need to be random enough not to collide, not secret (they are sent to providers and
+    /// collectors anyway): a fast generator seeded from the OS once per thread, as the SDK's
+    /// own id generator uses, where the thread's ChaCha generator costs several times as much
+    /// per id.
     static IDS: std::cell::RefCell<SmallRng> = std::cell::RefCell::new(SmallRng::from_os_rng());
 }
 

@@ -50,7 +50,7 @@ pub fn export_request(
     resource: &[u8],
     schema_url: &str,
     scope: &str,
-    chunks: &[Vec<u8>],
+    chunks: &[&[u8]],
 ) {
     out.clear();
     let resource_spans = open(out, 1);
@@ -67,6 +67,26 @@ pub fn export_request(
     }
     string(out, 3, schema_url);
     close_in_place(out, resource_spans);
+}
+
+/// Where the first `n` spans written in `bytes` (a run of [`span`]'s fields) end, and how many
+/// there were (fewer than `n` when `bytes` holds fewer, or is not such a run).
+pub(crate) fn after_spans(bytes: &[u8], n: usize) -> (usize, usize) {
+    let (mut at, mut seen) = (0, 0);
+    while seen < n && bytes.get(at) == Some(&(2 << 3 | WireType::LengthDelimited as u8)) {
+        let mut rest = &bytes[at + 1..];
+        let before = rest.len();
+        let Ok(len) = prost::encoding::decode_varint(&mut rest) else {
+            break;
+        };
+        let end = at + 1 + (before - rest.len()) + len as usize;
+        if end > bytes.len() {
+            break;
+        }
+        at = end;
+        seen += 1;
+    }
+    (at, seen)
 }
 
 /// `span` as one `spans` field (2) of a `ScopeSpans` message, its length summed first so that
@@ -753,13 +773,14 @@ mod tests {
         for (i, s) in specs.iter().enumerate() {
             record(s).encode(&mut written[i % chunks.max(1)]);
         }
+        let chunks: Vec<&[u8]> = written.iter().map(Vec::as_slice).collect();
         let mut out = Vec::new();
         export_request(
             &mut out,
             &super::resource(resource),
             resource.schema_url().unwrap_or_default(),
             "gateway",
-            &written,
+            &chunks,
         );
         out
     }
@@ -836,6 +857,29 @@ mod tests {
             .build();
         let one = vec![spec(1)];
         assert_eq!(ours(&one, &resource), sdk(&one, &resource));
+    }
+
+    #[test]
+    fn a_run_of_spans_splits_at_span_boundaries() {
+        let mut run = Vec::new();
+        let mut ends = Vec::new();
+        for n in 0..5 {
+            let mut s = spec(n);
+            if n == 2 {
+                // Past a two-byte length.
+                s.attributes.push(("big".into(), V::S("y".repeat(20_000))));
+            }
+            record(&s).encode(&mut run);
+            ends.push(run.len());
+        }
+        assert_eq!(after_spans(&run, 0), (0, 0));
+        for n in 1..=5 {
+            assert_eq!(after_spans(&run, n), (ends[n - 1], n));
+        }
+        assert_eq!(after_spans(&run, 9), (run.len(), 5));
+        // A cut run stops at the last whole span.
+        assert_eq!(after_spans(&run[..ends[3] - 1], 5), (ends[2], 3));
+        assert_eq!(after_spans(b"garbage", 2), (0, 0));
     }
 
     /// The JSON and gRPC exports read the written spans back into the SDK's form: the library
