@@ -521,26 +521,29 @@ mod tests {
         assert_eq!(percent_decode("%4a%zz"), "J%zz");
     }
 
+    /// A root server span of a new trace, started now.
+    fn server_span() -> crate::record::SpanRecord {
+        use crate::record::{child, new_trace_id, SpanRecord};
+        use opentelemetry::trace::{SpanKind, TraceState};
+        SpanRecord::start(
+            child(new_trace_id(), true, &TraceState::NONE),
+            None,
+            "POST",
+            SpanKind::Server,
+            std::time::SystemTime::now(),
+        )
+    }
+
     /// Spans taken from several threads go out in order, at most a batch to a request, a
     /// thread's run of spans cut between two spans where it does not fit whole.
     #[test]
     fn taken_spans_make_requests_of_at_most_a_batch() {
-        use crate::record::{child, new_trace_id, SpanRecord};
-        use opentelemetry::trace::{SpanKind, TraceState};
-
         let taken: Vec<Written> = [3, 7, 1, 4]
             .iter()
             .map(|&n| {
                 let mut w = Written::default();
                 for _ in 0..n {
-                    let span = SpanRecord::start(
-                        child(new_trace_id(), true, &TraceState::NONE),
-                        None,
-                        "POST",
-                        SpanKind::Server,
-                        std::time::SystemTime::now(),
-                    );
-                    span.encode(&mut w.bytes);
+                    server_span().encode(&mut w.bytes);
                     w.spans += 1;
                 }
                 w
@@ -568,9 +571,6 @@ mod tests {
     /// the queue's bound are dropped at once and counted, and writing them never waits.
     #[test]
     fn a_full_queue_drops_and_counts_without_blocking() {
-        use crate::record::{child, new_trace_id, SpanRecord};
-        use opentelemetry::trace::{SpanKind, TraceState};
-
         let rt = tokio::runtime::Runtime::new().unwrap();
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/v1/traces", silent.local_addr().unwrap());
@@ -578,13 +578,7 @@ mod tests {
         let queue = Queue::start(Otlp::Protobuf(Box::new(exporter))).unwrap();
         let full = gateway_core::metrics::SPANS_DROPPED.with_label_values(&["queue_full"]);
         let before = full.get();
-        let span = SpanRecord::start(
-            child(new_trace_id(), true, &TraceState::NONE),
-            None,
-            "POST",
-            SpanKind::Server,
-            std::time::SystemTime::now(),
-        );
+        let span = server_span();
         let handed = 3 * QUEUE;
         for _ in 0..handed {
             queue.submit(&span);

@@ -361,14 +361,7 @@ fn text_attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: &str) {
     let any_len = 1 + encoded_len_varint(value.len() as u64) + value.len();
     let kv_len = 2 + key.len() + 1 + encoded_len_varint(any_len as u64) + any_len;
     if tag < 16 && kv_len < 0x80 && !key.is_empty() {
-        out.reserve(2 + kv_len);
-        out.extend_from_slice(&[
-            (tag << 3 | WireType::LengthDelimited as u32) as u8,
-            kv_len as u8,
-            1 << 3 | WireType::LengthDelimited as u8,
-            key.len() as u8,
-        ]);
-        out.extend_from_slice(key.as_bytes());
+        short_key(out, tag, key, kv_len);
         out.extend_from_slice(&[
             2 << 3 | WireType::LengthDelimited as u8,
             any_len as u8,
@@ -382,6 +375,20 @@ fn text_attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: &str) {
     bytes_field(out, 1, value.as_bytes(), true);
 }
 
+/// The start of a `KeyValue` of `kv_len` bytes (under 128) as field `tag` (under 16), and its
+/// key (under 128 bytes): room is kept for all of it.
+#[inline]
+fn short_key(out: &mut Vec<u8>, tag: u32, key: &str, kv_len: usize) {
+    out.reserve(2 + kv_len);
+    out.extend_from_slice(&[
+        (tag << 3 | WireType::LengthDelimited as u32) as u8,
+        kv_len as u8,
+        1 << 3 | WireType::LengthDelimited as u8,
+        key.len() as u8,
+    ]);
+    out.extend_from_slice(key.as_bytes());
+}
+
 /// A `KeyValue` holding an integer, written in one piece where its key is short (as the
 /// gateway's are); `false` when it was not written.
 fn int_attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: i64) -> bool {
@@ -391,14 +398,7 @@ fn int_attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: i64) -> bool {
     if tag >= 16 || kv_len >= 0x80 || key.is_empty() {
         return false;
     }
-    out.reserve(2 + kv_len);
-    out.extend_from_slice(&[
-        (tag << 3 | WireType::LengthDelimited as u32) as u8,
-        kv_len as u8,
-        1 << 3 | WireType::LengthDelimited as u8,
-        key.len() as u8,
-    ]);
-    out.extend_from_slice(key.as_bytes());
+    short_key(out, tag, key, kv_len);
     out.extend_from_slice(&[
         2 << 3 | WireType::LengthDelimited as u8,
         any_len as u8,
