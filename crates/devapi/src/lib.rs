@@ -380,7 +380,7 @@ impl DevApi {
         ctx: &mut RequestCtx,
         cfg: &gateway_core::config::Config,
         adm: &Admitted,
-    ) -> Result<InFlight, ApiError> {
+    ) -> Result<Box<InFlight>, ApiError> {
         let identity = &adm.identity;
         let reservation = match self
             .state
@@ -415,13 +415,15 @@ impl DevApi {
             adm.endpoint.name(),
         );
         event.reasoning_effort = adm.reasoning_effort.clone();
-        let mut flight = InFlight::new(
+        // Boxed: the guard is some thousand bytes, and it passes through several futures'
+        // states by value on its way to settlement.
+        let mut flight = Box::new(InFlight::new(
             self.state.clone(),
             reservation,
             ctx.started,
             event,
             adm.input_estimate,
-        );
+        ));
         if adm.endpoint == Endpoint::CountTokens {
             // Counting tokens is not generation: it costs one request and no tokens.
             flight.waive_input_estimate();
@@ -567,7 +569,7 @@ enum Plan {
 /// Settles the request with what its answer showed, and notes the outcome for the access log.
 fn settle(
     ctx: &mut RequestCtx,
-    mut flight: InFlight,
+    mut flight: Box<InFlight>,
     endpoint: Endpoint,
     result: Result<forward::Outcome, ApiError>,
 ) -> Result<(), ApiError> {

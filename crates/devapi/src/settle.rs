@@ -232,7 +232,7 @@ impl InFlight {
 
     /// Settles and records. Consumes the guard so it cannot run twice.
     pub fn finish(
-        mut self,
+        mut self: Box<Self>,
         status: u16,
         reason: Reason,
         error_code: Option<&'static str>,
