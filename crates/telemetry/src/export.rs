@@ -8,12 +8,12 @@
 //!
 //! A span that ends is written into its thread's shard of the queue (a counter, an uncontended
 //! lock and its bytes): nothing is handed from thread to thread per span, and the export thread,
-//! which takes each shard's bytes whole, frees nothing of the request threads'. No span wakes
-//! the export thread. It wakes once a second ([`DELAY`]),
-//! when a batch's worth is waiting (one signal, not one per hand-off), or to flush at shutdown,
-//! as the SDK's batch processor does. The queue is bounded by that counter: spans that would
-//! take it past [`QUEUE`] are dropped and counted (`queue_full`), as are the spans of an export
-//! that failed (`export_failed`); the request path never waits for the collector.
+//! which takes each shard's bytes whole, frees nothing of the request threads'. The export
+//! thread wakes once a second ([`DELAY`]), when a batch's worth is waiting (one signal, not one
+//! per span), or to flush at shutdown, as the SDK's batch processor does. The queue is bounded
+//! by a counter of the spans written and not yet taken: spans that would take it past [`QUEUE`]
+//! are dropped and counted (`queue_full`), as are the spans of an export that failed
+//! (`export_failed`); the request path never waits for the collector.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -427,29 +427,28 @@ impl Worker {
 
     /// Exports every span waiting, in requests of at most [`BATCH`] spans.
     fn drain(&mut self) {
-        let shards: Vec<Shard> = {
+        let mut taken = Vec::new();
+        {
             let mut all = self.shards.lock().unwrap_or_else(PoisonError::into_inner);
-            // A thread that has ended leaves its shard to this list alone.
-            all.retain(|s| Arc::strong_count(s) > 1 || written(s).spans > 0);
-            all.clone()
-        };
-        let mut taken = Vec::with_capacity(shards.len());
-        for shard in shards {
-            let mut w = written(&shard);
-            if w.spans == 0 {
-                // A thread gone quiet does not keep a burst's room.
-                if w.bytes.capacity() > QUIET_ROOM {
-                    w.bytes = Vec::new();
+            for shard in all.iter() {
+                let mut w = written(shard);
+                if w.spans == 0 {
+                    // A thread gone quiet does not keep a burst's room.
+                    if w.bytes.capacity() > QUIET_ROOM {
+                        w.bytes = Vec::new();
+                    }
+                    continue;
                 }
-                continue;
+                let room = w.bytes.len();
+                let bytes = std::mem::replace(&mut w.bytes, Vec::with_capacity(room));
+                let spans = std::mem::take(&mut w.spans);
+                taken.push(Written { bytes, spans });
             }
-            let room = w.bytes.len();
-            let bytes = std::mem::replace(&mut w.bytes, Vec::with_capacity(room));
-            let spans = std::mem::take(&mut w.spans);
-            drop(w);
-            self.pending.fetch_sub(spans, Ordering::AcqRel);
-            taken.push(Written { bytes, spans });
+            // A thread that has ended leaves its shard, emptied just now, to this list alone.
+            all.retain(|s| Arc::strong_count(s) > 1);
         }
+        let spans: usize = taken.iter().map(|w| w.spans).sum();
+        self.pending.fetch_sub(spans, Ordering::AcqRel);
         for (request, spans) in requests(&taken, BATCH) {
             self.export(&request, spans);
         }
