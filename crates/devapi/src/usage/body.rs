@@ -254,6 +254,9 @@ mod tests {
             "[]",
             "{\"cached_tokens\":2,\"reasoning_tokens\":3}",
             "{\"cached_tokens\":null}",
+            "{\"audio_tokens\":1,\"cached_tokens\":4,\"reasoning_tokens\":[],\"cached_tokens\":5}",
+            "{\"cached_tokens\":{\"cached_tokens\":1},\"accepted_prediction_tokens\":{}}",
+            "{\"cached\\u005ftokens\":6,\"reasoning_tokens\":7.0}",
         ];
         let keys = [
             "prompt_tokens",
