@@ -79,7 +79,16 @@ pub struct UpstreamPool {
     /// Dials new connections (TCP, TLS with SNI); idle ones are kept in `idle`.
     connector: TransportConnector,
     idle: IdlePool,
-    dns: DashMap<(String, u16), (Vec<SocketAddr>, Instant), FastHash>,
+    /// Addresses of providers named by host name, keyed by their `Host` header (`host` or
+    /// `host:port`, made once per config load), so a lookup allocates nothing.
+    dns: DashMap<String, Resolved, FastHash>,
+}
+
+/// A host name's addresses, for the port they were looked up with, and when.
+struct Resolved {
+    port: u16,
+    addrs: Vec<SocketAddr>,
+    at: Instant,
 }
 
 impl Default for UpstreamPool {
@@ -115,15 +124,18 @@ impl UpstreamPool {
         }
     }
 
-    /// Resolves without blocking: IP literals directly, names through tokio with a short cache.
-    async fn resolve(&self, host: &str, port: u16) -> Result<SocketAddr, UpstreamError> {
-        if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+    /// Resolves without blocking: IP literals directly (parsed at config load), names through
+    /// tokio with a short cache. Every request asks, so the cached answer is found without
+    /// building a key: the provider's `Host` header names the host (and a port other than the
+    /// scheme's), and the entry's own port settles the one case it does not tell apart.
+    async fn resolve(&self, p: &Provider) -> Result<SocketAddr, UpstreamError> {
+        let (host, port) = (p.host.as_str(), p.port);
+        if let Some(ip) = p.ip {
             return Ok(SocketAddr::new(ip, port));
         }
-        let key = (host.to_string(), port);
-        if let Some(entry) = self.dns.get(&key) {
-            if entry.1.elapsed() < DNS_TTL {
-                if let Some(a) = entry.0.first() {
+        if let Some(entry) = self.dns.get(p.host_header.as_str()) {
+            if entry.port == port && entry.at.elapsed() < DNS_TTL {
+                if let Some(a) = entry.addrs.first() {
                     return Ok(*a);
                 }
             }
@@ -135,7 +147,14 @@ impl UpstreamPool {
         let first = *addrs
             .first()
             .ok_or_else(|| UpstreamError::Resolve(host.to_string(), "no address".into()))?;
-        self.dns.insert(key, (addrs, Instant::now()));
+        self.dns.insert(
+            p.host_header.clone(),
+            Resolved {
+                port,
+                addrs,
+                at: Instant::now(),
+            },
+        );
         Ok(first)
     }
 
@@ -154,7 +173,7 @@ impl UpstreamPool {
     /// connection that turns out to be dead before any response byte is retried on a fresh one.
     pub async fn start(&self, req: &ProviderRequest<'_>) -> Result<Exchange, UpstreamError> {
         let p = req.provider;
-        let addr = self.resolve(&p.host, p.port).await?;
+        let addr = self.resolve(p).await?;
         let pool_key = pool_key(p, addr);
         let wire = request_bytes(req)?;
         let mut attempts = 0;
@@ -386,6 +405,7 @@ mod tests {
             style: ProviderStyle::OpenAi,
             tls: false,
             host: "127.0.0.1".into(),
+            ip: "127.0.0.1".parse().ok(),
             port: 9000,
             base_path: String::new(),
             host_header: "127.0.0.1:9000".into(),
@@ -402,6 +422,39 @@ mod tests {
             access: Default::default(),
             max_cooldown: Duration::from_secs(1),
         }
+    }
+
+    /// An IP literal is dialled as parsed at load; a host name is looked up once and then
+    /// found in the cache under its `Host` header, and a provider whose `Host` header is the
+    /// same but whose port is not (`http://` and `https://` of one name) is looked up anew.
+    #[tokio::test]
+    async fn addresses_come_from_the_literal_or_the_cache() {
+        let pool = UpstreamPool::new();
+        let literal = provider();
+        assert_eq!(
+            pool.resolve(&literal).await.unwrap(),
+            "127.0.0.1:9000".parse().unwrap()
+        );
+        assert!(pool.dns.is_empty());
+        let named = Provider {
+            host: "localhost".into(),
+            ip: None,
+            host_header: "localhost".into(),
+            port: 80,
+            ..provider()
+        };
+        let first = pool.resolve(&named).await.unwrap();
+        assert_eq!((first.ip().is_loopback(), first.port()), (true, 80));
+        assert_eq!(pool.dns.len(), 1);
+        assert_eq!(pool.resolve(&named).await.unwrap(), first);
+        let other_port = Provider {
+            port: 443,
+            tls: true,
+            ..named
+        };
+        assert_eq!(pool.resolve(&other_port).await.unwrap().port(), 443);
+        assert_eq!(pool.dns.get("localhost").map(|e| e.port), Some(443));
+        assert_eq!(pool.dns.len(), 1);
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub struct Provider {
     pub style: ProviderStyle,
     pub tls: bool,
     pub host: String,
+    /// `host` when it is an IP address, parsed once here: dialled without a name lookup.
+    pub ip: Option<std::net::IpAddr>,
     pub port: u16,
     /// Path prefix of `base_url` without a trailing slash (often empty).
     pub base_path: String,
@@ -176,6 +178,7 @@ pub(super) fn validate(
                 name: p.name.clone(),
                 style,
                 tls,
+                ip: host.parse().ok(),
                 host,
                 port,
                 base_path,

@@ -20,6 +20,7 @@ fn provider(name: &str, key_env: Option<&str>) -> Arc<Provider> {
         style: gateway_core::domain::ProviderStyle::OpenAi,
         tls: false,
         host: "127.0.0.1".into(),
+        ip: "127.0.0.1".parse().ok(),
         port: 9,
         base_path: String::new(),
         host_header: "127.0.0.1:9".into(),
