@@ -290,6 +290,18 @@ mod tests {
                 ));
             }
         }
+        // Counts beside each details value, so that the details are read (with the counts
+        // themselves made of the same value, the readers stop before the details).
+        for k in keys.iter().filter(|k| k.ends_with("_details")) {
+            for v in values {
+                usages.push(format!(
+                    "{{\"prompt_tokens\":1,\"completion_tokens\":2,\"{k}\":{v}}}"
+                ));
+                usages.push(format!(
+                    "{{\"input_tokens\":3,\"output_tokens\":4,\"{k}\":{v},\"total_tokens\":7}}"
+                ));
+            }
+        }
         for v in values {
             let all: Vec<String> = keys.iter().map(|k| format!("\"{k}\":{v}")).collect();
             usages.push(format!("{{{}}}", all.join(",")));

@@ -90,7 +90,9 @@ impl UsageObject for UsageFields {
 /// from one, every other member skipped unbuilt (OpenAI's answers carry four or more, each a
 /// key and a map entry in a tree). Only an object is read (`null` is an absent one); anything
 /// else fails the whole reading, and the answer's tree is read instead, as for duplicate keys
-/// in the usage object. A key given twice keeps its last value, as a tree does.
+/// in the usage object. A key given twice keeps its last value, as a tree does. Skipped
+/// members are not checked (a number out of range there is not an error), as the usage
+/// object's own unread members are not.
 #[derive(Default)]
 pub(super) struct Details {
     cached_tokens: Option<Value>,
