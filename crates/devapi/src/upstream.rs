@@ -7,7 +7,7 @@
 //! `Connector`, the request is written in one piece, the answer read by [`crate::http1`], and
 //! the caller streams it back chunk by chunk.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -79,16 +79,11 @@ pub struct UpstreamPool {
     /// Dials new connections (TCP, TLS with SNI); idle ones are kept in `idle`.
     connector: TransportConnector,
     idle: IdlePool,
-    /// Addresses of providers named by host name, keyed by their `Host` header (`host` or
-    /// `host:port`, made once per config load), so a lookup allocates nothing.
-    dns: DashMap<String, Resolved, FastHash>,
-}
-
-/// A host name's addresses, for the port they were looked up with, and when.
-struct Resolved {
-    port: u16,
-    addrs: Vec<SocketAddr>,
-    at: Instant,
+    /// The addresses of the host names providers are named by, and when they were looked up:
+    /// keyed by the name alone (a port is added when dialling), so a lookup borrows the
+    /// provider's `host` and allocates nothing, and `http://` and `https://` of one name share
+    /// an entry.
+    dns: DashMap<String, (Vec<IpAddr>, Instant), FastHash>,
 }
 
 impl Default for UpstreamPool {
@@ -125,37 +120,29 @@ impl UpstreamPool {
     }
 
     /// Resolves without blocking: IP literals directly (parsed at config load), names through
-    /// tokio with a short cache. Every request asks, so the cached answer is found without
-    /// building a key: the provider's `Host` header names the host (and a port other than the
-    /// scheme's), and the entry's own port settles the one case it does not tell apart.
+    /// tokio with a short cache.
     async fn resolve(&self, p: &Provider) -> Result<SocketAddr, UpstreamError> {
         let (host, port) = (p.host.as_str(), p.port);
         if let Some(ip) = p.ip {
             return Ok(SocketAddr::new(ip, port));
         }
-        if let Some(entry) = self.dns.get(p.host_header.as_str()) {
-            if entry.port == port && entry.at.elapsed() < DNS_TTL {
-                if let Some(a) = entry.addrs.first() {
-                    return Ok(*a);
+        if let Some(entry) = self.dns.get(host) {
+            if entry.1.elapsed() < DNS_TTL {
+                if let Some(ip) = entry.0.first() {
+                    return Ok(SocketAddr::new(*ip, port));
                 }
             }
         }
-        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
+        let ips: Vec<IpAddr> = tokio::net::lookup_host((host, port))
             .await
             .map_err(|e| UpstreamError::Resolve(host.to_string(), e.to_string()))?
+            .map(|a| a.ip())
             .collect();
-        let first = *addrs
+        let first = *ips
             .first()
             .ok_or_else(|| UpstreamError::Resolve(host.to_string(), "no address".into()))?;
-        self.dns.insert(
-            p.host_header.clone(),
-            Resolved {
-                port,
-                addrs,
-                at: Instant::now(),
-            },
-        );
-        Ok(first)
+        self.dns.insert(host.to_string(), (ips, Instant::now()));
+        Ok(SocketAddr::new(first, port))
     }
 
     /// The peer to open a new connection to (only needed when none is idle).
@@ -425,8 +412,8 @@ mod tests {
     }
 
     /// An IP literal is dialled as parsed at load; a host name is looked up once and then
-    /// found in the cache under its `Host` header, and a provider whose `Host` header is the
-    /// same but whose port is not (`http://` and `https://` of one name) is looked up anew.
+    /// found in the cache by its name, with each provider's own port (`http://` and
+    /// `https://` of one name share the entry).
     #[tokio::test]
     async fn addresses_come_from_the_literal_or_the_cache() {
         let pool = UpstreamPool::new();
@@ -452,8 +439,8 @@ mod tests {
             tls: true,
             ..named
         };
-        assert_eq!(pool.resolve(&other_port).await.unwrap().port(), 443);
-        assert_eq!(pool.dns.get("localhost").map(|e| e.port), Some(443));
+        let second = pool.resolve(&other_port).await.unwrap();
+        assert_eq!((second.ip(), second.port()), (first.ip(), 443));
         assert_eq!(pool.dns.len(), 1);
     }
 

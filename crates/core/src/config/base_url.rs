@@ -21,6 +21,11 @@ pub(super) fn parse_base_url(url: &str) -> Result<(bool, String, u16, String), S
             .find(']')
             .ok_or_else(|| format!("bad IPv6 host in {url:?}"))?;
         let host = &stripped[..end];
+        // Only an IPv6 address goes in brackets: anything else there (`[h:80]`) would be a
+        // name whose text is not what a `Host` header or a lookup would say.
+        if host.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!("bad IPv6 host in {url:?}"));
+        }
         let after = &stripped[end + 1..];
         let port = match after.strip_prefix(':') {
             Some(p) => p.parse().map_err(|_| format!("bad port in {url:?}"))?,
@@ -63,6 +68,22 @@ mod tests {
             parse_base_url("http://127.0.0.1:9000/proxy/").unwrap(),
             (false, "127.0.0.1".into(), 9000, "/proxy".into())
         );
+        assert_eq!(
+            parse_base_url("http://[::1]").unwrap(),
+            (false, "::1".into(), 80, "".into())
+        );
+        assert_eq!(
+            parse_base_url("https://[2001:db8::1]:8443/v1").unwrap(),
+            (true, "2001:db8::1".into(), 8443, "/v1".into())
+        );
+        for bad in [
+            "http://[h:80]",
+            "http://[example.com]:80",
+            "http://[]",
+            "http://[::1",
+        ] {
+            assert!(parse_base_url(bad).is_err(), "{bad}");
+        }
         assert!(parse_base_url("ftp://x").is_err());
         assert!(parse_base_url("http://u:p@x").is_err());
     }

@@ -120,12 +120,16 @@ pub(super) fn validate(
         let (tls, host, port, base_path) =
             parse_base_url(&p.base_url).map_err(|e| c.err(key("base_url"), e))?;
         let default_port = if tls { 443 } else { 80 };
-        let host_header = if port == default_port {
-            host.clone()
-        } else if host.contains(':') {
-            format!("[{host}]:{port}")
+        // An IPv6 address is written in brackets in a `Host` header, with or without a port.
+        let bracketed = if host.contains(':') {
+            format!("[{host}]")
         } else {
-            format!("{host}:{port}")
+            host.clone()
+        };
+        let host_header = if port == default_port {
+            bracketed
+        } else {
+            format!("{bracketed}:{port}")
         };
         let ca = match p.ca_file.as_deref().filter(|f| !f.is_empty()) {
             None => None,
@@ -278,6 +282,40 @@ mod tests {
             let e = provider(style, &format!("endpoints = {bad}")).unwrap_err();
             assert_eq!(e.key, "providers[0].endpoints", "{style} {bad}");
         }
+    }
+
+    /// A provider's `Host` header and address as taken from its base URL: an IPv6 address
+    /// in brackets whether or not the port is the scheme's; an IP literal parsed once, a name
+    /// left to be looked up.
+    #[test]
+    fn host_header_and_literal_address() {
+        let load = |url: &str| {
+            let c = Config::from_str(
+                Path::new("test.toml"),
+                &format!("[[providers]]\nname=\"a\"\nstyle=\"openai\"\nbase_url=\"{url}\"\n"),
+            )
+            .unwrap();
+            let p = c.providers["a"].clone();
+            (p.host_header.clone(), p.ip.map(|ip| ip.to_string()))
+        };
+        let some = |s: &str| Some(s.to_string());
+        assert_eq!(load("http://[::1]"), ("[::1]".into(), some("::1")));
+        assert_eq!(
+            load("http://[::1]:8080"),
+            ("[::1]:8080".into(), some("::1"))
+        );
+        assert_eq!(
+            load("https://10.0.0.1:443"),
+            ("10.0.0.1".into(), some("10.0.0.1"))
+        );
+        assert_eq!(
+            load("https://api.openai.com"),
+            ("api.openai.com".into(), None)
+        );
+        assert_eq!(
+            load("http://llm.internal:8000/v1"),
+            ("llm.internal:8000".into(), None)
+        );
     }
 
     #[test]
