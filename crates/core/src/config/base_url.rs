@@ -60,22 +60,25 @@ mod tests {
 
     #[test]
     fn base_url_parts() {
-        assert_eq!(
-            parse_base_url("https://api.openai.com").unwrap(),
-            (true, "api.openai.com".into(), 443, "".into())
-        );
-        assert_eq!(
-            parse_base_url("http://127.0.0.1:9000/proxy/").unwrap(),
-            (false, "127.0.0.1".into(), 9000, "/proxy".into())
-        );
-        assert_eq!(
-            parse_base_url("http://[::1]").unwrap(),
-            (false, "::1".into(), 80, "".into())
-        );
-        assert_eq!(
-            parse_base_url("https://[2001:db8::1]:8443/v1").unwrap(),
-            (true, "2001:db8::1".into(), 8443, "/v1".into())
-        );
+        for (url, parts) in [
+            ("https://api.openai.com", (true, "api.openai.com", 443, "")),
+            (
+                "http://127.0.0.1:9000/proxy/",
+                (false, "127.0.0.1", 9000, "/proxy"),
+            ),
+            ("http://[::1]", (false, "::1", 80, "")),
+            (
+                "https://[2001:db8::1]:8443/v1",
+                (true, "2001:db8::1", 8443, "/v1"),
+            ),
+        ] {
+            let (tls, host, port, path) = parts;
+            assert_eq!(
+                parse_base_url(url).unwrap(),
+                (tls, host.into(), port, path.into()),
+                "{url}"
+            );
+        }
         for bad in [
             "http://[h:80]",
             "http://[example.com]:80",
