@@ -41,6 +41,10 @@ pub(super) fn parse_base_url(url: &str) -> Result<(bool, String, u16, String), S
         (host.to_string(), port)
     } else {
         match authority.rsplit_once(':') {
+            // `::1:80` or `a:b:80`: an address with colons is written in brackets.
+            Some((h, _)) if h.contains(':') => {
+                return Err(format!("an IPv6 host goes in brackets, got {url:?}"))
+            }
             Some((h, p)) => (
                 h.to_string(),
                 p.parse().map_err(|_| format!("bad port in {url:?}"))?,
@@ -84,6 +88,8 @@ mod tests {
             "http://[example.com]:80",
             "http://[]",
             "http://[::1",
+            "http://::1:80",
+            "http://a:b:80",
         ] {
             assert!(parse_base_url(bad).is_err(), "{bad}");
         }

@@ -295,7 +295,7 @@ mod tests {
                 &format!("[[providers]]\nname=\"a\"\nstyle=\"openai\"\nbase_url=\"{url}\"\n"),
             )
             .unwrap();
-            let p = c.providers["a"].clone();
+            let p = &c.providers["a"];
             (p.host_header.clone(), p.ip.map(|ip| ip.to_string()))
         };
         let some = |s: &str| Some(s.to_string());
