@@ -472,13 +472,26 @@ async fn a_rounds_script_call_survives_redis_losing_its_scripts(store: Store) {
 
 /// How many of the commands Redis runs during `span` have a `MONITOR` line `wanted`.
 async fn monitored(url: &str, wanted: impl Fn(&str) -> bool, span: Duration) -> usize {
+    monitored_up_to(url, wanted, span, usize::MAX).await
+}
+
+/// [`monitored`], returning as soon as `enough` lines were `wanted`.
+async fn monitored_up_to(
+    url: &str,
+    wanted: impl Fn(&str) -> bool,
+    span: Duration,
+    enough: usize,
+) -> usize {
     use futures::StreamExt;
     let client = redis::Client::open(url).expect("redis url");
     let monitor = client.get_async_monitor().await.expect("monitor");
     let mut lines = monitor.into_on_message::<String>();
     let until = tokio::time::Instant::now() + span;
     let mut n = 0;
-    while let Ok(Some(line)) = tokio::time::timeout_at(until, lines.next()).await {
+    while n < enough {
+        let Ok(Some(line)) = tokio::time::timeout_at(until, lines.next()).await else {
+            break;
+        };
         n += usize::from(wanted(&line));
     }
     n
@@ -730,12 +743,24 @@ async fn grants_hold_the_cap_across_instances(store: Store) {
     answered_by_both_spaced(&p, &key, 6).await;
     until_into(minute + 1, 5_000).await;
     answered_by_both_spaced(&p, &key, 4).await;
-    until_into(minute + 1, 34_000).await;
+    // The second half's first clock round (one a second) asks for the minutes ahead: on one
+    // Redis, its grant is waited for up to 50 s into the minute.
+    until_into(minute + 1, 30_000).await;
     if matches!(store, Store::Single(_)) {
         let mut c = store.conn().await;
         let scope = format!("key:{key_id}");
-        let granted = granted_requests(&mut c, &p, &user_id, &scope, minute + 2).await;
-        assert!(granted > 0, "no grant covers the minute after");
+        let asked = (minute + 1) * 60_000 + 50_000;
+        loop {
+            let granted = granted_requests(&mut c, &p, &user_id, &scope, minute + 2).await;
+            if granted > 0 {
+                break;
+            }
+            assert!(
+                gateway_core::util::now_ms() < asked,
+                "no grant covers the minute after"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
     until_into(minute + 2, 300).await;
     let statuses: Vec<u16> = futures::stream::iter(0..7_000)
@@ -858,7 +883,8 @@ async fn next_minutes_chunk_refused_past_half_the_cap(store: Store) {
         .await
         .expect("hset");
     // On one Redis, `MONITOR` tells the plain commands (a client's) from the script's
-    // (`[0 lua]`) from 29 s into the minute until the rounds after the second half began.
+    // (`[0 lua]`) from 29 s into the minute until the first plain write of the other key's
+    // grants, or 50 s.
     let grants = |i: usize| {
         gateway_core::quota::shared::grant_key(&p.prefix, &user_id, &format!("key:{}", keys[i].1))
     };
@@ -869,13 +895,11 @@ async fn next_minutes_chunk_refused_past_half_the_cap(store: Store) {
             Some(tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis((29_000 - into) as u64)).await;
                 let plain = |l: &str| l.contains(&next) && !l.contains("lua]");
-                monitored(&url, plain, Duration::from_millis(2_500)).await
+                monitored_up_to(&url, plain, Duration::from_millis(21_000), 1).await
             }))
         }
         Store::Cluster(_) => None,
     };
-    // Into the second half, and a few renewal rounds (every 100 ms) after.
-    tokio::time::sleep(Duration::from_millis((31_500 - into) as u64)).await;
     let counts = |key: String| {
         let mut c = c.clone();
         async move {
@@ -892,24 +916,48 @@ async fn next_minutes_chunk_refused_past_half_the_cap(store: Store) {
             (v.0.unwrap_or(0), v.1.unwrap_or(0))
         }
     };
-    let (r, l) = counts(window(0, minute + 1)).await;
-    assert_eq!((r, l), (60_000, 0), "the window as it was");
     let scope = |i: usize| format!("key:{}", keys[i].1);
     let mut gc = c.clone();
-    assert_eq!(
-        granted_requests(&mut gc, &p, &user_id, &scope(0), minute + 1).await,
-        0,
-        "refused, and cut back to the minutes in use"
-    );
-    let granted = granted_requests(&mut gc, &p, &user_id, &scope(1), minute + 1).await;
-    let (r, l) = counts(window(1, minute + 1)).await;
+    // The second half's first clock round (one a second) asks for both keys' next minutes:
+    // waited for, up to 50 s into the minute, by what it leaves for the other key (a grant
+    // on one Redis; on a cluster the script takes the next minute's chunk, in its window).
+    let asked = minute * 60_000 + 50_000;
+    let other = loop {
+        let granted = granted_requests(&mut gc, &p, &user_id, &scope(1), minute + 1).await;
+        let window = counts(window(1, minute + 1)).await;
+        let done = if plain.is_some() {
+            granted > 0
+        } else {
+            window.0 > 0
+        };
+        if done || gateway_core::util::now_ms() >= asked {
+            break (granted, window);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (granted, (r, l)) = other;
     if plain.is_some() {
         assert!(granted > 0, "the other key's grant covers the next minute");
         assert_eq!((r, l), (0, 0), "a grant is not counted in the window");
     } else {
-        // On a cluster the script takes the next minute's chunk, in its window.
         assert!(r > 0 && r == l, "the other key's chunk, ahead: r {r} L {l}");
     }
+    // The first key's ask, refused in the same round, is cut back by the pipeline that
+    // follows the round's: waited for up to 5 s.
+    let cut_by = gateway_core::util::now_ms() + 5_000;
+    loop {
+        let granted = granted_requests(&mut gc, &p, &user_id, &scope(0), minute + 1).await;
+        if granted == 0 {
+            break;
+        }
+        assert!(
+            gateway_core::util::now_ms() < cut_by,
+            "refused, and cut back to the minutes in use: still {granted} granted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (r, l) = counts(window(0, minute + 1)).await;
+    assert_eq!((r, l), (60_000, 0), "the window as it was");
     if let Some(plain) = plain {
         let n = plain.await.expect("monitor task");
         assert!(
