@@ -7,7 +7,7 @@
 //! `Connector`, the request is written in one piece, the answer read by [`crate::http1`], and
 //! the caller streams it back chunk by chunk.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -80,10 +80,10 @@ pub struct UpstreamPool {
     connector: TransportConnector,
     idle: IdlePool,
     /// The addresses of the host names providers are named by, and when they were looked up:
-    /// keyed by the name alone (a port is added when dialling), so a lookup borrows the
+    /// keyed by the name alone (the port is set when dialling), so a lookup borrows the
     /// provider's `host` and allocates nothing, and `http://` and `https://` of one name share
     /// an entry.
-    dns: DashMap<String, (Vec<IpAddr>, Instant), FastHash>,
+    dns: DashMap<String, (Vec<SocketAddr>, Instant), FastHash>,
 }
 
 impl Default for UpstreamPool {
@@ -126,23 +126,28 @@ impl UpstreamPool {
         if let Some(ip) = p.ip {
             return Ok(SocketAddr::new(ip, port));
         }
+        // Whole socket addresses are kept, the port set per use: a link-local IPv6 address
+        // (an mDNS name's) needs its scope id.
+        let with_port = |mut a: SocketAddr| {
+            a.set_port(port);
+            a
+        };
         if let Some(entry) = self.dns.get(host) {
             if entry.1.elapsed() < DNS_TTL {
-                if let Some(ip) = entry.0.first() {
-                    return Ok(SocketAddr::new(*ip, port));
+                if let Some(a) = entry.0.first() {
+                    return Ok(with_port(*a));
                 }
             }
         }
-        let ips: Vec<IpAddr> = tokio::net::lookup_host((host, port))
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
             .await
             .map_err(|e| UpstreamError::Resolve(host.to_string(), e.to_string()))?
-            .map(|a| a.ip())
             .collect();
-        let first = *ips
+        let first = *addrs
             .first()
             .ok_or_else(|| UpstreamError::Resolve(host.to_string(), "no address".into()))?;
-        self.dns.insert(host.to_string(), (ips, Instant::now()));
-        Ok(SocketAddr::new(first, port))
+        self.dns.insert(host.to_string(), (addrs, Instant::now()));
+        Ok(with_port(first))
     }
 
     /// The peer to open a new connection to (only needed when none is idle).
@@ -442,6 +447,20 @@ mod tests {
         let second = pool.resolve(&other_port).await.unwrap();
         assert_eq!((second.ip(), second.port()), (first.ip(), 443));
         assert_eq!(pool.dns.len(), 1);
+        // A link-local address (an mDNS name's) keeps its scope id from the cache.
+        let scoped: SocketAddr = "[fe80::1%2]:1".parse().unwrap();
+        pool.dns
+            .insert("box.local".into(), (vec![scoped], Instant::now()));
+        let local = Provider {
+            host: "box.local".into(),
+            host_header: "box.local:11434".into(),
+            port: 11434,
+            ..other_port
+        };
+        match pool.resolve(&local).await.unwrap() {
+            SocketAddr::V6(a) => assert_eq!((a.scope_id(), a.port()), (2, 11434)),
+            other => panic!("{other}"),
+        }
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub(super) fn parse_base_url(url: &str) -> Result<(bool, String, u16, String), S
         }
         let after = &stripped[end + 1..];
         let port = match after.strip_prefix(':') {
-            Some(p) => p.parse().map_err(|_| format!("bad port in {url:?}"))?,
+            Some(p) => parse_port(p).ok_or_else(|| format!("bad port in {url:?}"))?,
             None if after.is_empty() => {
                 if tls {
                     443
@@ -47,15 +47,38 @@ pub(super) fn parse_base_url(url: &str) -> Result<(bool, String, u16, String), S
             }
             Some((h, p)) => (
                 h.to_string(),
-                p.parse().map_err(|_| format!("bad port in {url:?}"))?,
+                parse_port(p).ok_or_else(|| format!("bad port in {url:?}"))?,
             ),
             None => (authority.to_string(), if tls { 443 } else { 80 }),
         }
     };
+    // A name or an IPv4 address: brackets, spaces and the like would reach a `Host` header
+    // and a lookup as they are written.
+    // (An IPv6 address, the only host with a colon, was checked above.)
+    if !host.contains(':') && !host.chars().all(host_char) {
+        return Err(format!(
+            "bad host in {url:?}: a name is written in ASCII (an international one in its \
+             xn-- form), an IPv6 address in brackets"
+        ));
+    }
     if host.is_empty() || url.contains('?') || url.contains('#') {
         return Err(format!("must be a plain base URL, got {url:?}"));
     }
     Ok((tls, host, port, path.trim_end_matches('/').to_string()))
+}
+
+/// A port: digits only (`u16`'s parse also takes a leading `+`).
+fn parse_port(text: &str) -> Option<u16> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// What a host name or IPv4 address is written with (RFC 3986's unreserved characters and
+/// sub-delimiters; no percent-encoding).
+fn host_char(ch: char) -> bool {
+    ch.is_ascii_alphanumeric() || "-._~!$&'()*+,;=".contains(ch)
 }
 
 #[cfg(test)]
@@ -90,6 +113,13 @@ mod tests {
             "http://[::1",
             "http://::1:80",
             "http://a:b:80",
+            "http://a[b]",
+            "http://a[b]:80",
+            "http://x]:80",
+            "http://ex ample.com",
+            "http://host:+80",
+            "http://host:",
+            "http://[::1]:+80",
         ] {
             assert!(parse_base_url(bad).is_err(), "{bad}");
         }

@@ -266,6 +266,16 @@ mod tests {
         assert!(file(cut).is_err(), "a value cut mid-string does not parse");
     }
 
+    /// The default origin is the site's listen address, less an IPv6 zone id a URL cannot
+    /// carry; one written in `site_origin` is refused there.
+    #[test]
+    fn default_site_origin_leaves_a_zone_id_out() {
+        let c = load("[server]\nsite_listen = \"[fe80::1%2]:18081\"\n").expect("scoped listen");
+        assert_eq!(c.server.site_origin, "http://[fe80::1]:18081");
+        let e = load("[server]\nsite_origin = \"http://[fe80::1%2]:18081\"\n").unwrap_err();
+        assert_eq!(e.key, "server.site_origin");
+    }
+
     #[test]
     fn unknown_key_is_named() {
         let e = load("[server]\napi_lisen = \"x\"\n").unwrap_err();

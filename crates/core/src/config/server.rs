@@ -125,6 +125,18 @@ fn check_listen(c: &Checker, key: &str, value: &str) -> Result<(), ConfigError> 
         })
 }
 
+/// `http://` and the site's listen address (checked already), without an IPv6 scope id
+/// (`%2`): a URL has no place for one, and the origin names the site, not an interface.
+fn default_site_origin(site_listen: &str) -> String {
+    match site_listen.parse::<std::net::SocketAddr>() {
+        Ok(std::net::SocketAddr::V6(mut a)) => {
+            a.set_scope_id(0);
+            format!("http://{a}")
+        }
+        _ => format!("http://{site_listen}"),
+    }
+}
+
 /// Validates `[server]`; `secrets_dir` places the upgrade socket and pid file by default.
 pub(super) fn validate(
     c: &Checker,
@@ -141,7 +153,7 @@ pub(super) fn validate(
     }
     let site_origin = f
         .site_origin
-        .unwrap_or_else(|| format!("http://{site_listen}"))
+        .unwrap_or_else(|| default_site_origin(&site_listen))
         .trim_end_matches('/')
         .to_string();
     let site_secure = match parse_base_url(&site_origin) {
