@@ -750,17 +750,13 @@ async fn grants_hold_the_cap_across_instances(store: Store) {
         let mut c = store.conn().await;
         let scope = format!("key:{key_id}");
         let asked = (minute + 1) * 60_000 + 50_000;
-        loop {
+        let granted = loop {
             let granted = granted_requests(&mut c, &p, &user_id, &scope, minute + 2).await;
-            if granted > 0 {
-                break;
+            if granted > 0 || !poll_again(asked).await {
+                break granted;
             }
-            assert!(
-                gateway_core::util::now_ms() < asked,
-                "no grant covers the minute after"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        };
+        assert!(granted > 0, "no grant covers the minute after");
     }
     until_into(minute + 2, 300).await;
     let statuses: Vec<u16> = futures::stream::iter(0..7_000)
@@ -789,6 +785,16 @@ async fn grants_hold_the_cap_across_instances(store: Store) {
     );
     assert!(ok >= 3_000, "only {ok} admitted");
     assert_eq!(p.mock.served().await, 10 + ok as u64);
+}
+
+/// Waits 50 ms before the next poll of a value the gateway writes on a timer; `false`, at
+/// once, when `deadline_ms` (Unix ms) has passed.
+async fn poll_again(deadline_ms: i64) -> bool {
+    if gateway_core::util::now_ms() >= deadline_ms {
+        return false;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    true
 }
 
 /// Sleeps until `at_ms` into `minute` (minutes since the epoch), if that is still to come.
@@ -930,10 +936,9 @@ async fn next_minutes_chunk_refused_past_half_the_cap(store: Store) {
         } else {
             window.0 > 0
         };
-        if done || gateway_core::util::now_ms() >= asked {
+        if done || !poll_again(asked).await {
             break (granted, window);
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let (granted, (r, l)) = other;
     if plain.is_some() {
@@ -945,17 +950,13 @@ async fn next_minutes_chunk_refused_past_half_the_cap(store: Store) {
     // The first key's ask, refused in the same round, is cut back by the pipeline that
     // follows the round's: waited for up to 5 s.
     let cut_by = gateway_core::util::now_ms() + 5_000;
-    loop {
+    let granted = loop {
         let granted = granted_requests(&mut gc, &p, &user_id, &scope(0), minute + 1).await;
-        if granted == 0 {
-            break;
+        if granted == 0 || !poll_again(cut_by).await {
+            break granted;
         }
-        assert!(
-            gateway_core::util::now_ms() < cut_by,
-            "refused, and cut back to the minutes in use: still {granted} granted"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
+    assert_eq!(granted, 0, "refused, and cut back to the minutes in use");
     let (r, l) = counts(window(0, minute + 1)).await;
     assert_eq!((r, l), (60_000, 0), "the window as it was");
     if let Some(plain) = plain {

@@ -40,27 +40,27 @@ pub(super) fn parse_base_url(url: &str) -> Result<(bool, String, u16, String), S
         };
         (host.to_string(), port)
     } else {
-        match authority.rsplit_once(':') {
+        let (host, port) = match authority.rsplit_once(':') {
             // `::1:80` or `a:b:80`: an address with colons is written in brackets.
             Some((h, _)) if h.contains(':') => {
                 return Err(format!("an IPv6 host goes in brackets, got {url:?}"))
             }
             Some((h, p)) => (
-                h.to_string(),
+                h,
                 parse_port(p).ok_or_else(|| format!("bad port in {url:?}"))?,
             ),
-            None => (authority.to_string(), if tls { 443 } else { 80 }),
+            None => (authority, if tls { 443 } else { 80 }),
+        };
+        // A name or an IPv4 address: brackets, spaces and the like would reach a `Host`
+        // header and a lookup as they are written.
+        if !host.chars().all(host_char) {
+            return Err(format!(
+                "bad host in {url:?}: a name is written in ASCII (an international one in its \
+                 xn-- form), an IPv6 address in brackets"
+            ));
         }
+        (host.to_string(), port)
     };
-    // A name or an IPv4 address: brackets, spaces and the like would reach a `Host` header
-    // and a lookup as they are written.
-    // (An IPv6 address, the only host with a colon, was checked above.)
-    if !host.contains(':') && !host.chars().all(host_char) {
-        return Err(format!(
-            "bad host in {url:?}: a name is written in ASCII (an international one in its \
-             xn-- form), an IPv6 address in brackets"
-        ));
-    }
     if host.is_empty() || url.contains('?') || url.contains('#') {
         return Err(format!("must be a plain base URL, got {url:?}"));
     }

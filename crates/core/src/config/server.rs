@@ -1,5 +1,6 @@
 //! `[server]` and `[server.limits]`: listeners, bodies, threads and client bounds.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -113,28 +114,22 @@ fn edge_limits(
     Ok(limits)
 }
 
-fn check_listen(c: &Checker, key: &str, value: &str) -> Result<(), ConfigError> {
-    value
-        .parse::<std::net::SocketAddr>()
-        .map(|_| ())
-        .map_err(|_| {
-            c.err(
-                key,
-                format!("must be an address like 127.0.0.1:8080, got {value:?}"),
-            )
-        })
+fn check_listen(c: &Checker, key: &str, value: &str) -> Result<SocketAddr, ConfigError> {
+    value.parse::<SocketAddr>().map_err(|_| {
+        c.err(
+            key,
+            format!("must be an address like 127.0.0.1:8080, got {value:?}"),
+        )
+    })
 }
 
-/// `http://` and the site's listen address (checked already), without an IPv6 scope id
-/// (`%2`): a URL has no place for one, and the origin names the site, not an interface.
-fn default_site_origin(site_listen: &str) -> String {
-    match site_listen.parse::<std::net::SocketAddr>() {
-        Ok(std::net::SocketAddr::V6(mut a)) => {
-            a.set_scope_id(0);
-            format!("http://{a}")
-        }
-        _ => format!("http://{site_listen}"),
+/// `http://` and the site's listen address, without an IPv6 scope id (`%2`): a URL has no
+/// place for one, and the origin names the site, not an interface.
+fn default_site_origin(mut site_listen: SocketAddr) -> String {
+    if let SocketAddr::V6(a) = &mut site_listen {
+        a.set_scope_id(0);
     }
+    format!("http://{site_listen}")
 }
 
 /// Validates `[server]`; `secrets_dir` places the upgrade socket and pid file by default.
@@ -146,14 +141,14 @@ pub(super) fn validate(
     let api_listen = f.api_listen.unwrap_or_else(|| "127.0.0.1:8080".into());
     check_listen(c, "server.api_listen", &api_listen)?;
     let site_listen = f.site_listen.unwrap_or_else(|| "127.0.0.1:8081".into());
-    check_listen(c, "server.site_listen", &site_listen)?;
+    let site_addr = check_listen(c, "server.site_listen", &site_listen)?;
     let admin_listen = f.admin_listen.filter(|s| !s.is_empty());
     if let Some(a) = &admin_listen {
         check_listen(c, "server.admin_listen", a)?;
     }
     let site_origin = f
         .site_origin
-        .unwrap_or_else(|| default_site_origin(&site_listen))
+        .unwrap_or_else(|| default_site_origin(site_addr))
         .trim_end_matches('/')
         .to_string();
     let site_secure = match parse_base_url(&site_origin) {
