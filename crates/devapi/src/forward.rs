@@ -294,7 +294,7 @@ async fn connect(
                 }
                 let Verdict::Failed(failure) = verdict else {
                     if let Some(t) = trace {
-                        t.answered_by(target, adm);
+                        t.answered_by(target);
                     }
                     return Ok(Answer {
                         ex,
@@ -328,7 +328,7 @@ async fn connect(
                 // The last one's answer is passed on (a refused credential becomes
                 // `provider_auth_failed` in `forward`).
                 if let Some(t) = trace {
-                    t.answered_by(target, adm);
+                    t.answered_by(target);
                 }
                 return Ok(Answer {
                     ex,

@@ -17,11 +17,11 @@
 //! `[telemetry] capture_sizes`, their sizes in bytes).
 
 use std::borrow::Cow;
-use std::sync::OnceLock;
+use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use gateway_core::domain::ProviderStyle;
-use gateway_telemetry::{Attr, SpanContext, SpanKind, SpanRecord, Telemetry};
+use gateway_telemetry::{Attr, Attributes, SpanContext, SpanKind, SpanRecord, Telemetry};
 
 use crate::ctx::RequestCtx;
 use crate::pipeline::Admitted;
@@ -42,8 +42,9 @@ pub struct RequestTrace {
     started: SystemTime,
     /// When settlement began.
     settled_at: Option<SystemTime>,
-    /// What the answering deployment was asked: its provider and model.
-    answered: OnceLock<(&'static str, String)>,
+    /// What the answering deployment was asked: its provider, and its own model name where
+    /// it renames the requested one (the request's model otherwise).
+    answered: OnceLock<(&'static str, Option<Arc<str>>)>,
     cached_tokens: u64,
     finish_reasons: Vec<String>,
 }
@@ -80,10 +81,15 @@ pub fn begin(session: &Session) -> Option<Box<RequestTrace>> {
             SpanKind::Server,
             started,
         );
-        span.set("http.request.method", method);
+        match method {
+            "POST" => span.set_all(&OVER_HTTP[0]),
+            "GET" => span.set_all(&OVER_HTTP[1]),
+            _ => {
+                span.set("http.request.method", method);
+                span.set_all(&OVER_HTTP[2]);
+            }
+        }
         span.set("url.path", req.uri.path());
-        span.set("url.scheme", "http");
-        span.set("network.protocol.version", "1.1");
         span
     });
     Some(Box::new(RequestTrace {
@@ -98,6 +104,21 @@ pub fn begin(session: &Session) -> Option<Box<RequestTrace>> {
         finish_reasons: Vec::new(),
     }))
 }
+
+/// The server span's attributes that every request over the developer API's HTTP/1.1 carries
+/// alike: for `POST`, for `GET`, and (without the method) for any other method.
+static OVER_HTTP: LazyLock<[Attributes; 3]> = LazyLock::new(|| {
+    let common = [
+        ("url.scheme", Attr::Str("http")),
+        ("network.protocol.version", Attr::Str("1.1")),
+    ];
+    let with = |method: &'static str| {
+        let mut all = vec![("http.request.method", Attr::Str(method))];
+        all.extend(common);
+        Attributes::new(&all)
+    };
+    [with("POST"), with("GET"), Attributes::new(&common)]
+});
 
 /// Parsed once: a header name given as text is parsed on every lookup.
 const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
@@ -250,14 +271,14 @@ impl RequestTrace {
     }
 
     /// Notes which deployment gave the answer the client gets.
-    pub fn answered_by(&self, target: &Target, adm: &Admitted) {
+    pub fn answered_by(&self, target: &Target) {
         if self.server.is_none() {
             return;
         }
-        let model = target.upstream_model.as_deref().unwrap_or(&adm.model_name);
-        let _ = self
-            .answered
-            .set((provider_name(target.provider.style), model.to_owned()));
+        let _ = self.answered.set((
+            provider_name(target.provider.style),
+            target.upstream_model.clone(),
+        ));
     }
 
     /// Notes what admission learnt: the operation, the model, whether streamed.
@@ -312,9 +333,11 @@ impl RequestTrace {
             s.set("gateway.key.id", who.key.id.as_str());
             s.set("gateway.account.id", who.user.id.as_str());
         }
-        if let Some((provider, model)) = self.answered.take() {
+        if let Some((provider, renamed)) = self.answered.take() {
             s.set("gen_ai.provider.name", provider);
-            s.set("gen_ai.response.model", model.as_str());
+            if let Some(model) = renamed.as_deref().or(ctx.model.as_deref()) {
+                s.set("gen_ai.response.model", model);
+            }
         }
         if let Some(d) = &ctx.deployment {
             s.set("gateway.deployment", d.as_str());

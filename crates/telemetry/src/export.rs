@@ -6,14 +6,18 @@
 //! [`crate::wire`]; JSON and gRPC go through `opentelemetry-otlp`'s own exporters, given the
 //! SDK's form of each span.
 //!
-//! A span that ends is written into its thread's shard of the queue (a counter, an uncontended
-//! lock and its bytes): nothing is handed from thread to thread per span, and the export thread,
-//! which takes each shard's bytes whole, frees nothing of the request threads'. The export
-//! thread wakes once a second ([`DELAY`]), when a batch's worth is waiting (one signal, not one
-//! per span), or to flush at shutdown, as the SDK's batch processor does. The queue is bounded
-//! by a counter of the spans written and not yet taken: spans that would take it past [`QUEUE`]
-//! are dropped and counted (`queue_full`), as are the spans of an export that failed
-//! (`export_failed`); the request path never waits for the collector.
+//! A span that ends is written into its thread's shard of the queue (an uncontended lock and
+//! its bytes): nothing is handed from thread to thread per span, and the export thread, which
+//! takes each shard's bytes whole, frees nothing of the request threads'. It hands each shard's
+//! buffer back once exported, so a busy thread keeps writing into memory it already touched
+//! instead of faulting in fresh pages after every batch. The export thread wakes once a second
+//! ([`DELAY`]), when a batch's worth is waiting (one signal, not one per span), or to flush at
+//! shutdown, as the SDK's batch processor does. The queue is bounded by a counter shared by
+//! every thread of the spans written and not yet taken; a thread adds to it [`STEP`] spans at a
+//! time, as one write to a cache line that every core would otherwise pass around per span.
+//! Spans written while it is at [`QUEUE`] are dropped and counted (`queue_full`), as are the
+//! spans of an export that failed (`export_failed`); the request path never waits for the
+//! collector.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -38,10 +42,16 @@ use crate::record::SpanRecord;
 
 /// The instrumentation scope every span of the gateway is in.
 pub const SCOPE: &str = "gateway";
-/// Spans waiting for export at most; past it new spans are dropped (and counted).
-pub const QUEUE: usize = 4096;
-/// Spans per export request, at most; a batch's worth waiting wakes the export thread.
-const BATCH: usize = 512;
+/// Spans waiting for export at most (give or take a [`STEP`] per thread); past it new spans are
+/// dropped (and counted).
+pub const QUEUE: usize = 8192;
+/// Spans per export request, at most; a batch's worth waiting wakes the export thread. Larger
+/// than the SDK's 512: each request costs the gateway two thread wake-ups and an HTTP exchange
+/// whatever its size, and at a few spans per developer request a busy gateway would send
+/// hundreds a second. 2048 spans are about 1.5 MB, within collectors' usual 4 MiB limit.
+const BATCH: usize = 2048;
+/// Spans a thread writes before it adds them to the shared count.
+const STEP: usize = 32;
 /// A batch that does not fill is sent after this long.
 const DELAY: Duration = Duration::from_millis(1000);
 /// One export request may take this long before it counts as failed.
@@ -267,6 +277,10 @@ enum Signal {
 struct Written {
     bytes: Vec<u8>,
     spans: usize,
+    /// Of `spans`, those not yet added to the queue's shared count (fewer than [`STEP`]).
+    uncounted: usize,
+    /// An exported buffer handed back, emptied, for the next batch.
+    spare: Vec<u8>,
 }
 
 /// One thread's written spans. Only its thread and the export thread (once per batch) take
@@ -331,38 +345,38 @@ impl Queue {
     /// Writes a finished span into this thread's batch for the export thread, or drops (and
     /// counts) it when it would take the queue past its bound. Never blocks.
     pub fn submit(&self, span: &SpanRecord) {
-        let waiting = self.pending.fetch_add(1, Ordering::AcqRel) + 1;
-        if waiting > QUEUE {
-            self.pending.fetch_sub(1, Ordering::AcqRel);
+        if self.pending.load(Ordering::Relaxed) >= QUEUE {
             self.full.inc();
             return;
         }
         if self.stopped.load(Ordering::Acquire) {
             // The export thread has stopped (shutdown): nothing will take it.
-            self.pending.fetch_sub(1, Ordering::AcqRel);
             return;
         }
-        let written_here = SHARD.try_with(|cell| {
+        // A span ending while its thread is torn down is not written: nothing would take it.
+        let counted = SHARD.try_with(|cell| {
             let mut cell = cell.borrow_mut();
             if !matches!(&*cell, Some((id, _)) if *id == self.id) {
                 *cell = Some((self.id, self.new_shard()));
             }
-            if let Some((_, shard)) = cell.as_ref() {
-                let mut w = written(shard);
-                span.encode(&mut w.bytes);
-                w.spans += 1;
+            let (_, shard) = cell.as_ref()?;
+            let mut w = written(shard);
+            span.encode(&mut w.bytes);
+            w.spans += 1;
+            w.uncounted += 1;
+            if w.uncounted < STEP {
+                return None;
             }
+            w.uncounted = 0;
+            Some(self.pending.fetch_add(STEP, Ordering::AcqRel) + STEP)
         });
-        if written_here.is_err() {
-            // A span ending while its thread is torn down: nothing will take it.
-            self.pending.fetch_sub(1, Ordering::AcqRel);
-            return;
-        }
-        if waiting >= BATCH
-            && !self.signalled.load(Ordering::Relaxed)
-            && !self.signalled.swap(true, Ordering::AcqRel)
-        {
-            let _ = self.signals.send(Signal::Batch);
+        if let Ok(Some(waiting)) = counted {
+            if waiting >= BATCH
+                && !self.signalled.load(Ordering::Relaxed)
+                && !self.signalled.swap(true, Ordering::AcqRel)
+            {
+                let _ = self.signals.send(Signal::Batch);
+            }
         }
     }
 
@@ -425,32 +439,53 @@ impl Worker {
         }
     }
 
-    /// Exports every span waiting, in requests of at most [`BATCH`] spans.
+    /// Exports every span waiting, in requests of at most [`BATCH`] spans, and hands each
+    /// shard its buffer back.
     fn drain(&mut self) {
         let mut taken = Vec::new();
+        let mut from = Vec::new();
+        let mut counted = 0;
         {
             let mut all = self.shards.lock().unwrap_or_else(PoisonError::into_inner);
-            for shard in all.iter() {
+            // A thread that has ended leaves its shard to this list alone: emptied below, it
+            // is dropped from the list.
+            let live: Vec<bool> = all.iter().map(|s| Arc::strong_count(s) > 1).collect();
+            for (shard, &live) in all.iter().zip(&live) {
                 let mut w = written(shard);
                 if w.spans == 0 {
                     // A thread gone quiet does not keep a burst's room.
                     if w.bytes.capacity() > QUIET_ROOM {
                         w.bytes = Vec::new();
+                        w.spare = Vec::new();
                     }
                     continue;
                 }
-                let room = w.bytes.len();
-                let bytes = std::mem::replace(&mut w.bytes, Vec::with_capacity(room));
+                let next = match std::mem::take(&mut w.spare) {
+                    spare if spare.capacity() > 0 => spare,
+                    _ => Vec::with_capacity(w.bytes.len()),
+                };
+                let bytes = std::mem::replace(&mut w.bytes, next);
                 let spans = std::mem::take(&mut w.spans);
-                taken.push(Written { bytes, spans });
+                counted += spans - std::mem::take(&mut w.uncounted);
+                taken.push(Written {
+                    bytes,
+                    spans,
+                    ..Written::default()
+                });
+                from.push(live.then(|| shard.clone()));
             }
-            // A thread that has ended leaves its shard, emptied just now, to this list alone.
-            all.retain(|s| Arc::strong_count(s) > 1);
+            let mut live = live.into_iter();
+            all.retain(|_| live.next().unwrap_or(false));
         }
-        let spans: usize = taken.iter().map(|w| w.spans).sum();
-        self.pending.fetch_sub(spans, Ordering::AcqRel);
+        self.pending.fetch_sub(counted, Ordering::AcqRel);
         for (request, spans) in requests(&taken, BATCH) {
             self.export(&request, spans);
+        }
+        for (shard, mut w) in from.into_iter().zip(taken) {
+            if let Some(shard) = shard {
+                w.bytes.clear();
+                written(&shard).spare = w.bytes;
+            }
         }
     }
 

@@ -27,7 +27,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use gateway_core::state::SharedState;
 
 pub use opentelemetry::trace::{SpanContext, SpanKind, TraceState};
-pub use record::{child, Attr, SpanRecord};
+pub use record::{child, Attr, Attributes, SpanRecord};
 
 use record::new_trace_id;
 

@@ -38,6 +38,9 @@ pub struct Protobuf {
     resource: Vec<u8>,
     schema_url: String,
     rejected: prometheus::IntCounter,
+    /// The last export's body, handed back once posted: the next one is written into memory
+    /// already mapped instead of a fresh allocation of a batch's size.
+    spare: std::sync::Mutex<Vec<u8>>,
 }
 
 impl Protobuf {
@@ -71,6 +74,7 @@ impl Protobuf {
             resource: wire::resource(&Resource::builder_empty().build()),
             schema_url: String::new(),
             rejected: gateway_core::metrics::SPANS_DROPPED.with_label_values(&["export_failed"]),
+            spare: std::sync::Mutex::default(),
         })
     }
 
@@ -82,30 +86,40 @@ impl Protobuf {
     /// Exports the spans written in `chunks`.
     pub async fn export(&self, chunks: &[&[u8]]) -> OTelSdkResult {
         let written: usize = chunks.iter().map(|c| c.len()).sum();
-        let mut body = Vec::with_capacity(self.resource.len() + 64 + written);
+        let mut body = std::mem::take(&mut *self.spare.lock().unwrap_or_else(|e| e.into_inner()));
+        body.reserve(self.resource.len() + 64 + written);
         wire::export_request(&mut body, &self.resource, &self.schema_url, SCOPE, chunks);
         let body = Bytes::from(body);
         let client = self.client.clone();
         let url = self.endpoint.clone();
         let headers = self.headers.clone();
-        let answer = self
+        let (answer, body) = self
             .rt
             .spawn(async move {
                 // Each attempt is bounded by the client's timeout, the whole export by this.
                 let deadline = tokio::time::Instant::now() + EXPORT_TIMEOUT;
-                tokio::time::timeout_at(
+                let answer = tokio::time::timeout_at(
                     deadline,
-                    post_with_retries(&client, url, headers, body, deadline),
+                    post_with_retries(&client, url, headers, &body, deadline),
                 )
                 .await
                 .unwrap_or_else(|_| {
                     Err(OTelSdkError::InternalFailure(
                         "the collector did not answer in time".into(),
                     ))
-                })
+                });
+                (answer, body)
             })
             .await
-            .map_err(|e| OTelSdkError::InternalFailure(e.to_string()))??;
+            .map_err(|e| OTelSdkError::InternalFailure(e.to_string()))?;
+        // The client has let go of its copies once the exchange is over; where one is still
+        // held (a connection not yet done writing it), the next body is allocated anew.
+        if let Ok(spare) = body.try_into_mut() {
+            let mut spare = Vec::from(spare);
+            spare.clear();
+            *self.spare.lock().unwrap_or_else(|e| e.into_inner()) = spare;
+        }
+        let answer = answer?;
         if let Ok(response) = ExportTraceServiceResponse::decode(answer) {
             if let Some(partial) = response.partial_success {
                 if partial.rejected_spans > 0 {
@@ -128,7 +142,7 @@ async fn post_with_retries(
     client: &reqwest::Client,
     url: reqwest::Url,
     headers: http::HeaderMap,
-    body: Bytes,
+    body: &Bytes,
     deadline: tokio::time::Instant,
 ) -> Result<Bytes, OTelSdkError> {
     let mut pause = FIRST_PAUSE;

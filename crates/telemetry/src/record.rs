@@ -124,6 +124,14 @@ impl SpanRecord {
         );
     }
 
+    /// Sets every attribute of `attributes` at once.
+    pub fn set_all(&mut self, attributes: &Attributes) {
+        if self.attributes.capacity() == 0 {
+            self.attributes.reserve(ATTRIBUTE_ROOM);
+        }
+        self.attributes.extend_from_slice(&attributes.0);
+    }
+
     pub fn event(&mut self, name: &str, at: SystemTime, attributes: &[(&str, Attr<'_>)]) {
         wire::event(&mut self.events, name, at, attributes);
     }
@@ -131,6 +139,21 @@ impl SpanRecord {
     /// Writes the span as one `spans` field of a `ScopeSpans` message.
     pub fn encode(&self, out: &mut Vec<u8>) {
         wire::span(out, self);
+    }
+}
+
+/// Attributes that many spans carry alike, written in their wire form once: setting them is
+/// one copy.
+#[derive(Debug, Clone)]
+pub struct Attributes(Vec<u8>);
+
+impl Attributes {
+    pub fn new(attributes: &[(&str, Attr<'_>)]) -> Self {
+        let mut bytes = Vec::new();
+        for (key, value) in attributes {
+            wire::attribute(&mut bytes, wire::SPAN_ATTRIBUTE, key, *value);
+        }
+        Attributes(bytes)
     }
 }
 

@@ -188,13 +188,30 @@ pub(crate) fn event(
     if out.capacity() == 0 {
         out.reserve(EVENT_ROOM);
     }
-    let e = open(out, 11);
-    fixed64(out, 1, nanos(at));
+    // Summed first, so that the event is written in place (most have no attributes).
+    let at = nanos(at);
+    let len = fixed64_len(at)
+        + string_len(2, name)
+        + attributes
+            .iter()
+            .map(|(k, v)| attribute_len(3, k, *v))
+            .sum::<usize>();
+    field_key(out, 11, WireType::LengthDelimited);
+    varint(out, len as u64);
+    let from = out.len();
+    fixed64(out, 1, at);
     string(out, 2, name);
     for (k, v) in attributes {
         attribute(out, 3, k, *v);
     }
-    close(out, e);
+    debug_assert_eq!(out.len() - from, len, "an event's length summed wrong");
+}
+
+/// The bytes [`attribute`] writes for `key` and `value` as field `tag`.
+fn attribute_len(tag: u32, key: &str, value: Attr<'_>) -> usize {
+    let any_len = attr_len(value);
+    let kv_len = string_len(1, key) + key_len(2) + encoded_len_varint(any_len as u64) + any_len;
+    key_len(tag) + encoded_len_varint(kv_len as u64) + kv_len
 }
 
 fn kind(kind: &SpanKind) -> u64 {
