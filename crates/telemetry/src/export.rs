@@ -48,8 +48,11 @@ pub const QUEUE: usize = 8192;
 /// Spans per export request, at most; a batch's worth waiting wakes the export thread. Larger
 /// than the SDK's 512: each request costs the gateway two thread wake-ups and an HTTP exchange
 /// whatever its size, and at a few spans per developer request a busy gateway would send
-/// hundreds a second. 2048 spans are about 1.5 MB, within collectors' usual 4 MiB limit.
+/// hundreds a second. 2048 of the gateway's spans are about 1.5 MB.
 const BATCH: usize = 2048;
+/// Bytes of spans per export request, at most: well within the 4 MiB a gRPC collector takes
+/// by default, whatever the spans carry (a long path, an error's text).
+const BATCH_BYTES: usize = 3 << 20;
 /// Spans a thread writes before it adds them to the shared count.
 const STEP: usize = 32;
 /// A batch that does not fill is sent after this long.
@@ -454,7 +457,7 @@ impl Worker {
                 let mut w = written(shard);
                 if w.spans == 0 {
                     // A thread gone quiet does not keep a burst's room.
-                    if w.bytes.capacity() > QUIET_ROOM {
+                    if w.bytes.capacity().max(w.spare.capacity()) > QUIET_ROOM {
                         w.bytes = Vec::new();
                         w.spare = Vec::new();
                     }
@@ -478,11 +481,14 @@ impl Worker {
             all.retain(|_| live.next().unwrap_or(false));
         }
         self.pending.fetch_sub(counted, Ordering::AcqRel);
-        for (request, spans) in requests(&taken, BATCH) {
+        for (request, spans) in requests(&taken, BATCH, BATCH_BYTES) {
             self.export(&request, spans);
         }
         for (shard, mut w) in from.into_iter().zip(taken) {
-            if let Some(shard) = shard {
+            // A burst's buffer is let go once the traffic that filled it has passed: only one
+            // about the size of what the thread now writes between exports is handed back.
+            let fits = w.bytes.capacity() <= (4 * w.bytes.len()).max(QUIET_ROOM);
+            if let (Some(shard), true) = (shard, fits) {
                 w.bytes.clear();
                 written(&shard).spare = w.bytes;
             }
@@ -499,28 +505,43 @@ impl Worker {
 }
 
 /// The export requests for the spans `taken` from the shards, in order: each at most `batch`
-/// spans, a shard's run of spans cut at span boundaries where it does not fit whole.
-fn requests(taken: &[Written], batch: usize) -> Vec<(Vec<&[u8]>, usize)> {
+/// spans and `max_bytes` of them (a span larger than that goes alone), a shard's run of spans
+/// cut at span boundaries where it does not fit whole.
+fn requests(taken: &[Written], batch: usize, max_bytes: usize) -> Vec<(Vec<&[u8]>, usize)> {
     let mut out = Vec::new();
     let mut request: Vec<&[u8]> = Vec::new();
-    let mut in_request = 0;
+    let (mut in_request, mut request_bytes) = (0, 0);
     for w in taken {
         let (mut rest, mut left) = (w.bytes.as_slice(), w.spans);
         while left > 0 {
             let room = batch - in_request;
-            let (cut, n) = if left <= room {
+            let byte_room = max_bytes.saturating_sub(request_bytes);
+            let (cut, n) = if left <= room && rest.len() <= byte_room {
                 (rest.len(), left)
             } else {
-                crate::wire::after_spans(rest, room)
+                // Only the spans that end within the room are counted.
+                crate::wire::after_spans(&rest[..byte_room.min(rest.len())], room)
+            };
+            let (cut, n) = match (n, in_request) {
+                // Not one more span fits: the request is sent and the rest starts the next.
+                (0, 1..) => {
+                    out.push((std::mem::take(&mut request), in_request));
+                    (in_request, request_bytes) = (0, 0);
+                    continue;
+                }
+                // A span larger than a whole request goes alone.
+                (0, 0) => crate::wire::after_spans(rest, 1),
+                _ => (cut, n),
             };
             request.push(&rest[..cut]);
             in_request += n;
+            request_bytes += cut;
             rest = &rest[cut..];
             // Bytes that are not a run of spans (never written so) end the shard's part.
             left = if n == 0 { 0 } else { left - n };
-            if in_request >= batch {
+            if in_request >= batch || request_bytes >= max_bytes {
                 out.push((std::mem::take(&mut request), in_request));
-                in_request = 0;
+                (in_request, request_bytes) = (0, 0);
             }
         }
     }
@@ -568,11 +589,9 @@ mod tests {
         )
     }
 
-    /// Spans taken from several threads go out in order, at most a batch to a request, a
-    /// thread's run of spans cut between two spans where it does not fit whole.
-    #[test]
-    fn taken_spans_make_requests_of_at_most_a_batch() {
-        let taken: Vec<Written> = [3, 7, 1, 4]
+    /// Each thread's share of spans, `n` server spans apiece.
+    fn taken(counts: &[usize]) -> Vec<Written> {
+        counts
             .iter()
             .map(|&n| {
                 let mut w = Written::default();
@@ -582,11 +601,12 @@ mod tests {
                 }
                 w
             })
-            .collect();
-        let requests = requests(&taken, 5);
-        let counts: Vec<usize> = requests.iter().map(|(_, n)| *n).collect();
-        assert_eq!(counts, [5, 5, 5]);
-        for (chunks, n) in &requests {
+            .collect()
+    }
+
+    /// Every request holds whole spans, and together they hold every span taken, in order.
+    fn assert_whole_and_in_order(requests: &[(Vec<&[u8]>, usize)], taken: &[Written]) {
+        for (chunks, n) in requests {
             let whole: usize = chunks
                 .iter()
                 .map(|c| crate::wire::after_spans(c, usize::MAX).1)
@@ -596,8 +616,35 @@ mod tests {
         let sent: Vec<u8> = requests.iter().flat_map(|(c, _)| c.concat()).collect();
         let all: Vec<u8> = taken.iter().flat_map(|w| w.bytes.clone()).collect();
         assert_eq!(sent, all, "nothing lost, nothing reordered");
-        assert_eq!(super::requests(&taken[..1], 5).len(), 1);
-        assert!(super::requests(&[], 5).is_empty());
+    }
+
+    /// Spans taken from several threads go out in order, at most a batch to a request, a
+    /// thread's run of spans cut between two spans where it does not fit whole.
+    #[test]
+    fn taken_spans_make_requests_of_at_most_a_batch() {
+        let taken = taken(&[3, 7, 1, 4]);
+        let requests = requests(&taken, 5, usize::MAX);
+        let counts: Vec<usize> = requests.iter().map(|(_, n)| *n).collect();
+        assert_eq!(counts, [5, 5, 5]);
+        assert_whole_and_in_order(&requests, &taken);
+        assert_eq!(super::requests(&taken[..1], 5, usize::MAX).len(), 1);
+        assert!(super::requests(&[], 5, usize::MAX).is_empty());
+    }
+
+    /// A request holds at most its bytes' worth of spans, however many the batch allows; a
+    /// span larger than that goes alone.
+    #[test]
+    fn requests_stay_within_their_bytes() {
+        let taken = taken(&[3, 7, 1, 4]);
+        let span = taken[0].bytes.len() / 3;
+        let requests = requests(&taken, 100, 2 * span + span / 2);
+        let counts: Vec<usize> = requests.iter().map(|(_, n)| *n).collect();
+        assert_eq!(counts, [2, 2, 2, 2, 2, 2, 2, 1]);
+        assert_whole_and_in_order(&requests, &taken);
+        let alone = super::requests(&taken, 100, span / 2);
+        assert_eq!(alone.len(), 15);
+        assert!(alone.iter().all(|(_, n)| *n == 1));
+        assert_whole_and_in_order(&alone, &taken);
     }
 
     /// A collector that takes the connection and never answers holds the export thread in its
