@@ -463,8 +463,10 @@ impl Worker {
                     }
                     continue;
                 }
+                // A spare too small for what the thread wrote this time is not grown (that
+                // would copy its old bytes) but replaced.
                 let next = match std::mem::take(&mut w.spare) {
-                    spare if spare.capacity() > 0 => spare,
+                    spare if spare.capacity() >= w.bytes.len() => spare,
                     _ => Vec::with_capacity(w.bytes.len()),
                 };
                 let bytes = std::mem::replace(&mut w.bytes, next);

@@ -86,8 +86,12 @@ impl Protobuf {
     /// Exports the spans written in `chunks`.
     pub async fn export(&self, chunks: &[&[u8]]) -> OTelSdkResult {
         let written: usize = chunks.iter().map(|c| c.len()).sum();
+        let room = self.resource.len() + 64 + written;
         let mut body = std::mem::take(&mut *self.spare.lock().unwrap_or_else(|e| e.into_inner()));
-        body.reserve(self.resource.len() + 64 + written);
+        if body.capacity() < room {
+            // Allocated anew rather than grown: growing would copy the old body's bytes.
+            body = Vec::with_capacity(room);
+        }
         wire::export_request(&mut body, &self.resource, &self.schema_url, SCOPE, chunks);
         let body = Bytes::from(body);
         let client = self.client.clone();

@@ -113,11 +113,8 @@ impl SpanRecord {
     }
 
     pub fn set<'a>(&mut self, key: &str, value: impl Into<Attr<'a>>) {
-        if self.attributes.capacity() == 0 {
-            self.attributes.reserve(ATTRIBUTE_ROOM);
-        }
         wire::attribute(
-            &mut self.attributes,
+            self.attribute_room(),
             wire::SPAN_ATTRIBUTE,
             key,
             value.into(),
@@ -126,10 +123,16 @@ impl SpanRecord {
 
     /// Sets every attribute of `attributes` at once.
     pub fn set_all(&mut self, attributes: &Attributes) {
+        self.attribute_room().extend_from_slice(&attributes.0);
+    }
+
+    /// The span's attributes, given a server span's room when the first is set.
+    #[inline]
+    fn attribute_room(&mut self) -> &mut Vec<u8> {
         if self.attributes.capacity() == 0 {
             self.attributes.reserve(ATTRIBUTE_ROOM);
         }
-        self.attributes.extend_from_slice(&attributes.0);
+        &mut self.attributes
     }
 
     pub fn event(&mut self, name: &str, at: SystemTime, attributes: &[(&str, Attr<'_>)]) {

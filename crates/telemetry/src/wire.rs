@@ -209,8 +209,7 @@ pub(crate) fn event(
 
 /// The bytes [`attribute`] writes for `key` and `value` as field `tag`.
 fn attribute_len(tag: u32, key: &str, value: Attr<'_>) -> usize {
-    let any_len = attr_len(value);
-    let kv_len = string_len(1, key) + key_len(2) + encoded_len_varint(any_len as u64) + any_len;
+    let kv_len = key_value_len(key, attr_len(value));
     key_len(tag) + encoded_len_varint(kv_len as u64) + kv_len
 }
 
@@ -353,12 +352,17 @@ fn fixed32(out: &mut Vec<u8>, tag: u32, v: u32) {
 /// A `KeyValue` message's field key and length, its key, and its value's field key and length:
 /// all of it but the value's content (`value_len` bytes).
 fn key_value_head(out: &mut Vec<u8>, tag: u32, key: &str, value_len: usize) {
-    let len = string_len(1, key) + key_len(2) + encoded_len_varint(value_len as u64) + value_len;
+    let len = key_value_len(key, value_len);
     field_key(out, tag, WireType::LengthDelimited);
     varint(out, len as u64);
     string(out, 1, key);
     field_key(out, 2, WireType::LengthDelimited);
     varint(out, value_len as u64);
+}
+
+/// The content of a `KeyValue` message: `key`, and a value whose `AnyValue` is `value_len` bytes.
+fn key_value_len(key: &str, value_len: usize) -> usize {
+    string_len(1, key) + key_len(2) + encoded_len_varint(value_len as u64) + value_len
 }
 
 /// A `KeyValue` message holding one of the gateway's attributes, as field `tag`: the same
