@@ -147,6 +147,19 @@ pub const DRAIN_TRIES: usize = 6;
 /// Requests, input tokens, output tokens.
 type Dims = [u64; 3];
 
+/// The account's request rate here (per second) after `admitted` requests in the `elapsed_ms`
+/// since the last renewal, from the rate estimated then (`before`): an average over about the
+/// last `HORIZON_MS`, the span a lease is sized to cover. Each interval weighs by its length:
+/// renewals come at the clock round, on the request path and at the next flush after a request
+/// settles, so one request a few milliseconds after a renewal would otherwise read as hundreds
+/// a second, and an account at a request a second could be sized (its chunk ahead, its grant)
+/// as a busy one for minutes.
+fn decayed_rate(before: f64, admitted: u64, elapsed_ms: i64) -> f64 {
+    let elapsed = elapsed_ms.max(1) as f64;
+    let kept = (-elapsed / HORIZON_MS).exp();
+    kept * before + (1.0 - kept) * admitted as f64 * 1000.0 / elapsed
+}
+
 /// The requests a chunk is sized for when `expected` arrive in its span on average: three
 /// standard deviations more. Requests sent at random moments number their average give or
 /// take its square root, so a chunk sized for the average alone runs out before its minute
@@ -792,13 +805,7 @@ impl Leases {
         let held_before = s.held;
         s.held = [0, 1].map(|i| s.held[i].saturating_sub(paid[i] + aside_paid[i]));
 
-        let elapsed = (now - s.last_renewal).max(1) as f64;
-        let observed = s.admitted as f64 * 1000.0 / elapsed;
-        s.rate_per_s = if s.last_renewal == 0 {
-            observed
-        } else {
-            0.7 * s.rate_per_s + 0.3 * observed
-        };
+        s.rate_per_s = decayed_rate(s.rate_per_s, s.admitted, now - s.last_renewal);
         s.admitted = 0;
         let closing = self.closing.load(std::sync::atomic::Ordering::Relaxed);
         let idle = (closing || now - s.last_used > IDLE_MS) && s.inflight == [0, 0];
@@ -1535,6 +1542,32 @@ mod tests {
     use crate::config::TierLimits;
     use crate::domain::{Breakdown, LotKind};
     use crate::quota::{RatePlan, Ticket, Used};
+
+    #[test]
+    fn a_request_just_after_a_renewal_is_not_read_as_a_burst() {
+        // One request 5 ms after the last renewal, at an account resting at one a second.
+        let rate = super::decayed_rate(1.0, 1, 5);
+        assert!(rate < 2.0, "{rate}");
+        // The same request over a whole second reads as the same rate.
+        assert!((super::decayed_rate(1.0, 1, 1_000) - 1.0).abs() < 1e-9);
+        // A lease's first renewal (nothing before it) counts from the epoch: nothing yet.
+        assert!(super::decayed_rate(0.0, 3, crate::util::now_ms()) < 1e-6);
+    }
+
+    #[test]
+    fn the_rate_follows_steady_traffic_whatever_the_renewals_pace() {
+        // 200 requests a second, renewed every 20 ms or every second: both settle near 200.
+        for (every_ms, per_renewal) in [(20, 4), (1_000, 200)] {
+            let mut rate = 0.0;
+            for _ in 0..(20_000 / every_ms) {
+                rate = super::decayed_rate(rate, per_renewal, every_ms);
+            }
+            assert!((rate - 200.0).abs() < 1.0, "every {every_ms} ms: {rate}");
+        }
+        // Traffic that stops: the estimate falls away within seconds.
+        let quiet = super::decayed_rate(200.0, 0, 10_000);
+        assert!(quiet < 10.0, "{quiet}");
+    }
 
     /// A lease on account `u` set aside with weekly limits (10,000 tokens, unlimited requests),
     /// holding 1,000 tokens and 10 requests, one request of 100 tokens admitted.
