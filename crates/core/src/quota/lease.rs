@@ -445,10 +445,15 @@ impl Slot {
     }
 
     /// Whether what is left unused (`free`) covers `ms` of the account's traffic here, at the
-    /// larger of its rate as last estimated and its rate since the last renewal.
+    /// larger of its rate as last estimated and that estimate with the requests since the last
+    /// renewal counted in (a burst since then weighs at once; one request a moment after the
+    /// renewal is not a burst).
     fn lasts(&self, free: [u64; 2], now: i64, ms: i64) -> bool {
-        let since = (now - self.last_renewal).max(1) as f64;
-        let rate = self.rate_per_s.max(self.admitted as f64 * 1000.0 / since);
+        let rate = self.rate_per_s.max(decayed_rate(
+            self.rate_per_s,
+            self.admitted,
+            now - self.last_renewal,
+        ));
         let requests = rate * ms as f64 / 1000.0;
         let per_request = [self.avg_tokens.max(1.0), 1.0];
         (0..2).all(|i| self.top_up[i] == 0 || free[i] as f64 >= requests * per_request[i])
@@ -1785,6 +1790,13 @@ mod tests {
             s.admitted = 20;
         }
         assert_eq!(leases.due(now + 1_200, 900_000, true), ["u"]);
+        // One request a moment after a renewal is no burst: it waits for the clock round.
+        {
+            let mut s = cell.slot.lock();
+            s.admitted = 1;
+            s.last_renewal = now + 1_250;
+        }
+        assert!(leases.due(now + 1_300, 900_000, true).is_empty());
     }
 
     fn lot(id: &str, kind: LotKind, n: u64) -> (String, LotKind, u64) {
