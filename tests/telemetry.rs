@@ -518,6 +518,12 @@ async fn plain_streamed_and_translated_requests_have_their_span_trees() {
     assert_eq!(a.attr("gateway.attempt.outcome"), Some("complete"));
     assert_eq!(a.attr("gateway.deployment"), Some("mock/mock-gpt"));
     assert_eq!(a.attr("http.response.status_code"), Some("200"));
+    assert_eq!(a.name, "chat mock-gpt");
+    assert_eq!(a.attr("gen_ai.provider.name"), Some("openai"));
+    assert_eq!(a.attr("gen_ai.request.model"), Some("mock-gpt"));
+    assert_eq!(a.attr("server.address"), Some("127.0.0.1"));
+    assert_eq!(a.attr("gateway.attempt"), Some("1"));
+    assert!(a.attr("server.port").is_some_and(|p| p != "0"), "{a:#?}");
     // The provider's request carries the attempt's context.
     let (tid, parent) = provider_traceparent(&mock, 0).await;
     assert_eq!(tid, trace_id);

@@ -272,8 +272,7 @@ async fn connect(
         };
         if let Some(a) = &attempt {
             // The provider's work joins the trace; the client's own trace headers never pass.
-            req.headers
-                .extend(a.headers().map(|(k, v)| (k, Cow::Owned(v))));
+            req.headers.extend(a.headers());
         }
         let outstanding = target.health.begin();
         match Box::pin(state.upstreams.start(&req)).await {

@@ -128,12 +128,11 @@ impl InFlight {
     }
 
     /// The finish reasons the answer stated, when they were asked for.
-    pub fn finish_reasons(&mut self) -> Vec<String> {
+    pub fn finish_reasons(&mut self) -> FinishReasons {
         self.tracker
             .as_deref_mut()
             .and_then(StreamUsageTracker::take_finish_reasons)
             .or_else(|| self.reasons.take())
-            .map(FinishReasons::into_vec)
             .unwrap_or_default()
     }
 

@@ -18,15 +18,18 @@
 
 use std::borrow::Cow;
 use std::sync::{Arc, LazyLock, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use gateway_core::domain::ProviderStyle;
-use gateway_telemetry::{Attr, Attributes, SpanContext, SpanKind, SpanRecord, Telemetry};
+use gateway_telemetry::{
+    Attr, Attributes, SpanContext, SpanKind, SpanRecord, Telemetry, Timestamp, TraceHeaders,
+};
 
 use crate::ctx::RequestCtx;
 use crate::pipeline::Admitted;
 use crate::route::Endpoint;
 use crate::routing::Target;
+use crate::usage::FinishReasons;
 use crate::Session;
 
 /// The spans of one request under way.
@@ -39,19 +42,18 @@ pub struct RequestTrace {
     server: Option<SpanRecord>,
     /// The trace id (32 hex digits), for the access line.
     pub trace_id: gateway_telemetry::TraceIdHex,
-    started: SystemTime,
+    started: Timestamp,
     /// When settlement began.
-    settled_at: Option<SystemTime>,
-    /// What the answering deployment was asked: its provider, and its own model name where
-    /// it renames the requested one (the request's model otherwise).
-    answered: OnceLock<(&'static str, Option<Arc<str>>)>,
+    settled_at: Option<Timestamp>,
+    /// The attributes of the deployment that gave the answer.
+    answered: OnceLock<Arc<DeploymentAttributes>>,
     cached_tokens: u64,
-    finish_reasons: Vec<String>,
+    finish_reasons: FinishReasons,
 }
 
 /// Ends `span` now and hands it to the export.
 fn ended(telemetry: &Telemetry, mut span: SpanRecord) {
-    span.end = SystemTime::now();
+    span.end = Timestamp::now();
     telemetry.submit(&span);
 }
 
@@ -66,7 +68,7 @@ pub fn begin(session: &Session) -> Option<Box<RequestTrace>> {
         None
     };
     let context = telemetry.server_context(parent.as_ref());
-    let started = SystemTime::now();
+    let started = Timestamp::now();
     let server = context.is_sampled().then(|| {
         let method = req.method.as_str();
         let name = match method {
@@ -101,7 +103,7 @@ pub fn begin(session: &Session) -> Option<Box<RequestTrace>> {
         settled_at: None,
         answered: OnceLock::new(),
         cached_tokens: 0,
-        finish_reasons: Vec::new(),
+        finish_reasons: FinishReasons::default(),
     }))
 }
 
@@ -120,17 +122,93 @@ static OVER_HTTP: LazyLock<[Attributes; 3]> = LazyLock::new(|| {
     [with("POST"), with("GET"), Attributes::new(&common)]
 });
 
+/// The attributes a deployment's spans carry alike, written once (per thread) rather than for
+/// every attempt and answer: an attempt's provider, deployment, address and model, and the
+/// answer's provider, model and deployment.
+pub struct DeploymentAttributes {
+    /// What these were written from, held so that the addresses compared stay theirs.
+    provider: Arc<gateway_core::config::Provider>,
+    label: Arc<str>,
+    model: Option<Arc<str>>,
+    attempt: Attributes,
+    /// Ends with `gateway.deployment`.
+    answer: Attributes,
+}
+
+/// Deployments whose attributes a thread keeps.
+const DEPLOYMENTS_KEPT: usize = 16;
+
+thread_local! {
+    /// The deployments this thread traced last, the latest first. A config reload makes new
+    /// providers, which are written anew; the old ones leave as new ones come.
+    static DEPLOYMENTS: std::cell::RefCell<Vec<Arc<DeploymentAttributes>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl DeploymentAttributes {
+    fn of(target: &Target) -> Arc<Self> {
+        let same = |d: &DeploymentAttributes| {
+            Arc::ptr_eq(&d.provider, &target.provider)
+                && Arc::ptr_eq(&d.label, &target.label)
+                && match (&d.model, &target.upstream_model) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                }
+        };
+        DEPLOYMENTS.with_borrow_mut(|kept| {
+            if let Some(d) = kept.iter().find(|d| same(d)) {
+                return d.clone();
+            }
+            let d = Arc::new(Self::new(target));
+            kept.insert(0, d.clone());
+            kept.truncate(DEPLOYMENTS_KEPT);
+            d
+        })
+    }
+
+    fn new(target: &Target) -> Self {
+        let p = &target.provider;
+        let provider = ("gen_ai.provider.name", Attr::Str(provider_name(p.style)));
+        let deployment = ("gateway.deployment", Attr::Str(target.label()));
+        let model = target.upstream_model.as_deref().filter(|m| !m.is_empty());
+        let mut attempt = vec![
+            provider,
+            deployment,
+            ("server.address", Attr::Str(p.host.as_str())),
+            ("server.port", Attr::Int(i64::from(p.port))),
+        ];
+        let mut answer = vec![provider];
+        if let Some(m) = model {
+            attempt.push(("gen_ai.request.model", Attr::Str(m)));
+            answer.push(("gen_ai.response.model", Attr::Str(m)));
+        }
+        answer.push(deployment);
+        DeploymentAttributes {
+            provider: p.clone(),
+            label: target.label.clone(),
+            model: target.upstream_model.clone(),
+            attempt: Attributes::new(&attempt),
+            answer: Attributes::new(&answer),
+        }
+    }
+}
+
+/// The server span's attributes that follow from the endpoint: its route and operation.
+static BY_ENDPOINT: LazyLock<Vec<Attributes>> = LazyLock::new(|| {
+    let mut all = vec![Attributes::new(&[]); Endpoint::ALL.len()];
+    for e in Endpoint::ALL {
+        let mut attributes = vec![("http.route", Attr::Str(e.path()))];
+        if let Some(op) = operation(e) {
+            attributes.push(("gen_ai.operation.name", Attr::Str(op)));
+        }
+        all[e as usize] = Attributes::new(&attributes);
+    }
+    all
+});
+
 /// Parsed once: a header name given as text is parsed on every lookup.
 const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
-
-/// `a b`, as span names are (`chat gpt-4o`); `format!` costs several times as much.
-fn spaced(a: &str, b: &str) -> String {
-    let mut s = String::with_capacity(a.len() + 1 + b.len());
-    s.push_str(a);
-    s.push(' ');
-    s.push_str(b);
-    s
-}
 
 /// A phase of the request (admission) under way; empty when the trace is not sampled. One
 /// dropped without [`Phase::end`] still ends (without an outcome), as an SDK span would.
@@ -152,7 +230,7 @@ impl Phase {
     /// Marks the moment a step of the phase begins (`gateway.quota.reserve`).
     pub fn mark(&mut self, name: &'static str) {
         if let Some((_, span)) = &mut self.0 {
-            span.event(name, SystemTime::now(), &[]);
+            span.event(name, Timestamp::now(), &[]);
         }
     }
 }
@@ -169,15 +247,16 @@ impl Drop for Phase {
 /// [`Attempt::end`], without one).
 pub struct Attempt {
     telemetry: &'static Telemetry,
-    context: SpanContext,
+    /// The W3C headers that make this attempt the parent of the provider's work.
+    headers: TraceHeaders,
     /// `None` when the trace is not sampled.
     span: Option<SpanRecord>,
 }
 
 impl Attempt {
     /// The W3C headers that make this attempt the parent of the provider's work.
-    pub fn headers(&self) -> impl Iterator<Item = (&'static str, String)> {
-        self.telemetry.headers_for(&self.context)
+    pub fn headers(&self) -> impl Iterator<Item = (&'static str, Cow<'_, str>)> {
+        self.headers.iter()
     }
 
     /// Ends the attempt: `outcome` is `ok`, `request_error`, `failover`, the failure's label,
@@ -220,7 +299,7 @@ impl RequestTrace {
             Some((&self.context, false)),
             name,
             kind,
-            SystemTime::now(),
+            Timestamp::now(),
         )
     }
 
@@ -246,26 +325,23 @@ impl RequestTrace {
     pub fn attempt(&self, target: &Target, n: usize, adm: &Admitted) -> Attempt {
         let context = self.child_context();
         let span = self.server.as_ref().map(|_| {
-            let p = &target.provider;
             let model = target.upstream_model.as_deref().unwrap_or(&adm.model_name);
-            let name = match operation(adm.endpoint) {
-                Some(op) if !model.is_empty() => spaced(op, model),
-                _ => spaced("attempt", target.label()),
-            };
-            let mut span = self.child(&context, name, SpanKind::Client);
-            span.set("gen_ai.provider.name", provider_name(p.style));
-            span.set("gateway.deployment", target.label());
+            let mut span = self.child(&context, "", SpanKind::Client);
+            match operation(adm.endpoint) {
+                Some(op) if !model.is_empty() => span.set_name_spaced(op, model),
+                _ => span.set_name_spaced("attempt", target.label()),
+            }
+            let deployment = DeploymentAttributes::of(target);
+            span.set_all(&deployment.attempt);
             span.set("gateway.attempt", n as i64 + 1);
-            span.set("server.address", p.host.as_str());
-            span.set("server.port", i64::from(p.port));
-            if !model.is_empty() {
+            if target.upstream_model.is_none() && !model.is_empty() {
                 span.set("gen_ai.request.model", model);
             }
             span
         });
         Attempt {
             telemetry: self.telemetry,
-            context,
+            headers: self.telemetry.headers_for(&self.trace_id, &context),
             span,
         }
     }
@@ -275,20 +351,14 @@ impl RequestTrace {
         if self.server.is_none() {
             return;
         }
-        let _ = self.answered.set((
-            provider_name(target.provider.style),
-            target.upstream_model.clone(),
-        ));
+        let _ = self.answered.set(DeploymentAttributes::of(target));
     }
 
-    /// Notes what admission learnt: the operation, the model, whether streamed.
+    /// Notes what admission learnt: the model, whether streamed.
     pub fn admitted(&mut self, adm: &Admitted) {
         let Some(s) = &mut self.server else {
             return;
         };
-        if let Some(op) = operation(adm.endpoint) {
-            s.set("gen_ai.operation.name", op);
-        }
         if !adm.model_name.is_empty() {
             s.set("gen_ai.request.model", adm.model_name.as_str());
         }
@@ -303,7 +373,7 @@ impl RequestTrace {
     /// Notes that settlement begins (an event on the server span).
     pub fn settling(&mut self) {
         if self.server.is_some() {
-            self.settled_at = Some(SystemTime::now());
+            self.settled_at = Some(Timestamp::now());
         }
     }
 
@@ -314,7 +384,7 @@ impl RequestTrace {
     }
 
     /// Notes the settled usage that the access line does not carry.
-    pub fn settled(&mut self, cached_tokens: u64, finish_reasons: Vec<String>) {
+    pub fn settled(&mut self, cached_tokens: u64, finish_reasons: FinishReasons) {
         self.cached_tokens = cached_tokens;
         self.finish_reasons = finish_reasons;
     }
@@ -324,8 +394,8 @@ impl RequestTrace {
         let Some(mut s) = self.server.take() else {
             return;
         };
-        if let Some(e) = ctx.endpoint {
-            s.set("http.route", e.path());
+        if let Some(attributes) = ctx.endpoint.and_then(|e| BY_ENDPOINT.get(e as usize)) {
+            s.set_all(attributes);
         }
         s.set("gateway.request_id", ctx.request_id.as_str());
         s.set("http.response.status_code", i64::from(ctx.status));
@@ -333,14 +403,19 @@ impl RequestTrace {
             s.set("gateway.key.id", who.key.id.as_str());
             s.set("gateway.account.id", who.user.id.as_str());
         }
-        if let Some((provider, renamed)) = self.answered.take() {
-            s.set("gen_ai.provider.name", provider);
-            if let Some(model) = renamed.as_deref().or(ctx.model.as_deref()) {
-                s.set("gen_ai.response.model", model);
+        let answered = self.answered.take();
+        if let Some(a) = &answered {
+            s.set_all(&a.answer);
+            if a.model.is_none() {
+                if let Some(model) = &ctx.model {
+                    s.set("gen_ai.response.model", model);
+                }
             }
         }
         if let Some(d) = &ctx.deployment {
-            s.set("gateway.deployment", d.as_str());
+            if answered.as_ref().is_none_or(|a| *a.label != **d) {
+                s.set("gateway.deployment", d.as_str());
+            }
         }
         if ctx.input_tokens > 0 || ctx.output_tokens > 0 {
             s.set("gen_ai.usage.input_tokens", ctx.input_tokens as i64);
@@ -367,12 +442,11 @@ impl RequestTrace {
         if let Some(at) = self.settled_at {
             s.event("gateway.settle", at, &[]);
         }
-        let name = match (ctx.endpoint.and_then(operation), ctx.model.as_deref()) {
-            (Some(op), Some(model)) => Some(spaced(op, model)),
-            _ => ctx.endpoint.map(|e| spaced(method_of(e), e.path())),
-        };
-        if let Some(name) = name {
-            s.name = Cow::Owned(name);
+        if let Some(e) = ctx.endpoint {
+            match (operation(e), ctx.model.as_deref()) {
+                (Some(op), Some(model)) => s.set_name_spaced(op, model),
+                _ => s.set_name_spaced(method_of(e), e.path()),
+            }
         }
         if let Some(code) = ctx.error_code {
             s.set("error.type", code);

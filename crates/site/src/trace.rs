@@ -4,7 +4,6 @@
 //! values) is recorded.
 
 use std::borrow::Cow;
-use std::time::SystemTime;
 
 use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
@@ -31,7 +30,7 @@ pub async fn span(req: Request, next: Next) -> Response {
         parent.as_ref().map(|p| (p, true)),
         format!("{method} {route}"),
         SpanKind::Server,
-        SystemTime::now(),
+        gateway_telemetry::Timestamp::now(),
     );
     span.set("http.request.method", method.as_str());
     span.set("http.route", route.as_str());
@@ -44,7 +43,7 @@ pub async fn span(req: Request, next: Next) -> Response {
         span.set("error.type", status.as_u16().to_string().as_str());
         span.error = Some(Cow::Owned(status.as_u16().to_string()));
     }
-    span.end = SystemTime::now();
+    span.end = gateway_telemetry::Timestamp::now();
     t.submit(&span);
     resp
 }

@@ -5,7 +5,7 @@
 //! written.
 
 use std::borrow::Cow;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use opentelemetry::trace::{
     Event, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
@@ -76,7 +76,7 @@ fn one(span: Span, scope: &InstrumentationScope) -> SpanData {
 }
 
 fn time(nanos: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_nanos(nanos)
+    crate::record::Timestamp(nanos).into()
 }
 
 fn key_values(kvs: Vec<ProtoKeyValue>) -> Vec<KeyValue> {

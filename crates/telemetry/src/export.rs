@@ -587,7 +587,7 @@ mod tests {
             None,
             "POST",
             SpanKind::Server,
-            std::time::SystemTime::now(),
+            crate::record::Timestamp::now(),
         )
     }
 

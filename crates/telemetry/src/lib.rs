@@ -18,6 +18,7 @@ pub mod record;
 pub mod sampler;
 mod wire;
 
+use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use opentelemetry::propagation::TextMapPropagator;
@@ -27,7 +28,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use gateway_core::state::SharedState;
 
 pub use opentelemetry::trace::{SpanContext, SpanKind, TraceState};
-pub use record::{child, Attr, Attributes, SpanRecord};
+pub use record::{child, Attr, Attributes, SpanRecord, Timestamp};
 
 use record::new_trace_id;
 
@@ -127,23 +128,56 @@ impl Telemetry {
         self.queue.submit(span);
     }
 
-    /// The `traceparent` (and `tracestate`, when there is one) that make `span` the parent of
-    /// the request a provider receives (W3C Trace Context, version 00).
-    pub fn headers_for(&self, span: &SpanContext) -> impl Iterator<Item = (&'static str, String)> {
-        let mut out = [None, None];
-        if span.is_valid() {
-            // `00-<trace id>-<span id>-<flags>`, written in one piece.
-            let mut tp = *b"00-00000000000000000000000000000000-0000000000000000-00";
-            let _ = hex::encode_to_slice(span.trace_id().to_bytes(), &mut tp[3..35]);
-            let _ = hex::encode_to_slice(span.span_id().to_bytes(), &mut tp[36..52]);
-            let _ = hex::encode_to_slice([span.trace_flags().to_u8() & 1], &mut tp[53..55]);
-            out[0] = std::str::from_utf8(&tp)
-                .ok()
-                .map(|tp| ("traceparent", tp.to_owned()));
-            out[1] = tracestate(span.trace_state()).map(|state| ("tracestate", state));
+    /// The `traceparent` (and `tracestate`, when there is one) that make `span`, in the trace
+    /// whose id is `trace_id`, the parent of the request a provider receives (W3C Trace
+    /// Context, version 00).
+    pub fn headers_for(&self, trace_id: &TraceIdHex, span: &SpanContext) -> TraceHeaders {
+        if !span.is_valid() {
+            return TraceHeaders::default();
         }
-        out.into_iter().flatten()
+        // `00-<trace id>-<span id>-<flags>`, written in one piece.
+        let mut tp = *b"00-00000000000000000000000000000000-0000000000000000-00";
+        tp[3..35].copy_from_slice(&trace_id.0);
+        let _ = hex::encode_to_slice(span.span_id().to_bytes(), &mut tp[36..52]);
+        if span.is_sampled() {
+            tp[54] = b'1';
+        }
+        TraceHeaders {
+            traceparent: Some(tp),
+            tracestate: tracestate(span.trace_state()),
+        }
     }
+}
+
+/// The trace context headers of one request to a provider.
+#[derive(Debug, Default)]
+pub struct TraceHeaders {
+    /// `traceparent`'s value: ASCII only.
+    traceparent: Option<[u8; 55]>,
+    tracestate: Option<String>,
+}
+
+impl TraceHeaders {
+    /// The headers, as names and values.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, Cow<'_, str>)> {
+        let parent = self
+            .traceparent
+            .as_ref()
+            .map(|tp| ("traceparent", Cow::Borrowed(ascii(tp))));
+        let state = self
+            .tracestate
+            .as_deref()
+            .map(|s| ("tracestate", Cow::Borrowed(s)));
+        parent.into_iter().chain(state)
+    }
+}
+
+/// `bytes` as text; they are hex digits and dashes that this crate wrote.
+fn ascii(bytes: &[u8]) -> &str {
+    debug_assert!(bytes.is_ascii());
+    // SAFETY: every caller passes bytes written here from ASCII digits and dashes, which are
+    // valid UTF-8; checking them again would cost a pass over each on every request.
+    unsafe { std::str::from_utf8_unchecked(bytes) }
 }
 
 /// A trace id as the 32 lowercase hex digits of `traceparent` and the access line.
@@ -158,7 +192,7 @@ impl TraceIdHex {
     }
 
     pub fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.0).unwrap_or_default()
+        ascii(&self.0)
     }
 }
 

@@ -11,7 +11,7 @@
 //! the SDK's form of the same spans.
 
 use std::borrow::Cow;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use opentelemetry::trace::{SpanContext, SpanId, SpanKind, TraceFlags, TraceId, TraceState};
 
@@ -27,7 +27,7 @@ pub enum Attr<'a> {
     Str(&'a str),
     Int(i64),
     Bool(bool),
-    Strs(&'a [String]),
+    Strs(&'a [Cow<'a, str>]),
 }
 
 impl<'a> From<&'a str> for Attr<'a> {
@@ -54,14 +54,66 @@ impl From<bool> for Attr<'_> {
     }
 }
 
-impl<'a> From<&'a [String]> for Attr<'a> {
-    fn from(v: &'a [String]) -> Self {
+impl<'a, 'b: 'a> From<&'a [Cow<'b, str>]> for Attr<'a> {
+    fn from(v: &'a [Cow<'b, str>]) -> Self {
         Attr::Strs(v)
     }
 }
 
-/// The room a span's attributes start with: a server span's fit.
-const ATTRIBUTE_ROOM: usize = 1024;
+/// A moment as OTLP writes it: nanoseconds since the Unix epoch.
+///
+/// A span reads the clock several times; `SystemTime` would then be taken apart again
+/// (`duration_since(UNIX_EPOCH)`, checked at every step) for each moment written, which is
+/// most of what a clock read costs here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Timestamp(pub u64);
+
+impl Timestamp {
+    /// The wall clock now.
+    #[inline]
+    pub fn now() -> Self {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `t` is a valid `timespec` to write to; `CLOCK_REALTIME` always exists, so
+        // the call cannot fail (`t` would stay the epoch if it did).
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut t) };
+        let nanos = u64::try_from(t.tv_sec)
+            .unwrap_or(0)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0));
+        Timestamp(nanos)
+    }
+}
+
+impl From<SystemTime> for Timestamp {
+    fn from(t: SystemTime) -> Self {
+        Timestamp(
+            t.duration_since(UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
+}
+
+impl From<Timestamp> for SystemTime {
+    fn from(t: Timestamp) -> Self {
+        UNIX_EPOCH + Duration::from_nanos(t.0)
+    }
+}
+
+impl std::ops::Add<Duration> for Timestamp {
+    type Output = Timestamp;
+    fn add(self, d: Duration) -> Timestamp {
+        Timestamp(
+            self.0
+                .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
+}
+
+/// The room a span's fields start with: a server span's fit.
+const FIELD_ROOM: usize = 1024;
 
 /// One sampled span, its attributes and events already in their wire form.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,13 +126,13 @@ pub struct SpanRecord {
     pub parent_is_remote: bool,
     pub name: Cow<'static, str>,
     pub kind: SpanKind,
-    pub start: SystemTime,
-    pub end: SystemTime,
-    /// The attributes set so far, as the span's `KeyValue` fields: written when set, so that
-    /// nothing is kept per attribute and nothing is left to convert when the span ends.
-    pub(crate) attributes: Vec<u8>,
-    /// The events so far, as the span's `Event` fields.
-    pub(crate) events: Vec<u8>,
+    pub start: Timestamp,
+    pub end: Timestamp,
+    /// The attributes and events set so far, as the span's `KeyValue` and `Event` fields (and
+    /// its name, when given in parts: [`SpanRecord::set_name_spaced`]): written when set, so
+    /// that nothing is kept per attribute and nothing is left to convert when the span ends.
+    /// A message's fields may come in any order, and each repeated field keeps its own.
+    pub(crate) fields: Vec<u8>,
     /// The status's description when the span failed (`Status::Error`); unset otherwise.
     pub error: Option<Cow<'static, str>>,
 }
@@ -92,7 +144,7 @@ impl SpanRecord {
         parent: Option<(&SpanContext, bool)>,
         name: impl Into<Cow<'static, str>>,
         kind: SpanKind,
-        start: SystemTime,
+        start: Timestamp,
     ) -> Self {
         let (parent_span_id, parent_is_remote) = parent
             .map_or((SpanId::INVALID, false), |(p, remote)| {
@@ -106,37 +158,40 @@ impl SpanRecord {
             kind,
             start,
             end: start,
-            attributes: Vec::new(),
-            events: Vec::new(),
+            fields: Vec::new(),
             error: None,
         }
     }
 
+    #[inline]
     pub fn set<'a>(&mut self, key: &str, value: impl Into<Attr<'a>>) {
-        wire::attribute(
-            self.attribute_room(),
-            wire::SPAN_ATTRIBUTE,
-            key,
-            value.into(),
-        );
+        wire::attribute(self.room(), wire::SPAN_ATTRIBUTE, key, value.into());
+    }
+
+    /// Names the span `a b` (`chat gpt-4o`), written in its wire form beside the attributes
+    /// rather than built as a `String` to be copied again when the span ends; it stands in for
+    /// `name`, which is emptied.
+    pub fn set_name_spaced(&mut self, a: &str, b: &str) {
+        self.name = Cow::Borrowed("");
+        wire::spaced_name(self.room(), a, b);
     }
 
     /// Sets every attribute of `attributes` at once.
     pub fn set_all(&mut self, attributes: &Attributes) {
-        self.attribute_room().extend_from_slice(&attributes.0);
+        self.room().extend_from_slice(&attributes.0);
     }
 
-    /// The span's attributes, given a server span's room when the first is set.
+    /// The span's fields, given a server span's room when the first is set.
     #[inline]
-    fn attribute_room(&mut self) -> &mut Vec<u8> {
-        if self.attributes.capacity() == 0 {
-            self.attributes.reserve(ATTRIBUTE_ROOM);
+    fn room(&mut self) -> &mut Vec<u8> {
+        if self.fields.capacity() == 0 {
+            self.fields.reserve(FIELD_ROOM);
         }
-        &mut self.attributes
+        &mut self.fields
     }
 
-    pub fn event(&mut self, name: &str, at: SystemTime, attributes: &[(&str, Attr<'_>)]) {
-        wire::event(&mut self.events, name, at, attributes);
+    pub fn event(&mut self, name: &str, at: Timestamp, attributes: &[(&str, Attr<'_>)]) {
+        wire::event(self.room(), name, at, attributes);
     }
 
     /// Writes the span as one `spans` field of a `ScopeSpans` message.

@@ -14,13 +14,11 @@
 //! price. The result decodes to exactly what the library's own conversion of the same spans
 //! produces, which the tests check field by field through `opentelemetry-proto`.
 
+use crate::record::{Attr, SpanRecord, Timestamp};
 use opentelemetry::trace::SpanKind;
 use opentelemetry::{Array, Value};
 use opentelemetry_sdk::Resource;
 use prost::encoding::{encode_varint, encoded_len_varint, WireType};
-use std::time::{SystemTime, UNIX_EPOCH};
-
-use crate::record::{Attr, SpanRecord};
 
 /// Room kept for a message's length until it is known: a varint of up to 2^35 - 1 bytes.
 const LEN_ROOM: usize = 5;
@@ -102,7 +100,7 @@ pub(crate) fn span(out: &mut Vec<u8>, span: &SpanRecord) {
         Some(description) => (2, description.as_ref()),
     };
     let status_len = string_len(2, message) + uint_len(3, code);
-    let (start, end) = (nanos(span.start), nanos(span.end));
+    let (start, end) = (span.start.0, span.end.0);
     let len = 18
         + 10
         + string_len(3, state)
@@ -111,8 +109,7 @@ pub(crate) fn span(out: &mut Vec<u8>, span: &SpanRecord) {
         + uint_len(6, kind)
         + fixed64_len(start)
         + fixed64_len(end)
-        + span.attributes.len()
-        + span.events.len()
+        + span.fields.len()
         + 1
         + encoded_len_varint(status_len as u64)
         + status_len
@@ -152,8 +149,7 @@ pub(crate) fn span(out: &mut Vec<u8>, span: &SpanRecord) {
     uint(out, 6, kind);
     fixed64(out, 7, start);
     fixed64(out, 8, end);
-    out.extend_from_slice(&span.attributes);
-    out.extend_from_slice(&span.events);
+    out.extend_from_slice(&span.fields);
     field_key(out, 15, WireType::LengthDelimited);
     varint(out, status_len as u64);
     string(out, 2, message);
@@ -175,21 +171,10 @@ fn fixed64_len(v: u64) -> usize {
     }
 }
 
-/// Room a span's events start with: a server span's fit.
-const EVENT_ROOM: usize = 256;
-
 /// An `Event` (field 11 of a `Span`) named `name` at `at`.
-pub(crate) fn event(
-    out: &mut Vec<u8>,
-    name: &str,
-    at: SystemTime,
-    attributes: &[(&str, Attr<'_>)],
-) {
-    if out.capacity() == 0 {
-        out.reserve(EVENT_ROOM);
-    }
+pub(crate) fn event(out: &mut Vec<u8>, name: &str, at: Timestamp, attributes: &[(&str, Attr<'_>)]) {
     // Summed first, so that the event is written in place (most have no attributes).
-    let at = nanos(at);
+    let at = at.0;
     let len = fixed64_len(at)
         + string_len(2, name)
         + attributes
@@ -205,6 +190,17 @@ pub(crate) fn event(
         attribute(out, 3, k, *v);
     }
     debug_assert_eq!(out.len() - from, len, "an event's length summed wrong");
+}
+
+/// A `Span`'s name (field 5) made of `a`, a space and `b`.
+pub(crate) fn spaced_name(out: &mut Vec<u8>, a: &str, b: &str) {
+    let len = a.len() + 1 + b.len();
+    field_key(out, 5, WireType::LengthDelimited);
+    varint(out, len as u64);
+    out.reserve(len);
+    out.extend_from_slice(a.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(b.as_bytes());
 }
 
 /// The bytes [`attribute`] writes for `key` and `value` as field `tag`.
@@ -229,12 +225,6 @@ fn flags(parent_is_remote: bool, trace_flags: u32) -> u32 {
         flags |= IS_REMOTE;
     }
     flags
-}
-
-fn nanos(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
 }
 
 /// Starts a length-delimited field whose length is known only once it is written; returns
@@ -367,6 +357,7 @@ fn key_value_len(key: &str, value_len: usize) -> usize {
 
 /// A `KeyValue` message holding one of the gateway's attributes, as field `tag`: the same
 /// bytes [`key_value`] writes for the SDK's value of it.
+#[inline]
 pub(crate) fn attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: Attr<'_>) {
     match value {
         Attr::Str(s) => text_attribute(out, tag, key, s),
@@ -377,6 +368,7 @@ pub(crate) fn attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: Attr<'_>)
 /// A `KeyValue` holding a string, most of a span's attributes. Where every length fits one
 /// varint byte (keys and values under 128 bytes, as ids and names are) its head is eight bytes
 /// known at once, written around the key in two pieces.
+#[inline]
 fn text_attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: &str) {
     // AnyValue { string_value = 1 } holding `value`; KeyValue { key = 1, value = 2 }.
     let any_len = 1 + encoded_len_varint(value.len() as u64) + value.len();
@@ -412,6 +404,7 @@ fn short_key(out: &mut Vec<u8>, tag: u32, key: &str, kv_len: usize) {
 
 /// A `KeyValue` holding an integer, written in one piece where its key is short (as the
 /// gateway's are); `false` when it was not written.
+#[inline]
 fn int_attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: i64) -> bool {
     let digits = encoded_len_varint(value as u64);
     let any_len = 1 + digits;
@@ -425,16 +418,35 @@ fn int_attribute(out: &mut Vec<u8>, tag: u32, key: &str, value: i64) -> bool {
         any_len as u8,
         3 << 3 | WireType::Varint as u8,
     ]);
-    encode_varint(value as u64, out);
+    varint(out, value as u64);
+    true
+}
+
+/// A `KeyValue` holding a flag, written in one piece where its key is short; `false` when it
+/// was not written.
+fn short_flag(out: &mut Vec<u8>, tag: u32, key: &str, value: bool) -> bool {
+    // AnyValue { bool_value = 2 }: two bytes.
+    let kv_len = 2 + key.len() + 2 + 2;
+    if tag >= 16 || kv_len >= 0x80 || key.is_empty() {
+        return false;
+    }
+    short_key(out, tag, key, kv_len);
+    out.extend_from_slice(&[
+        2 << 3 | WireType::LengthDelimited as u8,
+        2,
+        2 << 3 | WireType::Varint as u8,
+        u8::from(value),
+    ]);
     true
 }
 
 /// A `KeyValue` holding a number, a flag or a list of strings.
 fn attribute_other(out: &mut Vec<u8>, tag: u32, key: &str, value: Attr<'_>) {
-    if let Attr::Int(i) = value {
-        if int_attribute(out, tag, key, i) {
-            return;
-        }
+    match value {
+        Attr::Int(i) if int_attribute(out, tag, key, i) => return,
+        // A flag's value is one varint byte, as an integer under 128 is.
+        Attr::Bool(b) if short_flag(out, tag, key, b) => return,
+        _ => {}
     }
     key_value_head(out, tag, key, attr_len(value));
     match value {
@@ -473,7 +485,7 @@ fn attr_len(value: Attr<'_>) -> usize {
 }
 
 /// The content of an `ArrayValue` of strings.
-fn texts_len(v: &[String]) -> usize {
+fn texts_len(v: &[std::borrow::Cow<'_, str>]) -> usize {
     v.iter()
         .map(|s| {
             let item = one_string_len(s);
@@ -585,6 +597,7 @@ mod tests {
     use prost::Message;
     use std::borrow::Cow;
     use std::time::Duration;
+    use std::time::{SystemTime, UNIX_EPOCH};
 
     fn context(trace: u128, span: u64, state: &str) -> SpanContext {
         SpanContext::new(
@@ -608,7 +621,7 @@ mod tests {
         S(String),
         I(i64),
         B(bool),
-        L(Vec<String>),
+        L(Vec<Cow<'static, str>>),
     }
 
     impl V {
@@ -627,7 +640,7 @@ mod tests {
                 V::I(i) => Value::I64(*i),
                 V::B(b) => Value::Bool(*b),
                 V::L(v) => Value::Array(Array::String(
-                    v.iter().cloned().map(StringValue::from).collect(),
+                    v.iter().map(|s| StringValue::from(s.to_string())).collect(),
                 )),
             }
         }
@@ -654,7 +667,7 @@ mod tests {
             ("no".into(), V::B(false)),
             (
                 "gen_ai.response.finish_reasons".into(),
-                V::L(vec!["stop".into(), String::new()]),
+                V::L(vec!["stop".into(), Cow::Owned(String::new())]),
             ),
             ("none".into(), V::L(vec![])),
             (LONG_KEY.into(), s("v")),
@@ -722,16 +735,16 @@ mod tests {
             spec.parent.as_ref().map(|(p, remote)| (p, *remote)),
             spec.name.clone(),
             spec.kind.clone(),
-            spec.start,
+            spec.start.into(),
         );
-        span.end = spec.end;
+        span.end = spec.end.into();
         for (k, v) in &spec.attributes {
             span.set(k, v.attr());
         }
         for (name, at, attrs) in &spec.events {
             let attrs: Vec<(&str, Attr<'_>)> =
                 attrs.iter().map(|(k, v)| (k.as_str(), v.attr())).collect();
-            span.event(name, *at, &attrs);
+            span.event(name, (*at).into(), &attrs);
         }
         span.error = spec.error.clone();
         span

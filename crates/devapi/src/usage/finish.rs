@@ -7,9 +7,11 @@
 //! (a stream's chunks before the last) is skipped; the Responses API states no reason of this
 //! kind and gets none.
 
+use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use memchr::memmem;
+use smallvec::SmallVec;
 
 /// What the three keys end with: one search over the answer finds them all, each hit's key
 /// then checked by what precedes it.
@@ -23,9 +25,36 @@ const MAX_REASONS: usize = 8;
 /// A reason longer than this is not one (hostile or broken input).
 const MAX_LEN: usize = 64;
 
-/// The distinct reasons seen so far, in the order they first appeared.
+/// The reasons the providers document (OpenAI, Anthropic, Gemini): one of these is kept as a
+/// reference to it, with nothing allocated.
+const KNOWN: [&str; 21] = [
+    "stop",
+    "length",
+    "tool_calls",
+    "content_filter",
+    "function_call",
+    "end_turn",
+    "max_tokens",
+    "stop_sequence",
+    "tool_use",
+    "pause_turn",
+    "refusal",
+    "model_context_window_exceeded",
+    "STOP",
+    "MAX_TOKENS",
+    "SAFETY",
+    "RECITATION",
+    "OTHER",
+    "BLOCKLIST",
+    "PROHIBITED_CONTENT",
+    "SPII",
+    "MALFORMED_FUNCTION_CALL",
+];
+
+/// The distinct reasons seen so far, in the order they first appeared; most answers state
+/// one, held inline.
 #[derive(Debug, Default)]
-pub struct FinishReasons(Vec<String>);
+pub struct FinishReasons(SmallVec<[Cow<'static, str>; 2]>);
 
 impl FinishReasons {
     /// Adds the reasons `bytes` (a whole answer, or one stream event's data) states.
@@ -38,14 +67,23 @@ impl FinishReasons {
             }
             if let Some(reason) = string_value(&bytes[at + ending..]) {
                 if self.0.len() < MAX_REASONS && !self.0.iter().any(|r| r == reason) {
-                    self.0.push(reason.to_string());
+                    self.0.push(
+                        KNOWN
+                            .iter()
+                            .find(|k| **k == reason)
+                            .map_or_else(|| Cow::Owned(reason.to_owned()), |k| Cow::Borrowed(*k)),
+                    );
                 }
             }
         }
     }
 
-    pub fn into_vec(self) -> Vec<String> {
-        self.0
+    pub fn as_slice(&self) -> &[Cow<'static, str>] {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }
 
@@ -75,7 +113,7 @@ mod tests {
         for p in parts {
             r.scan(p.as_bytes());
         }
-        r.into_vec()
+        r.as_slice().iter().map(|c| c.to_string()).collect()
     }
 
     #[test]
