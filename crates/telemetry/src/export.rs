@@ -464,10 +464,12 @@ impl Worker {
                     continue;
                 }
                 // A spare too small for what the thread wrote this time is not grown (that
-                // would copy its old bytes) but replaced.
+                // would copy its old bytes) but replaced, by one with room for half as much
+                // again: made to the byte, it would grow (and copy) whenever the next interval
+                // brings a little more.
                 let next = match std::mem::take(&mut w.spare) {
                     spare if spare.capacity() >= w.bytes.len() => spare,
-                    _ => Vec::with_capacity(w.bytes.len()),
+                    _ => Vec::with_capacity(w.bytes.len() + w.bytes.len() / 2),
                 };
                 let bytes = std::mem::replace(&mut w.bytes, next);
                 let spans = std::mem::take(&mut w.spans);
