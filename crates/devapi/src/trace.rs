@@ -125,7 +125,7 @@ static OVER_HTTP: LazyLock<[Attributes; 3]> = LazyLock::new(|| {
 /// The attributes a deployment's spans carry alike, written once (per thread) rather than for
 /// every attempt and answer: an attempt's provider, deployment, address and model, and the
 /// answer's provider, model and deployment.
-pub struct DeploymentAttributes {
+struct DeploymentAttributes {
     /// What these were written from, held so that the addresses compared stay theirs.
     provider: Arc<gateway_core::config::Provider>,
     label: Arc<str>,
@@ -202,7 +202,9 @@ static BY_ENDPOINT: LazyLock<Vec<Attributes>> = LazyLock::new(|| {
         if let Some(op) = operation(e) {
             attributes.push(("gen_ai.operation.name", Attr::Str(op)));
         }
-        all[e as usize] = Attributes::new(&attributes);
+        if let Some(slot) = all.get_mut(e as usize) {
+            *slot = Attributes::new(&attributes);
+        }
     }
     all
 });
@@ -403,18 +405,18 @@ impl RequestTrace {
             s.set("gateway.key.id", who.key.id.as_str());
             s.set("gateway.account.id", who.user.id.as_str());
         }
-        let answered = self.answered.take();
-        if let Some(a) = &answered {
-            s.set_all(&a.answer);
-            if a.model.is_none() {
-                if let Some(model) = &ctx.model {
+        match self.answered.take() {
+            // The deployment that answered: the one `ctx.deployment` names, when it is set.
+            Some(a) => {
+                s.set_all(&a.answer);
+                if let (None, Some(model)) = (&a.model, &ctx.model) {
                     s.set("gen_ai.response.model", model);
                 }
             }
-        }
-        if let Some(d) = &ctx.deployment {
-            if answered.as_ref().is_none_or(|a| *a.label != **d) {
-                s.set("gateway.deployment", d.as_str());
+            None => {
+                if let Some(d) = &ctx.deployment {
+                    s.set("gateway.deployment", d.as_str());
+                }
             }
         }
         if ctx.input_tokens > 0 || ctx.output_tokens > 0 {
